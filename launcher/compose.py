@@ -1,0 +1,208 @@
+"""From command-line overrides to a validated spec: group discovery, `+group` rewriting, pre-checks.
+
+Hydra decides between `group=option` and `+group=option` by whether the group has a default; every
+group here has one, so `+group=option` is rewritten to the bare form and both spellings work.
+Overrides are checked against the schema before composing, so every typo, unknown option and wrong
+type is reported at once (Hydra would stop at the first, and lets `+key=value` bypass the schema).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import typing
+from importlib import resources
+from pathlib import Path
+
+from omegaconf import DictConfig, OmegaConf
+
+from launcher.spec import (
+    RunSpec,
+    SpecError,
+    did_you_mean,
+    schema_fields,
+    schema_node,
+    to_spec,
+    unknown_key_error,
+)
+
+CONFIG_MODULE = "launcher.conf"
+PRIMARY = "train"
+# Hydra flags followed by a value that is not an override.
+_VALUE_FLAGS = {
+    "--config-path",
+    "-cp",
+    "--config-name",
+    "-cn",
+    "--config-dir",
+    "-cd",
+    "--cfg",
+    "-c",
+    "--package",
+    "-p",
+    "--info",
+    "-i",
+    "--experimental-rerun",
+}
+
+
+def config_dir() -> Path:
+    """Where the shipped conf/ lives (inside the installed package, or the checkout)."""
+    return Path(str(resources.files(CONFIG_MODULE)))
+
+
+@functools.cache
+def group_options() -> dict[str, list[str]]:
+    """Config group -> its option names, read from conf/<group>/*.yaml (recipes are group `recipe`)."""
+    root = config_dir()
+    groups = {}
+    for sub in sorted(p for p in root.iterdir() if p.is_dir() and not p.name.startswith("_")):
+        options = sorted(f.stem for f in sub.glob("*.yaml"))
+        if options:
+            groups[sub.name] = options
+    return groups
+
+
+def normalize(argv: list[str]) -> list[str]:
+    """Rewrite `+group=option` to `group=option` (every group has a default); leave the rest alone."""
+    out, skip_next = [], False
+    for arg in argv:
+        if skip_next or arg.startswith("-"):
+            skip_next = arg in _VALUE_FLAGS and not skip_next
+            out.append(arg)
+            continue
+        key, sep, value = arg.partition("=")
+        if sep and key.startswith("+") and not key.startswith("++") and key[1:] in group_options():
+            arg = f"{key[1:]}={value}"
+        out.append(arg)
+    return out
+
+
+def split_argv(argv: list[str]) -> tuple[list[str], list[str]]:
+    """(Hydra flags with their values, overrides)."""
+    flags, overrides, skip_next = [], [], False
+    for arg in argv:
+        if skip_next:
+            flags.append(arg)
+            skip_next = False
+        elif arg.startswith("-"):
+            flags.append(arg)
+            skip_next = arg in _VALUE_FLAGS and "=" not in arg
+        else:
+            overrides.append(arg)
+    return flags, overrides
+
+
+def _field_type(path: str) -> tuple[type | None, list[str]]:
+    """The schema type at a dotted path, or (None, known keys at the first unknown step)."""
+    schema: typing.Any = RunSpec
+    for part in path.split("."):
+        if not dataclasses.is_dataclass(schema):
+            return None, []
+        fields = schema_fields(schema)
+        if part not in fields:
+            return None, list(fields)
+        schema = fields[part]
+    return schema, []
+
+
+def check_overrides(overrides: list[str]) -> list[SpecError]:
+    """Unknown groups, options and keys, and values of the wrong type, among command-line overrides."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    errors: list[SpecError] = []
+    try:
+        parsed = OverridesParser.create().parse_overrides(overrides)
+    except Exception as err:  # Hydra's grammar error names the bad override
+        return [SpecError(("command line",), f"an override does not parse: {err}")]
+    scratch = schema_node()
+    for override in parsed:
+        key = override.key_or_group
+        if key.startswith("hydra.") or key == "hydra" or override.is_delete():
+            continue
+        if key in group_options():
+            errors.extend(_check_option(key, override))
+            continue
+        schema, known = _field_type(key)
+        if schema is None and known:
+            errors.append(unknown_key_error(key, known))
+            continue
+        if not override.is_sweep_override():
+            errors.extend(_check_value(scratch, key, override))
+    return errors
+
+
+def _check_option(group: str, override: typing.Any) -> list[SpecError]:
+    options = group_options()[group]
+    values = list(override.sweep_iterator()) if override.is_sweep_override() else [override.value()]
+    errors = []
+    for value in values:
+        if value is not None and str(value) not in options:
+            errors.append(
+                SpecError(
+                    (group,),
+                    f"no option '{value}' in group {group}.{did_you_mean(str(value), options)} "
+                    f"Options: {', '.join(options)}.",
+                )
+            )
+    return errors
+
+
+def _check_value(scratch: DictConfig, key: str, override: typing.Any) -> list[SpecError]:
+    try:
+        OmegaConf.update(scratch, key, override.value(), merge=True)
+    except Exception as err:
+        reason = str(err).splitlines()[0]
+        return [
+            SpecError(
+                (key,), f"wrong type: {reason}. Give a value of the key's type (see `train --cfg job`)."
+            )
+        ]
+    return []
+
+
+def compose(
+    overrides: list[str], *, config_path: str | None = None, config_name: str = PRIMARY
+) -> DictConfig:
+    """Compose the config Hydra would build for these overrides, with the hydra node attached."""
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_dir, initialize_config_module
+    from hydra.core.hydra_config import HydraConfig
+
+    init = (
+        initialize_config_dir(config_dir=str(Path(config_path).resolve()), version_base="1.3")
+        if config_path
+        else initialize_config_module(config_module=CONFIG_MODULE, version_base="1.3")
+    )
+    with init:
+        cfg = hydra_compose(config_name=config_name, overrides=overrides, return_hydra_config=True)
+        HydraConfig.instance().set_config(cfg)
+    return cfg
+
+
+def strip_hydra(cfg: DictConfig) -> DictConfig:
+    """The run's own config, without Hydra's node."""
+    cfg = OmegaConf.masked_copy(cfg, [k for k in cfg if k != "hydra"]) if "hydra" in cfg else cfg
+    return cfg
+
+
+def validate(cfg: DictConfig) -> tuple[RunSpec | None, list[SpecError]]:
+    """Schema and cross-field rules on a composed config: the spec, or every violation found."""
+    from launcher.rules import check, detect_hardware
+    from launcher.spec import InvalidSpec
+
+    try:
+        spec = to_spec(strip_hydra(cfg))
+    except InvalidSpec as err:
+        return None, err.errors
+    errors = check(spec, detect_hardware(spec))
+    return (None, errors) if errors else (spec, [])
+
+
+def composition_error(err: Exception) -> SpecError:
+    """One paragraph from a Hydra composition error, naming the key when Hydra gives it."""
+    text = str(err)
+    keys = [line.split("full_key:", 1)[1].strip() for line in text.splitlines() if "full_key:" in line]
+    lines = [line.strip() for line in text.splitlines() if line.strip() and "full_key" not in line]
+    lines = [line for line in lines if not line.startswith(("reference_type", "object_type"))]
+    return SpecError(tuple(keys[:1]) or ("config",), " ".join(lines))

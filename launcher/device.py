@@ -1,0 +1,67 @@
+"""What the hardware can do: device choice, dtype support and dense peak FLOP/s for MFU."""
+
+from __future__ import annotations
+
+import torch
+
+# Dense (no sparsity) bf16/fp16 tensor-core peak FLOP/s by device name fragment, from the vendors'
+# data sheets. The first matching fragment wins, so more specific names come first.
+PEAK_FLOPS_BF16: tuple[tuple[str, float], ...] = (
+    ("H200", 989e12),
+    ("H100 PCIe", 756e12),
+    ("H100", 989e12),
+    ("GH200", 989e12),
+    ("B200", 2250e12),
+    ("A100", 312e12),
+    ("A10G", 125e12),
+    ("L40S", 362e12),
+    ("L4", 121e12),
+    ("RTX 4090", 165e12),
+    ("RTX 3090", 71e12),
+    ("V100", 125e12),
+    ("T4", 65e12),
+)
+
+
+def resolve_device(requested: str) -> str:
+    """Turn `auto` into `cuda` when a GPU is visible, else `cpu`; pass explicit choices through."""
+    if requested == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    return requested
+
+
+def cuda_available() -> bool:
+    """Whether a CUDA device can be used by this process."""
+    return torch.cuda.is_available()
+
+
+def bf16_supported(device_type: str) -> bool:
+    """bf16 autocast works on any CPU; on CUDA it needs Ampere (compute capability 8.0) or newer."""
+    if device_type == "cpu":
+        return True
+    return torch.cuda.is_available() and torch.cuda.is_bf16_supported(including_emulation=False)
+
+
+def tf32_supported(device_type: str) -> bool:
+    """TF32 matmuls exist only on NVIDIA GPUs of compute capability 8.0 or newer."""
+    if device_type != "cuda" or not torch.cuda.is_available():
+        return False
+    return torch.cuda.get_device_capability()[0] >= 8
+
+
+def device_name(device_type: str) -> str:
+    """A human-readable name of the device that runs the model."""
+    if device_type == "cuda" and torch.cuda.is_available():
+        return torch.cuda.get_device_name()
+    return "cpu"
+
+
+def peak_flops(device_type: str) -> float | None:
+    """The device's dense bf16 peak FLOP/s, or None where it is not known (every CPU)."""
+    if device_type != "cuda" or not torch.cuda.is_available():
+        return None
+    name = torch.cuda.get_device_name()
+    for fragment, flops in PEAK_FLOPS_BF16:
+        if fragment in name:
+            return flops
+    return None

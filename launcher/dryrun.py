@@ -1,0 +1,86 @@
+"""The dry run: the resolved spec with where each non-default value came from, the verdict, the plan."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf
+from rich.console import Console
+from rich.table import Table
+
+from launcher.compose import config_dir
+from launcher.spec import SpecError, redacted_container, schema_node
+
+
+def flatten(tree: Any, prefix: str = "") -> dict[str, Any]:
+    """Dotted path -> leaf value of a nested dict."""
+    if not isinstance(tree, dict):
+        return {prefix.rstrip("."): tree}
+    flat: dict[str, Any] = {}
+    for key, value in tree.items():
+        flat.update(flatten(value, f"{prefix}{key}."))
+    return flat
+
+
+def _yaml_values(path: Path, package: str) -> dict[str, Any]:
+    """Leaf values a config file sets, under its package (a recipe's package is global)."""
+    if not path.is_file():
+        return {}
+    text = path.read_text()
+    data = OmegaConf.to_container(OmegaConf.create(text), resolve=False) or {}
+    data = {k: v for k, v in data.items() if k not in ("defaults", "hydra")}
+    if "@package _global_" not in text and package:
+        data = {package: data}
+    return flatten(data)
+
+
+def provenance(choices: dict[str, str | None], task_overrides: list[str]) -> dict[str, str]:
+    """Dotted key -> the source that set it last: train.yaml, a group option, a recipe, the command line."""
+    root = config_dir()
+    sources: dict[str, str] = dict.fromkeys(_yaml_values(root / "train.yaml", ""), "train.yaml")
+    ordered = sorted(choices.items(), key=lambda item: item[0] == "recipe")  # recipes apply after groups
+    for group, option in ordered:
+        if option is None or group.startswith("hydra"):
+            continue
+        for key in _yaml_values(root / group / f"{option}.yaml", group):
+            sources[key] = f"{group}={option}"
+    for override in task_overrides:
+        key, sep, _ = override.lstrip("+~").partition("=")
+        if sep and key not in choices:
+            sources[key] = "command line"
+    return sources
+
+
+def print_dry_run(
+    console: Console,
+    cfg: DictConfig,
+    choices: dict[str, str | None],
+    task_overrides: list[str],
+    errors: list[SpecError],
+    plan: str | None,
+) -> None:
+    """Print the spec table, the verdict and the launch plan."""
+    values = flatten(redacted_container(cfg))
+    defaults = flatten(OmegaConf.to_container(schema_node(), resolve=False))
+    sources = provenance(choices, task_overrides)
+    table = Table(title="resolved run spec", title_justify="left")
+    table.add_column("key")
+    table.add_column("value")
+    table.add_column("from")
+    for key, value in values.items():
+        changed = defaults.get(key, object()) != value
+        source = sources.get(key, "schema default") if changed else "[dim]schema default"
+        table.add_row(
+            key if changed else f"[dim]{key}", repr(value) if changed else f"[dim]{value!r}", source
+        )
+    console.print(table)
+    console.print("groups: " + ", ".join(f"{g}={o}" for g, o in choices.items() if not g.startswith("hydra")))
+    if errors:
+        console.print(f"[red bold]verdict: invalid[/] ({len(errors)} problem(s)); nothing would be started:")
+        for error in errors:
+            console.print(f"  - {error}", markup=False, highlight=False)
+        return
+    console.print("[green bold]verdict: valid")
+    console.print(f"would launch: {plan}")
+    console.print("dry run: nothing was started and nothing was written.")

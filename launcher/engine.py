@@ -1,0 +1,290 @@
+"""The one training loop: forward under the precision policy, accumulate, guarded step, log, eval, save.
+
+It takes built components and never reads raw config. A strategy adapts the few verbs (backward,
+no_sync, step, save, load) to its backend; the loop itself is the same for every spec.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import random
+import statistics
+import time
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from rich.console import Console
+
+from launcher import checkpoint, metrics
+from launcher.data import BatchStream, PackedSequences, val_batches
+from launcher.distributed import DistContext
+from launcher.model import lm_loss
+from launcher.parallel.registry import Strategy
+from launcher.precision import autocast, eval_dtype, train_dtype
+from launcher.spec import RunSpec
+
+
+class NonFiniteStop(RuntimeError):
+    """The run stopped on a non-finite loss or gradient norm (exit status 3)."""
+
+
+@dataclass(kw_only=True)
+class Components:
+    """Everything the loop drives, built once per rank by `launcher.build`."""
+
+    strategy: Strategy
+    scheduler: torch.optim.lr_scheduler.LRScheduler
+    stream: BatchStream
+    val: PackedSequences
+    dist: DistContext
+    flops_per_token: float
+    peak_flops: float | None
+
+
+def rng_state() -> dict[str, Any]:
+    """Python, NumPy and torch RNG states of this process, in weights_only-loadable types."""
+    np_state = np.random.get_state()
+    state = {
+        "python": random.getstate(),
+        "numpy": [np_state[0], torch.from_numpy(np_state[1].copy()), *np_state[2:]],
+        "torch": torch.get_rng_state(),
+    }
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def set_rng_state(state: dict[str, Any]) -> None:
+    """Restore what `rng_state` captured."""
+    random.setstate(tuple(x if not isinstance(x, list) else tuple(x) for x in state["python"]))
+    kind, key, *rest = state["numpy"]
+    np.random.set_state((kind, key.numpy(), *rest))
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+class Engine:
+    """Runs the loop for one rank; rank 0 also writes metrics, summaries and checkpoint markers."""
+
+    def __init__(
+        self, parts: Components, spec: RunSpec, run_dir: Path, console: Console | None = None
+    ) -> None:
+        self.parts, self.spec, self.run_dir = parts, spec, Path(run_dir)
+        self.console = console or Console()
+        self.device = parts.dist.device
+        self.step = 0
+        self.nonfinite_skips = 0
+        self.overflow_skips = 0
+        self.resumed_from: str | None = None
+        self.timer = metrics.PhaseTimer(self.device.type)
+        self._interval = {"loss": torch.zeros((), device=self.device), "tokens": 0, "samples": 0}
+        self._last_result = None
+        self._history: dict[str, list] = {"tokens_per_s": [], "loss": []}
+        self._eval: dict[str, float] = {}
+        self._writer: metrics.MetricsFile | None = None
+
+    # ----- state -----------------------------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        """Loop state shared by all ranks (the data position is rank-independent)."""
+        return {
+            "step": self.step,
+            "scheduler": self.parts.scheduler.state_dict(),
+            "data": self.parts.stream.state_dict(),
+            "nonfinite_skips": self.nonfinite_skips,
+            "overflow_skips": self.overflow_skips,
+        }
+
+    def _write_checkpoint(self, directory: Path) -> None:
+        self.parts.strategy.save(directory)
+        if self.parts.dist.is_main:
+            torch.save(self.state_dict(), directory / "trainer.pt")
+        torch.save(rng_state(), directory / f"rng_rank{self.parts.dist.rank}.pt")
+
+    def restore(self, directory: Path) -> None:
+        """Continue exactly where the checkpoint in `directory` left off."""
+        self.parts.strategy.load(directory)
+        state = torch.load(directory / "trainer.pt", map_location="cpu", weights_only=True)
+        self.parts.scheduler.load_state_dict(state["scheduler"])
+        self.parts.stream.load_state_dict(state["data"])
+        self.step = state["step"]
+        self.nonfinite_skips = state["nonfinite_skips"]
+        self.overflow_skips = state["overflow_skips"]
+        set_rng_state(torch.load(directory / f"rng_rank{self.parts.dist.rank}.pt", weights_only=True))
+        self.resumed_from = str(directory)
+
+    def save(self) -> Path:
+        """Write a complete checkpoint of the current step (every rank takes part)."""
+        return checkpoint.save(
+            self.run_dir,
+            self.step,
+            self._write_checkpoint,
+            keep=self.spec.checkpoint.keep,
+            is_main=self.parts.dist.is_main,
+            barrier=self.parts.dist.barrier,
+        )
+
+    # ----- the loop --------------------------------------------------------------------------------
+    def run(self) -> dict[str, Any]:
+        """Train from the current step to train.max_steps; returns the run summary."""
+        t, dist = self.spec.train, self.parts.dist
+        started = time.perf_counter()
+        writer = self._writer = metrics.MetricsFile(self.run_dir / "metrics.jsonl") if dist.is_main else None
+        show = dist.is_main and self.spec.log.progress
+        progress, task = metrics.make_progress(self.console, t.max_steps, self.step)
+        self._mark = (time.perf_counter(), self.step)
+        with progress if show else contextlib.nullcontext():
+            while self.step < t.max_steps:
+                self._train_step()
+                self.step += 1
+                last = self.step == t.max_steps
+                if self.step % t.log_every == 0 or last:
+                    record = self._log_record()
+                    if writer:
+                        writer.write(record)
+                    progress.update(task, loss=f"{record['loss']:.4f}", tps=f"{record['tokens_per_s']:,.0f}")
+                if t.eval_every and (self.step % t.eval_every == 0 or last):
+                    self.evaluate()
+                stopping = self.step == t.stop_after
+                every = self.spec.checkpoint.every
+                if (every and self.step % every == 0) or (
+                    (last or stopping) and self.spec.checkpoint.save_final
+                ):
+                    self.save()
+                progress.update(task, completed=self.step)
+                if stopping:
+                    break
+        if writer:
+            writer.close()
+        reason = "completed" if self.step >= t.max_steps else "stopped_after"
+        return self.summary(reason, time.perf_counter() - started)
+
+    def _train_step(self) -> None:
+        """One optimizer step over grad_accum_steps micro batches, normalized by their token count."""
+        strategy, t = self.parts.strategy, self.spec.train
+        dtype = train_dtype(self.spec.precision)
+        self.timer.start("data")
+        batches = [self.parts.stream.next_batch() for _ in range(t.grad_accum_steps)]
+        num_tokens = sum(int((b["labels"] != -100).sum()) for b in batches)  # CPU tensors: no device sync
+        batches = [{k: v.to(self.device, non_blocking=True) for k, v in b.items()} for b in batches]
+        loss_sum = torch.zeros((), device=self.device)
+        for i, batch in enumerate(batches):
+            sync = i == len(batches) - 1
+            with contextlib.nullcontext() if sync else strategy.no_sync():
+                self.timer.start("forward")
+                with autocast(dtype, self.device.type):
+                    token_loss_sum, _ = lm_loss(strategy.model(batch["input_ids"]), batch["labels"])
+                self.timer.start("backward")
+                strategy.backward(token_loss_sum / num_tokens)
+            loss_sum += token_loss_sum.detach()
+        self.timer.start("optimizer")
+        result = strategy.step(max_grad_norm=t.max_grad_norm, loss_ok=torch.isfinite(loss_sum))
+        with warnings.catch_warnings():  # a skipped step still advances the schedule, on purpose
+            warnings.filterwarnings("ignore", message="Detected call of `lr_scheduler.step()`")
+            self.parts.scheduler.step()
+        self.timer.stop()
+        self._interval["loss"] += loss_sum
+        self._interval["tokens"] += num_tokens
+        self._interval["samples"] += sum(len(b["input_ids"]) for b in batches)
+        self._last_result = result
+        self.overflow_skips += result.overflow
+        if result.nonfinite:
+            self._on_nonfinite()
+
+    def _on_nonfinite(self) -> None:
+        """Apply train.on_nonfinite; the strategy has already left the weights untouched."""
+        t = self.spec.train
+        self.nonfinite_skips += 1
+        if self.parts.dist.is_main:
+            self.console.print(
+                f"[yellow]step {self.step + 1}: non-finite loss or gradient norm; step skipped"
+            )
+        if t.on_nonfinite == "stop" or self.nonfinite_skips > t.max_nonfinite_skips:
+            raise NonFiniteStop(
+                f"stopped at step {self.step + 1} after {self.nonfinite_skips} non-finite step(s) "
+                f"(train.on_nonfinite={t.on_nonfinite}, train.max_nonfinite_skips={t.max_nonfinite_skips}). "
+                "The weights hold no NaN; lower optimizer.lr or check the data, then resume from the last checkpoint."
+            )
+
+    def _log_record(self) -> dict[str, Any]:
+        """Read the interval's numbers back from the device (the one sync of a log step)."""
+        dist, strategy = self.parts.dist, self.parts.strategy
+        now = time.perf_counter()
+        elapsed = now - self._mark[0]
+        loss_sum, tokens, samples = dist.sum(
+            [float(self._interval["loss"]), self._interval["tokens"], self._interval["samples"]]
+        )
+        tokens_per_s = tokens / elapsed if elapsed > 0 else 0.0
+        peak = self.parts.peak_flops
+        phases = self.timer.read()
+        record = {
+            "step": self.step,
+            "loss": loss_sum / max(tokens, 1),
+            "lr": self.parts.scheduler.get_last_lr()[0],
+            "grad_norm": float(self._last_result.grad_norm),
+            "tokens_per_s": tokens_per_s,
+            "samples_per_s": samples / elapsed if elapsed > 0 else 0.0,
+            "mfu": (self.parts.flops_per_token * tokens_per_s / dist.world_size / peak) if peak else None,
+            "mem_peak_bytes": metrics.peak_memory_bytes(self.device.type),
+            "loss_scale": strategy.loss_scale(),
+            "nonfinite_skips": self.nonfinite_skips,
+            "overflow_skips": self.overflow_skips,
+            **{f"time_{name}_s": round(seconds, 6) for name, seconds in phases.items()},
+        }
+        self._history["tokens_per_s"].append(tokens_per_s)
+        self._history["loss"].append(record["loss"])
+        self._interval = {"loss": torch.zeros((), device=self.device), "tokens": 0, "samples": 0}
+        self._mark = (time.perf_counter(), self.step)
+        return record
+
+    @torch.no_grad()
+    def evaluate(self) -> dict[str, float]:
+        """Token-mean loss and perplexity on held-out data, under the eval precision."""
+        model, t = self.parts.strategy.model, self.spec.train
+        model.eval()
+        total = torch.zeros((), device=self.device)
+        count = torch.zeros((), device=self.device)
+        dist = self.parts.dist
+        batches = val_batches(
+            self.parts.val,
+            micro_batch_size=t.micro_batch_size,
+            max_batches=t.eval_batches,
+            rank=dist.rank,
+            world_size=dist.world_size,
+        )
+        for batch in batches:
+            batch = {k: v.to(self.device, non_blocking=True) for k, v in batch.items()}
+            with autocast(eval_dtype(self.spec.precision), self.device.type):
+                loss_sum, n = lm_loss(model(batch["input_ids"]), batch["labels"])
+            total += loss_sum
+            count += n
+        model.train()
+        loss_sum, tokens = dist.sum([float(total), float(count)])
+        loss = loss_sum / max(tokens, 1.0)
+        self._eval = {"eval_loss": loss, "eval_ppl": math.exp(min(loss, 50.0)), "eval_step": self.step}
+        if self._writer is not None:
+            self._writer.write({"step": self.step, **self._eval})
+        return self._eval
+
+    def summary(self, exit_reason: str, wall_time_s: float) -> dict[str, Any]:
+        """The end-of-run record written to summary.json."""
+        rates = self._history["tokens_per_s"][1:] or self._history["tokens_per_s"]
+        return {
+            "steps": self.step,
+            "final_loss": self._history["loss"][-1] if self._history["loss"] else None,
+            "eval_loss": self._eval.get("eval_loss"),
+            "eval_ppl": self._eval.get("eval_ppl"),
+            "median_tokens_per_s": statistics.median(rates) if rates else None,
+            "peak_mem_bytes": metrics.peak_memory_bytes(self.device.type),
+            "wall_time_s": wall_time_s,
+            "exit_reason": exit_reason,
+            "nonfinite_skips": self.nonfinite_skips,
+            "overflow_skips": self.overflow_skips,
+            "resumed_from": self.resumed_from,
+            "world_size": self.parts.dist.world_size,
+        }

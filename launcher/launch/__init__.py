@@ -1,0 +1,35 @@
+"""Where a run goes: the launcher schema and the registry of launch backends."""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from launcher.spec import RunSpec
+
+# backend name -> module with `describe(spec, run_dir) -> str` and `launch(spec, run_dir) -> int`
+BACKENDS: dict[str, str] = {
+    "inline": "launcher.launch.inline",
+}
+
+
+@dataclass(frozen=True, kw_only=True)
+class LauncherConfig:
+    """Where and how the ranks of a run are started."""
+
+    backend: str = "inline"
+    """inline: one process, this one."""
+    nproc: int = 1
+    """Processes (ranks) per node."""
+    device: str = "auto"
+    """auto (a GPU when one is visible, else the CPU), cpu or cuda."""
+
+
+def backend(name: str) -> tuple[Callable[[RunSpec, Path], str], Callable[[RunSpec, Path], int]]:
+    """The (describe, launch) pair of a backend, imported on demand."""
+    module = importlib.import_module(BACKENDS[name])
+    return module.describe, module.launch

@@ -1,0 +1,19 @@
+"""The inline backend: world size 1, in this very process (the fast path without GPUs)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from launcher.spec import RunSpec
+
+
+def describe(spec: RunSpec, run_dir: Path) -> str:
+    """What `launch` would do, for the dry run."""
+    return f"inline: 1 rank in this process on {spec.launcher.device} device, reading {run_dir / 'spec.yaml'}"
+
+
+def launch(spec: RunSpec, run_dir: Path) -> int:
+    """Run the single rank here; returns its exit status."""
+    from launcher import worker
+
+    return worker.run(run_dir / "spec.yaml")

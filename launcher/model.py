@@ -1,0 +1,195 @@
+"""The model group: the built-in GPT decoder, its schema, its loss and its size and cost formulas.
+
+The module layout is kept stable and tensor-parallel friendly (separate q/k/v/o and up/down
+projections, head count derived from the local projection width) because parallel strategies
+refer to these names when they shard the model.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+@dataclass(frozen=True, kw_only=True)
+class ModelConfig:
+    """Which model to train and its shape."""
+
+    kind: str = "gpt"
+    """Model family; `gpt` is the built-in decoder of this module."""
+    n_layer: int = 4
+    """Number of transformer blocks."""
+    n_head: int = 4
+    """Attention heads per block (d_model must be a multiple of it)."""
+    d_model: int = 128
+    """Width of the residual stream."""
+    d_ff: int | None = None
+    """Hidden width of the MLP; null means 4 * d_model."""
+    vocab_size: int = 256
+    """Token ids the embedding holds; byte-level data needs 256."""
+    max_seq_len: int = 256
+    """Context length (the learned positional embedding has this many rows)."""
+    dropout: float = 0.0
+    """Dropout on embeddings, attention probabilities and residual branches."""
+    tie_embeddings: bool = True
+    """Share one matrix between the token embedding and the output projection."""
+    bias: bool = False
+    """Give linear layers and LayerNorms a bias."""
+
+
+def _ff_width(cfg: ModelConfig) -> int:
+    """The MLP hidden width the config asks for."""
+    return cfg.d_ff if cfg.d_ff is not None else 4 * cfg.d_model
+
+
+class CausalSelfAttention(nn.Module):
+    """Multi-head causal self-attention through torch's fused scaled-dot-product kernel."""
+
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        if cfg.d_model % cfg.n_head:
+            raise ValueError(f"d_model ({cfg.d_model}) must be a multiple of n_head ({cfg.n_head}).")
+        self.head_dim = cfg.d_model // cfg.n_head
+        self.q_proj = nn.Linear(cfg.d_model, cfg.d_model, bias=cfg.bias)
+        self.k_proj = nn.Linear(cfg.d_model, cfg.d_model, bias=cfg.bias)
+        self.v_proj = nn.Linear(cfg.d_model, cfg.d_model, bias=cfg.bias)
+        self.o_proj = nn.Linear(cfg.d_model, cfg.d_model, bias=cfg.bias)
+        self.attn_dropout = cfg.dropout
+        self.resid_dropout = nn.Dropout(cfg.dropout)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """[B, T, d_model] -> [B, T, d_model]; heads counted from q's width so sharded q/k/v work."""
+        batch, seq, _ = x.shape
+        q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
+        num_local_heads = q.shape[-1] // self.head_dim
+        q, k, v = (t.reshape(batch, seq, num_local_heads, self.head_dim).transpose(1, 2) for t in (q, k, v))
+        y = F.scaled_dot_product_attention(
+            q, k, v, dropout_p=self.attn_dropout if self.training else 0.0, is_causal=True
+        )
+        y = y.transpose(1, 2).reshape(batch, seq, num_local_heads * self.head_dim)
+        return self.resid_dropout(self.o_proj(y))
+
+
+class MLP(nn.Module):
+    """Position-wise feed-forward network: up projection, GELU, down projection."""
+
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.up = nn.Linear(cfg.d_model, _ff_width(cfg), bias=cfg.bias)
+        self.act = nn.GELU(approximate="tanh")
+        self.down = nn.Linear(_ff_width(cfg), cfg.d_model, bias=cfg.bias)
+        self.dropout = nn.Dropout(cfg.dropout)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """[B, T, d_model] -> [B, T, d_model]."""
+        return self.dropout(self.down(self.act(self.up(x))))
+
+
+class Block(nn.Module):
+    """One pre-norm transformer block: x + attn(norm(x)), then x + mlp(norm(x))."""
+
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.norm_attn = nn.LayerNorm(cfg.d_model, bias=cfg.bias)
+        self.attn = CausalSelfAttention(cfg)
+        self.norm_mlp = nn.LayerNorm(cfg.d_model, bias=cfg.bias)
+        self.mlp = MLP(cfg)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """Apply both residual branches."""
+        x = x + self.attn(self.norm_attn(x))
+        return x + self.mlp(self.norm_mlp(x))
+
+
+class GPT(nn.Module):
+    """A GPT-2 style decoder: token and learned position embeddings, pre-norm blocks, LM head."""
+
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.cfg = cfg
+        self.tok_emb = nn.Embedding(cfg.vocab_size, cfg.d_model)
+        self.pos_emb = nn.Embedding(cfg.max_seq_len, cfg.d_model)
+        self.emb_dropout = nn.Dropout(cfg.dropout)
+        self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layer))
+        self.norm_f = nn.LayerNorm(cfg.d_model, bias=cfg.bias)
+        self.lm_head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
+        if cfg.tie_embeddings:
+            self.lm_head.weight = self.tok_emb.weight
+        self._init_weights()
+
+    def _init_weights(self) -> None:
+        """GPT-2 init: N(0, 0.02), residual output projections scaled by 1/sqrt(2 * n_layer), zero biases."""
+        for module in self.modules():
+            if isinstance(module, (nn.Linear, nn.Embedding)):
+                nn.init.normal_(module.weight, mean=0.0, std=0.02)
+            if isinstance(module, nn.Linear) and module.bias is not None:
+                nn.init.zeros_(module.bias)
+        residual_std = 0.02 / math.sqrt(2 * self.cfg.n_layer)
+        for block in self.blocks:
+            nn.init.normal_(block.attn.o_proj.weight, mean=0.0, std=residual_std)
+            nn.init.normal_(block.mlp.down.weight, mean=0.0, std=residual_std)
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """Token ids [B, T] -> next-token logits [B, T, vocab_size]."""
+        seq = input_ids.shape[1]
+        if seq > self.cfg.max_seq_len:
+            raise ValueError(f"sequence of {seq} tokens exceeds the context of {self.cfg.max_seq_len}.")
+        positions = torch.arange(seq, device=input_ids.device)
+        x = self.emb_dropout(self.tok_emb(input_ids) + self.pos_emb(positions))
+        for block in self.blocks:
+            x = block(x)
+        return self.lm_head(self.norm_f(x))
+
+
+def build_model(cfg: ModelConfig) -> GPT:
+    """The model the config describes, on the CPU in float32; init depends only on torch's global seed."""
+    if cfg.kind != "gpt":
+        raise ValueError(f"model.kind={cfg.kind!r} is not built by launcher.model (it builds `gpt`).")
+    return GPT(cfg)
+
+
+def lm_loss(
+    logits: torch.Tensor, labels: torch.Tensor, ignore_index: int = -100
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(summed token cross-entropy in float32, number of counted tokens): callers divide by a global count.
+
+    Returning the sum rather than the mean lets accumulation and data parallelism normalize by the
+    tokens of the whole optimizer step, so that the loss does not depend on how a batch is split.
+    """
+    loss_sum = F.cross_entropy(
+        logits.reshape(-1, logits.shape[-1]).float(),
+        labels.reshape(-1),
+        ignore_index=ignore_index,
+        reduction="sum",
+    )
+    return loss_sum, (labels != ignore_index).sum()
+
+
+def num_params(model: nn.Module) -> int:
+    """Parameters of `model`, a tied matrix counted once."""
+    return sum(p.numel() for p in model.parameters())
+
+
+def _config_num_params(cfg: ModelConfig) -> int:
+    """Parameters of the GPT the config describes, computed without building it (tied matrix once)."""
+    d, ff, bias = cfg.d_model, _ff_width(cfg), int(cfg.bias)
+    norm = d * (1 + bias)
+    attn = 4 * d * d + 4 * d * bias
+    mlp = 2 * d * ff + (ff + d) * bias
+    block = 2 * norm + attn + mlp
+    embeddings = cfg.vocab_size * d + cfg.max_seq_len * d
+    head = 0 if cfg.tie_embeddings else cfg.vocab_size * d
+    return embeddings + cfg.n_layer * block + norm + head
+
+
+def flops_per_token(cfg: ModelConfig, seq_len: int) -> float:
+    """Training FLOPs per token, 6 * N + 12 * n_layer * d_model * seq_len (forward + backward).
+
+    N counts the parameters from the config alone, without building the model, with a tied
+    embedding counted once; the second term is the attention score and value products.
+    """
+    return float(6 * _config_num_params(cfg) + 12 * cfg.n_layer * cfg.d_model * seq_len)

@@ -1,0 +1,65 @@
+"""The `single` strategy: one rank holds the model, its gradients and the optimizer state."""
+
+from __future__ import annotations
+
+import contextlib
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from launcher.optimizer import build_optimizer
+from launcher.parallel.common import StepResult, guarded_step, load_tensor_file, save_tensor_file
+from launcher.parallel.registry import Setup
+from launcher.precision import make_grad_scaler
+
+
+class SingleStrategy:
+    """Plain PyTorch on one device: the reference every other strategy must match."""
+
+    def __init__(self, model: nn.Module, setup: Setup) -> None:
+        device = setup.dist.device
+        self.model = model.to(device)
+        self.optimizer = build_optimizer(self.model, setup.spec.optimizer, device.type)
+        self.scaler = make_grad_scaler(setup.spec.precision, device.type)
+
+    def no_sync(self) -> contextlib.AbstractContextManager:
+        """Nothing to synchronize with one rank."""
+        return contextlib.nullcontext()
+
+    def backward(self, loss: torch.Tensor) -> None:
+        """Backward through the (fp16-scaled) loss."""
+        (self.scaler.scale(loss) if self.scaler else loss).backward()
+
+    def step(self, *, max_grad_norm: float | None, loss_ok: torch.Tensor) -> StepResult:
+        """Clip and step, never with non-finite values."""
+        return guarded_step(
+            self.model.parameters(), self.optimizer, self.scaler, max_grad_norm=max_grad_norm, loss_ok=loss_ok
+        )
+
+    def loss_scale(self) -> float | None:
+        """The fp16 loss scale (reads it back from the device)."""
+        return float(self.scaler.get_scale()) if self.scaler else None
+
+    def save(self, directory: Path) -> None:
+        """Model, optimizer and scaler state as three files."""
+        save_tensor_file(self.model.state_dict(), directory / "model.pt")
+        save_tensor_file(self.optimizer.state_dict(), directory / "optimizer.pt")
+        if self.scaler is not None:
+            save_tensor_file(self.scaler.state_dict(), directory / "scaler.pt")
+
+    def load(self, directory: Path) -> None:
+        """Restore what `save` wrote."""
+        self.model.load_state_dict(load_tensor_file(directory / "model.pt"))
+        self.optimizer.load_state_dict(load_tensor_file(directory / "optimizer.pt"))
+        if self.scaler is not None:
+            self.scaler.load_state_dict(load_tensor_file(directory / "scaler.pt"))
+
+    def export_state_dict(self) -> dict[str, torch.Tensor]:
+        """The full model state dict, as it loads into the unwrapped model."""
+        return self.model.state_dict()
+
+
+def build(model: nn.Module, setup: Setup) -> SingleStrategy:
+    """Registry entry point."""
+    return SingleStrategy(model, setup)

@@ -1,0 +1,258 @@
+"""The run spec: one frozen, typed object holding every decision of a run, and its (de)serialization.
+
+Each config group fills one field of `RunSpec`. The schema is registered in Hydra's ConfigStore so
+a wrong type fails at compose time; `resolve()` then rejects keys the schema does not know (also
+those smuggled in with `+key=value`) and builds the frozen object that everything downstream takes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf
+
+from launcher.checkpoint import CheckpointConfig
+from launcher.data import DataConfig
+from launcher.launch import LauncherConfig
+from launcher.memory import MemoryConfig
+from launcher.metrics import LogConfig
+from launcher.model import ModelConfig
+from launcher.optimizer import OptimizerConfig
+from launcher.parallel import ParallelConfig
+from launcher.precision import PrecisionConfig
+from launcher.quantization import QuantizationConfig
+from launcher.scheduler import SchedulerConfig
+
+
+@dataclass(frozen=True, kw_only=True)
+class TrainConfig:
+    """The loop's own settings: length, batch, clipping, evaluation and logging cadence."""
+
+    max_steps: int = 300
+    """Optimizer steps to train for."""
+    micro_batch_size: int = 16
+    """Sequences per rank per forward/backward pass."""
+    grad_accum_steps: int = 1
+    """Micro batches accumulated per optimizer step (global batch = micro x accum x world size)."""
+    seed: int = 1234
+    """Seed of model init, data order and every RNG the loop uses."""
+    max_grad_norm: float | None = 1.0
+    """Clip the global gradient norm to this value; null turns clipping off."""
+    eval_every: int | None = 100
+    """Optimizer steps between evaluations (and one at the end); null turns evaluation off."""
+    eval_batches: int = 8
+    """Micro batches of held-out data per evaluation."""
+    log_every: int = 10
+    """Optimizer steps between metrics records (the only steps that read values back from the device)."""
+    on_nonfinite: str = "skip"
+    """What a non-finite loss or gradient norm does: skip (the step, counted) or stop (exit status 3)."""
+    max_nonfinite_skips: int = 20
+    """Skipped non-finite steps after which the run stops anyway (exit status 3)."""
+    stop_after: int | None = None
+    """End this session after this optimizer step, with a checkpoint; the schedule still spans max_steps."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class RunSpec:
+    """Every decision of a run; `spec.yaml` in the run directory serializes exactly this."""
+
+    name: str = "run"
+    """Run name, used in the default run directory."""
+    run_dir: str | None = None
+    """Where the run writes; null: runs/<name>-<timestamp> (or the sweep's job directory)."""
+    resume: str | None = None
+    """null (fresh start), auto (newest complete checkpoint of run_dir, else fresh) or a path."""
+    dry_run: bool = False
+    """Print the resolved spec, the verdict and the launch plan, and start nothing."""
+    precision: PrecisionConfig = field(default_factory=PrecisionConfig)
+    parallel: ParallelConfig = field(default_factory=ParallelConfig)
+    optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
+    scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    quantization: QuantizationConfig = field(default_factory=QuantizationConfig)
+    memory: MemoryConfig = field(default_factory=MemoryConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    log: LogConfig = field(default_factory=LogConfig)
+    launcher: LauncherConfig = field(default_factory=LauncherConfig)
+
+
+@dataclass(frozen=True)
+class SpecError:
+    """One violated rule: the keys involved and a paragraph saying what is wrong and how to fix it."""
+
+    keys: tuple[str, ...]
+    message: str
+
+    def __str__(self) -> str:
+        return f"{', '.join(self.keys)}: {self.message}"
+
+
+class InvalidSpec(Exception):
+    """The spec broke one or more rules; nothing may be started."""
+
+    def __init__(self, errors: list[SpecError]) -> None:
+        super().__init__("\n".join(str(e) for e in errors))
+        self.errors = errors
+
+
+def _thaw(node: Any) -> Any:
+    """Clear the read-only flags OmegaConf puts on frozen dataclasses, so overrides can merge."""
+    node._set_flag("readonly", None)
+    if isinstance(node, DictConfig):
+        for key in node:
+            _thaw(node._get_node(key))
+    return node
+
+
+def schema_node() -> DictConfig:
+    """The RunSpec schema as a mutable structured config, defaults filled in."""
+    return _thaw(OmegaConf.structured(RunSpec))
+
+
+def register_schemas() -> None:
+    """Register the RunSpec schema with Hydra (`_run_spec` in the primary config's defaults)."""
+    from hydra.core.config_store import ConfigStore
+
+    ConfigStore.instance().store(name="_run_spec", node=schema_node())
+
+
+def schema_fields(schema: type) -> dict[str, Any]:
+    """Field name -> resolved type annotation of a schema dataclass."""
+    return typing.get_type_hints(schema)
+
+
+def did_you_mean(word: str, choices: typing.Iterable[str]) -> str:
+    """' Did you mean X?' for the closest choice, or an empty string."""
+    close = difflib.get_close_matches(word, list(choices), n=1, cutoff=0.6)
+    return f" Did you mean {close[0]}?" if close else ""
+
+
+def unknown_key_error(path: str, known: typing.Iterable[str]) -> SpecError:
+    """The error for a key the schema does not define."""
+    leaf = path.rsplit(".", 1)[-1]
+    if leaf == "_target_":
+        return SpecError(
+            (path,),
+            "configs may not name code to import or call: the launcher builds every component "
+            "from registered names only, so `_target_` is refused. Pick an option of the group instead.",
+        )
+    known = sorted(known)
+    return SpecError(
+        (path,),
+        f"unknown key.{did_you_mean(leaf, known)} Known keys here: {', '.join(known)}.",
+    )
+
+
+def unknown_keys(cfg: DictConfig, schema: type = RunSpec, prefix: str = "") -> list[SpecError]:
+    """Every key of `cfg` the schema does not define, recursively, with a did-you-mean hint."""
+    fields = schema_fields(schema)
+    errors = []
+    for key in cfg:
+        path = f"{prefix}{key}"
+        if key not in fields:
+            errors.append(unknown_key_error(path, fields))
+            continue
+        sub = fields[key]
+        node = cfg._get_node(key)
+        if dataclasses.is_dataclass(sub) and isinstance(node, DictConfig) and not node._is_missing():
+            errors.extend(unknown_keys(node, sub, f"{path}."))
+    return errors
+
+
+def missing_values(cfg: DictConfig) -> list[SpecError]:
+    """Mandatory values (`???`) nobody set, e.g. data.path for data=text."""
+    errors = []
+    for path in _leaf_paths(cfg):
+        parent, _, leaf = path.rpartition(".")
+        if OmegaConf.is_missing(OmegaConf.select(cfg, parent) if parent else cfg, leaf):
+            errors.append(
+                SpecError(
+                    (path,), f"a value is required here: set it on the command line, e.g. `{path}=...`."
+                )
+            )
+    return errors
+
+
+def _leaf_paths(cfg: DictConfig, prefix: str = "") -> list[str]:
+    paths = []
+    for key in cfg:
+        node = cfg._get_node(key)
+        path = f"{prefix}{key}"
+        if isinstance(node, DictConfig) and not node._is_missing():
+            paths.extend(_leaf_paths(node, f"{path}."))
+        else:
+            paths.append(path)
+    return paths
+
+
+def to_spec(cfg: DictConfig) -> RunSpec:
+    """Check keys and mandatory values, then build the frozen RunSpec (raises InvalidSpec)."""
+    errors = unknown_keys(cfg) + missing_values(cfg)
+    if errors:
+        raise InvalidSpec(errors)
+    typed = OmegaConf.merge(schema_node(), cfg)
+    try:
+        return OmegaConf.to_object(typed)
+    except Exception as err:  # an interpolation that does not resolve, a bad env var, ...
+        raise InvalidSpec([SpecError(("spec",), f"the config does not resolve: {err}")]) from err
+
+
+def redacted_container(cfg: DictConfig) -> dict[str, Any]:
+    """The config resolved, except values that come from environment variables, kept as `${oc.env:..}`.
+
+    Any value that contains a resolved environment variable is written in its raw form, so that
+    secrets passed as `${oc.env:VAR}` never reach spec.yaml, the console or logs.
+    """
+    resolved = OmegaConf.to_container(cfg, resolve=True)
+    raw = OmegaConf.to_container(cfg, resolve=False)
+    secrets = [v for r, v in _pairs(raw, resolved) if isinstance(r, str) and "oc.env" in r and v]
+    return _redact(raw, resolved, [str(s) for s in secrets])
+
+
+def _pairs(raw: Any, resolved: Any) -> typing.Iterator[tuple[Any, Any]]:
+    if isinstance(raw, dict):
+        for key in raw:
+            yield from _pairs(raw[key], resolved[key])
+    elif isinstance(raw, list):
+        for r, v in zip(raw, resolved, strict=True):
+            yield from _pairs(r, v)
+    else:
+        yield raw, resolved
+
+
+def _redact(raw: Any, resolved: Any, secrets: list[str]) -> Any:
+    if isinstance(raw, dict):
+        return {k: _redact(raw[k], resolved[k], secrets) for k in raw}
+    if isinstance(raw, list):
+        return [_redact(r, v, secrets) for r, v in zip(raw, resolved, strict=True)]
+    if isinstance(resolved, str) and any(s in resolved for s in secrets):
+        return raw
+    return resolved
+
+
+def dump_spec(cfg: DictConfig, path: Path) -> None:
+    """Write the resolved, redacted spec to `path` (spec.yaml)."""
+    path.write_text(OmegaConf.to_yaml(OmegaConf.create(redacted_container(cfg))))
+
+
+def load_spec(path: Path) -> RunSpec:
+    """Read a spec.yaml written by `dump_spec` (env interpolations resolve here, in the rank)."""
+    return to_spec(OmegaConf.load(path))
+
+
+def public_keys(schema: type = RunSpec, prefix: str = "") -> list[str]:
+    """Every dotted key of the public config surface, sorted."""
+    keys = []
+    for name, sub in schema_fields(schema).items():
+        if dataclasses.is_dataclass(sub):
+            keys.extend(public_keys(sub, f"{prefix}{name}."))
+        else:
+            keys.append(f"{prefix}{name}")
+    return sorted(keys)

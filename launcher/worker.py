@@ -1,0 +1,79 @@
+"""A rank's entry point: read spec.yaml, join the job, build, resume if asked, run the loop."""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+import warnings
+from pathlib import Path
+
+from rich.console import Console
+
+from launcher import checkpoint, distributed, metrics
+from launcher.build import build
+from launcher.device import resolve_device
+from launcher.engine import Engine, NonFiniteStop
+from launcher.spec import RunSpec, load_spec
+
+EXIT_OK, EXIT_FAILED, EXIT_NONFINITE = 0, 1, 3
+
+
+def resume_candidates(spec: RunSpec, run_dir: Path) -> list[Path]:
+    """Checkpoints to try, newest first: what `resume` names, or this run's own after a restart."""
+    restarted = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) > 0
+    resume = "auto" if restarted and spec.resume is None else spec.resume
+    if resume is None:
+        return []
+    return checkpoint.resolve_resume(resume, run_dir)
+
+
+def restore_newest(engine: Engine, candidates: list[Path], console: Console) -> None:
+    """Load the newest checkpoint that loads; a corrupt one is named and the previous one tried."""
+    for path in candidates:
+        try:
+            engine.restore(path)
+        except Exception as err:  # a file that passes the size check but does not unpickle
+            warnings.warn(f"skipping checkpoint {path}: it does not load ({err})", stacklevel=2)
+            continue
+        if engine.parts.dist.is_main:
+            console.print(f"resumed from {path} at step {engine.step}")
+        return
+
+
+def run(spec_path: Path) -> int:
+    """Run this rank of the job described by `spec_path`; returns the process exit status."""
+    spec = load_spec(spec_path)
+    run_dir = Path(spec.run_dir or spec_path.parent)
+    console = Console(stderr=False)
+    dist = distributed.init(resolve_device(spec.launcher.device))
+    started = time.perf_counter()
+    engine = None
+    try:
+        engine = Engine(build(spec, dist), spec, run_dir, console)
+        restore_newest(engine, resume_candidates(spec, run_dir), console)
+        summary = engine.run()
+        code = EXIT_OK
+    except NonFiniteStop as err:
+        console.print(f"[red]error:[/] {err}")
+        summary, code = engine.summary("nonfinite", time.perf_counter() - started), EXIT_NONFINITE
+    except checkpoint.CheckpointSaveError as err:
+        console.print(f"[red]error:[/] {err}")
+        summary, code = engine.summary("checkpoint_failed", time.perf_counter() - started), EXIT_FAILED
+    finally:
+        del engine
+        distributed.shutdown()
+    if dist.is_main:
+        metrics.write_summary(run_dir, summary)
+        if spec.log.summary_table:
+            console.print(metrics.summary_table(summary))
+    return code
+
+
+def main() -> None:
+    """`python -m launcher.worker SPEC_YAML`: how launch backends start a rank."""
+    sys.exit(run(Path(sys.argv[1])))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,127 @@
+"""Composition of every group option, both selection spellings, and every validation rule's message."""
+
+from __future__ import annotations
+
+import pytest
+
+from launcher import compose
+from launcher.cli import precheck
+from launcher.spec import public_keys
+
+NEEDS_PATH = {("data", "text"), ("data", "jsonl")}
+CPU_ONLY_INVALID = {("precision", "tf32")}
+
+
+def _options() -> list[tuple[str, str]]:
+    return [(g, o) for g, options in compose.group_options().items() for o in options]
+
+
+@pytest.mark.parametrize(("group", "option"), _options())
+def test_every_option_composes_both_ways(group: str, option: str, tmp_path) -> None:
+    extra = []
+    if (group, option) in NEEDS_PATH:
+        (tmp_path / "corpus.txt").write_text("hello world\n" * 100)
+        extra = [f"data.path={tmp_path / 'corpus.txt'}"]
+    bare = precheck([f"{group}={option}", *extra])
+    plus = precheck(compose.normalize([f"+{group}={option}", *extra]))
+    assert [str(e) for e in bare] == [str(e) for e in plus]
+    if (group, option) in CPU_ONLY_INVALID:
+        assert [e.keys for e in bare] == [("precision.tf32",)]
+    else:
+        assert bare == []
+
+
+def test_design_card_usage_composes() -> None:
+    argv = compose.normalize(["+parallel=single", "+precision=bf16"])
+    assert argv == ["parallel=single", "precision=bf16"]
+    cfg = compose.compose(argv)
+    spec, errors = compose.validate(cfg)
+    assert errors == [] and spec.precision.bf16 and spec.parallel.strategy == "single"
+
+
+def _errors(*argv: str) -> list[str]:
+    return [str(e) for e in precheck(list(argv))]
+
+
+def test_unknown_key_added_with_plus_is_refused_with_hint() -> None:
+    (error,) = _errors("+optimizer.lrr=1")
+    assert error.startswith("optimizer.lrr: unknown key. Did you mean lr?")
+
+
+def test_unknown_key_without_plus_is_refused_with_hint() -> None:
+    (error,) = _errors("train.max_stpes=3")
+    assert "train.max_stpes" in error and "Did you mean max_steps?" in error
+
+
+def test_unknown_option_gets_hint() -> None:
+    (error,) = _errors("precision=bf61")
+    assert "no option 'bf61' in group precision. Did you mean bf16?" in error
+
+
+def test_wrong_type_names_key() -> None:
+    (error,) = _errors("train.max_steps=abc")
+    assert error.startswith("train.max_steps: wrong type")
+
+
+def test_target_is_refused() -> None:
+    for argv in (["+_target_=os.system"], ["+model._target_=os.system"]):
+        (error,) = _errors(*argv)
+        assert "`_target_` is refused" in error
+
+
+def test_all_problems_reported_at_once() -> None:
+    errors = _errors("precision=bf61", "+optimizer.lrr=1", "train.max_steps=abc")
+    assert len(errors) == 3
+
+
+RULES = [
+    (["precision.fp16=true", "precision.bf16=true"], ("precision.fp16", "precision.bf16"), "Choose one"),
+    (["precision=tf32"], ("precision.tf32",), "compute capability 8.0"),
+    (["train.max_steps=0"], ("train.max_steps",), "must be positive"),
+    (["train.micro_batch_size=-1"], ("train.micro_batch_size",), "must be positive"),
+    (["train.grad_accum_steps=0"], ("train.grad_accum_steps",), "must be positive"),
+    (["optimizer.lr=0"], ("optimizer.lr",), "must be positive"),
+    (
+        ["scheduler.warmup_steps=500", "train.max_steps=100"],
+        ("scheduler.warmup_steps", "train.max_steps"),
+        "never reach its peak",
+    ),
+    (["train.eval_every=0"], ("train.eval_every",), "eval_every=null"),
+    (["checkpoint.every=-5"], ("checkpoint.every",), "checkpoint.every=null"),
+    (["data.seq_len=512"], ("data.seq_len", "model.max_seq_len"), "exceed the model's context"),
+    (["data=text", "data.path=/nonexistent/*.txt"], ("data.path",), "no file matches"),
+    (["data=text"], ("data.path",), "set data.path"),
+    (["resume=/nonexistent/run"], ("resume",), "holds no complete checkpoint"),
+    (["resume=auto"], ("resume", "run_dir"), "Name the run directory"),
+    (["launcher.device=cuda"], ("launcher.device",), "no CUDA GPU"),
+    (["launcher.nproc=2"], ("launcher.backend", "launcher.nproc"), "launcher=local"),
+    (["model.n_head=3"], ("model.d_model", "model.n_head"), "multiple of n_head"),
+    (["train.max_grad_norm=0"], ("train.max_grad_norm",), "max_grad_norm=null"),
+    (["optimizer.name=adamww"], ("optimizer.name",), "Did you mean adamw?"),
+    (["train.on_nonfinite=ignore"], ("train.on_nonfinite",), "Choose one of: skip, stop"),
+    (["precision.eval_dtype=float8"], ("precision.eval_dtype",), "Choose one of"),
+    (["train.stop_after=300"], ("train.stop_after", "train.max_steps"), "between 0 and max_steps"),
+    (["scheduler.min_lr_ratio=2"], ("scheduler.min_lr_ratio",), "must lie in [0, 1]"),
+]
+
+
+@pytest.mark.parametrize(("argv", "keys", "phrase"), RULES, ids=[" ".join(r[0]) for r in RULES])
+def test_rule_message(argv: list[str], keys: tuple[str, ...], phrase: str) -> None:
+    errors = precheck(argv)
+    assert [e.keys for e in errors] == [keys], errors
+    assert phrase in errors[0].message
+
+
+def test_fresh_start_into_run_dir_with_checkpoints_is_refused(tmp_path) -> None:
+    (tmp_path / "checkpoints" / "step_10").mkdir(parents=True)
+    errors = precheck([f"run_dir={tmp_path}"])
+    assert [e.keys for e in errors] == [("resume", "run_dir")]
+    assert "resume=auto" in errors[0].message
+
+
+def test_public_keys_are_locked() -> None:
+    """The config surface changes only on purpose: update tests/assets/public_keys.txt with it."""
+    from pathlib import Path
+
+    locked = (Path(__file__).parents[1] / "assets" / "public_keys.txt").read_text().split()
+    assert public_keys() == locked
