@@ -64,7 +64,7 @@ def group_options() -> dict[str, list[str]]:
 
 
 def normalize(argv: list[str]) -> list[str]:
-    """Rewrite `+group=option` to `group=option` (every group has a default); leave the rest alone."""
+    """Rewrite `+group=option` and `+key=value` for known groups and keys to the bare form Hydra needs."""
     out, skip_next = [], False
     for arg in argv:
         if skip_next or arg.startswith("-"):
@@ -72,8 +72,10 @@ def normalize(argv: list[str]) -> list[str]:
             out.append(arg)
             continue
         key, sep, value = arg.partition("=")
-        if sep and key.startswith("+") and not key.startswith("++") and key[1:] in group_options():
-            arg = f"{key[1:]}={value}"
+        plain = key[1:]
+        known = plain in group_options() or _field_type(plain)[0] is not None
+        if sep and key.startswith("+") and not key.startswith("++") and known:
+            arg = f"{plain}={value}"  # a group with a default, or a key the schema already has
         out.append(arg)
     return out
 

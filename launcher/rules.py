@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import glob
+import importlib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -56,8 +57,14 @@ def rule(fn: Rule) -> Rule:
     return fn
 
 
+# Modules of feature areas whose rules register themselves with @rule when imported.
+RULE_MODULES: tuple[str, ...] = ()
+
+
 def check(spec: RunSpec, hw: Hardware) -> list[SpecError]:
     """All violations of all rules, so that one run of the CLI reports every problem at once."""
+    for module in RULE_MODULES:
+        importlib.import_module(module)
     return [error for fn in RULES for error in fn(spec, hw)]
 
 

@@ -22,11 +22,21 @@ class LauncherConfig:
     """Where and how the ranks of a run are started."""
 
     backend: str = "inline"
-    """inline: one process, this one."""
+    """inline (one process, this one), local (nproc processes on this machine) or slurm."""
     nproc: int = 1
     """Processes (ranks) per node."""
+    nnodes: int = 1
+    """Nodes of the job (world size = nnodes x nproc)."""
     device: str = "auto"
     """auto (a GPU when one is visible, else the CPU), cpu or cuda."""
+    max_restarts: int = 0
+    """Times a failed job is restarted from its newest checkpoint (needs checkpoints)."""
+    master_addr: str = "127.0.0.1"
+    """Rendezvous host of a single-node job."""
+    master_port: int | None = None
+    """Rendezvous port; null picks a free one."""
+    timeout_s: float = 300.0
+    """Timeout of collectives and of the rendezvous; a rank that does not answer fails the job."""
 
 
 def backend(name: str) -> tuple[Callable[[RunSpec, Path], str], Callable[[RunSpec, Path], int]]:

@@ -63,3 +63,8 @@ class SingleStrategy:
 def build(model: nn.Module, setup: Setup) -> SingleStrategy:
     """Registry entry point."""
     return SingleStrategy(model, setup)
+
+
+def consolidate(directory: Path) -> dict[str, torch.Tensor]:
+    """The full model state dict of a checkpoint written by this strategy (offline, one process)."""
+    return load_tensor_file(directory / "model.pt")
