@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -52,24 +53,44 @@ def run_cli(
     )
 
 
-def run_inline(overrides: list[str], run_dir: Path) -> int:
-    """Compose, validate, write spec.yaml and run one rank in this process (what `train` does inline)."""
+def write_spec(overrides: list[str], run_dir: Path) -> Path:
+    """Compose and validate like `train`, create the run directory and write its spec.yaml."""
     from hydra.core.hydra_config import HydraConfig
-    from omegaconf import open_dict
 
-    from launcher import worker
     from launcher.cli import make_run_dir
     from launcher.spec import dump_spec
 
     cfg = compose.compose([*overrides, f"run_dir={run_dir}"])
-    spec, errors = compose.validate(cfg)
+    _, errors = compose.validate(cfg)
     assert not errors, errors
     make_run_dir(run_dir)
-    with open_dict(cfg):
-        run_cfg = compose.strip_hydra(cfg)
-    dump_spec(run_cfg, run_dir / "spec.yaml")
+    dump_spec(compose.strip_hydra(cfg), run_dir / "spec.yaml")
     HydraConfig.instance().cfg = None
-    return worker.run(run_dir / "spec.yaml")
+    return run_dir / "spec.yaml"
+
+
+def run_inline(overrides: list[str], run_dir: Path) -> int:
+    """Run one rank in this process (what `train` does with the inline backend)."""
+    from launcher import worker
+
+    return worker.run(write_spec(overrides, run_dir))
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on right now."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def run_ranks(overrides: list[str], run_dir: Path, nproc: int = 2, timeout: int = 300) -> subprocess.CompletedProcess:
+    """Run `nproc` real ranks of the worker under torch's elastic launcher (gloo on CPU)."""
+    spec = write_spec(overrides, run_dir)
+    cmd = [
+        sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={nproc}",
+        "--master-addr=127.0.0.1", f"--master-port={free_port()}", "-m", "launcher.worker", str(spec),
+    ]  # fmt: skip
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
 
 
 def losses(run_dir: Path) -> dict[int, float]:
