@@ -14,7 +14,7 @@ from omegaconf import DictConfig
 from rich.console import Console
 
 from launcher import compose
-from launcher.spec import SpecError, dump_spec, register_schemas
+from launcher.spec import SpecError, dump_spec, redacted_container, register_schemas
 
 EXIT_INVALID = 2
 _HYDRA_ONLY_FLAGS = (
@@ -97,6 +97,12 @@ def default_run_dir(name: str) -> Path:
     return path
 
 
+def _safe_name(cfg: DictConfig) -> str:
+    """The run name for a directory, unless it comes from the environment (it might be a secret)."""
+    name = str(redacted_container(cfg).get("name", "run"))
+    return "run" if "${" in name else name
+
+
 def make_run_dir(path: Path) -> None:
     """Create the run directory private to the user (0700)."""
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -114,10 +120,11 @@ def run_from_config(cfg: DictConfig) -> int:
     hc = HydraConfig.get()
     spec, errors = compose.validate(cfg)
     dry = bool(cfg.get("dry_run"))
-    run_dir = Path(cfg.run_dir) if cfg.get("run_dir") else default_run_dir(str(cfg.get("name", "run")))
+    run_dir = Path(cfg.run_dir) if cfg.get("run_dir") else default_run_dir(_safe_name(cfg))
     if dry:
         plan = launch.backend(spec.launcher.backend)[0](spec, run_dir) if spec else None
-        print_dry_run(Console(), cfg, dict(hc.runtime.choices), list(hc.overrides.task), errors, plan)
+        console = Console() if Console().is_terminal else Console(width=160)
+        print_dry_run(console, cfg, dict(hc.runtime.choices), list(hc.overrides.task), errors, plan)
         return EXIT_INVALID if errors else 0
     if errors:
         report(errors)

@@ -64,9 +64,14 @@ def group_options() -> dict[str, list[str]]:
 
 
 def normalize(argv: list[str]) -> list[str]:
-    """Rewrite `+group=option` and `+key=value` for known groups and keys to the bare form Hydra needs."""
+    """Rewrite `+group=option` / `+key=value` for known groups and keys to the bare form Hydra needs.
+
+    A relative `--config-path` becomes absolute: Hydra would look for it beside its own module.
+    """
     out, skip_next = [], False
     for arg in argv:
+        if skip_next and out[-1] in ("--config-path", "-cp") and "://" not in arg:
+            arg = str(Path(arg).resolve())  # Hydra reads a relative config path from its own package
         if skip_next or arg.startswith("-"):
             skip_next = arg in _VALUE_FLAGS and not skip_next
             out.append(arg)

@@ -64,7 +64,7 @@ def print_dry_run(
     values = flatten(redacted_container(cfg))
     defaults = flatten(OmegaConf.to_container(schema_node(), resolve=False))
     sources = provenance(choices, task_overrides)
-    table = Table(title="resolved run spec", title_justify="left")
+    table = Table(title="resolved run spec", title_justify="left", box=None, padding=(0, 2, 0, 0))
     table.add_column("key")
     table.add_column("value")
     table.add_column("from")

@@ -237,14 +237,34 @@ def _redact(raw: Any, resolved: Any, secrets: list[str]) -> Any:
     return resolved
 
 
+# spec.yaml doubles as a primary config: `train --config-path RUN_DIR --config-name spec run_dir=NEW`
+# composes it against the same schema, with Hydra writing nothing, and reproduces the run.
+_SPEC_HEADER = {
+    "defaults": [
+        "_run_spec",
+        "_self_",
+        {"override hydra/job_logging": "none"},
+        {"override hydra/hydra_logging": "none"},
+    ],
+    "hydra": {"run": {"dir": "."}, "output_subdir": None, "job": {"chdir": False}},
+}
+_HEADER_KEYS = tuple(_SPEC_HEADER)
+
+
 def dump_spec(cfg: DictConfig, path: Path) -> None:
-    """Write the resolved, redacted spec to `path` (spec.yaml)."""
-    path.write_text(OmegaConf.to_yaml(OmegaConf.create(redacted_container(cfg))))
+    """Write the resolved, redacted spec to `path` (spec.yaml), with the header that makes it composable."""
+    body = {k: v for k, v in redacted_container(cfg).items() if k not in _HEADER_KEYS}
+    text = OmegaConf.to_yaml(OmegaConf.create({**_SPEC_HEADER, **body}))
+    path.write_text(
+        "# The resolved run spec. Reproduce the run with:\n"
+        f"#   train --config-path {path.parent.resolve()} --config-name spec run_dir=NEW_RUN_DIR\n{text}"
+    )
 
 
 def load_spec(path: Path) -> RunSpec:
     """Read a spec.yaml written by `dump_spec` (env interpolations resolve here, in the rank)."""
-    return to_spec(OmegaConf.load(path))
+    cfg = OmegaConf.load(path)
+    return to_spec(OmegaConf.masked_copy(cfg, [k for k in cfg if k not in _HEADER_KEYS]))
 
 
 def public_keys(schema: type = RunSpec, prefix: str = "") -> list[str]:
