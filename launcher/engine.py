@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import math
 import random
+import re
 import statistics
 import time
 import warnings
@@ -85,6 +86,7 @@ class Engine:
         self.timer = metrics.PhaseTimer(self.device.type)
         self._interval = {"loss": torch.zeros((), device=self.device), "tokens": 0, "samples": 0}
         self._last_result = None
+        self._pending = {k: torch.zeros((), dtype=torch.int64, device=self.device) for k in ("nonfinite", "overflow")}
         self._history: dict[str, list] = {"tokens_per_s": [], "loss": []}
         self._eval: dict[str, float] = {}
         self._writer: metrics.MetricsFile | None = None
@@ -185,28 +187,35 @@ class Engine:
         self.timer.start("optimizer")
         result = strategy.step(max_grad_norm=t.max_grad_norm, loss_ok=torch.isfinite(loss_sum))
         with warnings.catch_warnings():  # a skipped step still advances the schedule, on purpose
-            warnings.filterwarnings("ignore", message="Detected call of `lr_scheduler.step()`")
+            warnings.filterwarnings("ignore", message=re.escape("Detected call of `lr_scheduler.step()`"))
             self.parts.scheduler.step()
         self.timer.stop()
         self._interval["loss"] += loss_sum
         self._interval["tokens"] += num_tokens
         self._interval["samples"] += sum(len(b["input_ids"]) for b in batches)
         self._last_result = result
-        self.overflow_skips += result.overflow
-        if result.nonfinite:
-            self._on_nonfinite()
+        self._pending["nonfinite"] += result.nonfinite
+        self._pending["overflow"] += result.overflow
+        if result.nonfinite is True:  # already known on the host: act now
+            self._settle_skips(self.step + 1)
 
-    def _on_nonfinite(self) -> None:
-        """Apply train.on_nonfinite; the strategy has already left the weights untouched."""
+    def _settle_skips(self, step: int) -> None:
+        """Count skipped steps (a device read: log steps only) and apply train.on_nonfinite.
+
+        The strategy has already left the weights untouched on every non-finite step.
+        """
         t = self.spec.train
-        self.nonfinite_skips += 1
+        nonfinite, overflow = (int(v) for v in self._pending.values())
+        self._pending = {k: torch.zeros((), dtype=torch.int64, device=self.device) for k in self._pending}
+        self.overflow_skips += overflow
+        if not nonfinite:
+            return
+        self.nonfinite_skips += nonfinite
         if self.parts.dist.is_main:
-            self.console.print(
-                f"[yellow]step {self.step + 1}: non-finite loss or gradient norm; step skipped"
-            )
+            self.console.print(f"[yellow]up to step {step}: {nonfinite} non-finite step(s) skipped")
         if t.on_nonfinite == "stop" or self.nonfinite_skips > t.max_nonfinite_skips:
             raise NonFiniteStop(
-                f"stopped at step {self.step + 1} after {self.nonfinite_skips} non-finite step(s) "
+                f"stopped at step {step} after {self.nonfinite_skips} non-finite step(s) "
                 f"(train.on_nonfinite={t.on_nonfinite}, train.max_nonfinite_skips={t.max_nonfinite_skips}). "
                 "The weights hold no NaN; lower optimizer.lr or check the data, then resume from the last checkpoint."
             )
@@ -214,6 +223,7 @@ class Engine:
     def _log_record(self) -> dict[str, Any]:
         """Read the interval's numbers back from the device (the one sync of a log step)."""
         dist, strategy = self.parts.dist, self.parts.strategy
+        self._settle_skips(self.step)
         now = time.perf_counter()
         elapsed = now - self._mark[0]
         loss_sum, tokens, samples = dist.sum(

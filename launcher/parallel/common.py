@@ -12,13 +12,13 @@ import torch
 
 @dataclass(frozen=True)
 class StepResult:
-    """What happened at one optimizer step."""
+    """What happened at one optimizer step; flags may stay on the device until a log step reads them."""
 
     grad_norm: torch.Tensor
     """Global gradient norm before clipping (on the device; read it on log steps only)."""
-    nonfinite: bool
+    nonfinite: torch.Tensor | bool
     """The loss or the gradients were NaN/inf outside fp16 loss scaling; the weights were not touched."""
-    overflow: bool
+    overflow: torch.Tensor | bool
     """fp16 gradients overflowed; the loss scaler skipped the step and lowered its scale."""
 
 
@@ -32,22 +32,28 @@ def guarded_step(
 ) -> StepResult:
     """Unscale, clip, and step only if loss and gradients are finite; always clear the gradients.
 
-    Reads one boolean back from the device per optimizer step: the price of never letting a NaN
-    reach the weights (GradScaler pays the same for fp16).
+    Fused optimizers skip a non-finite step on the device (the `found_inf` input GradScaler also
+    uses), so nothing is read back to the host; other optimizers read one boolean, which costs
+    nothing on a CPU.
     """
     if scaler is not None:
         scaler.unscale_(optimizer)
     params = [p for p in params if p.grad is not None]
     norm = torch.nn.utils.clip_grad_norm_(params, max_grad_norm or math.inf, foreach=True)
-    grads_ok, loss_finite = torch.stack([torch.isfinite(norm), loss_ok]).tolist()
+    grads_ok = torch.isfinite(norm)
     if scaler is not None:
         scaler.step(optimizer)  # skips by itself when it found inf/NaN gradients
         scaler.update()
-        result = StepResult(norm, nonfinite=not loss_finite, overflow=loss_finite and not grads_ok)
+        result = StepResult(norm, nonfinite=~loss_ok, overflow=loss_ok & ~grads_ok)
     else:
-        if grads_ok and loss_finite:
+        ok = grads_ok & loss_ok
+        if getattr(optimizer, "_step_supports_amp_scaling", False):
+            optimizer.grad_scale, optimizer.found_inf = None, (~ok).to(torch.float32)
             optimizer.step()
-        result = StepResult(norm, nonfinite=not (grads_ok and loss_finite), overflow=False)
+            optimizer.found_inf = None
+        elif bool(ok):
+            optimizer.step()
+        result = StepResult(norm, nonfinite=~ok, overflow=False)
     optimizer.zero_grad(set_to_none=True)
     return result
 

@@ -105,13 +105,21 @@ def test_fp16_overflow_skips_steps_and_lowers_the_scale(tmp_path) -> None:
     assert all(math.isfinite(r["loss"]) for r in records[-3:])
 
 
-@pytest.mark.parametrize(("policy", "expected"), [("stop", 3), ("skip", 0)])
-def test_nonfinite_policy_never_updates_weights_with_nan(tmp_path, policy: str, expected: int) -> None:
-    """lr=1e12 makes the loss explode to inf/NaN within a few steps: a real non-finite, not a mock."""
+@pytest.mark.parametrize(
+    ("policy", "expected", "kernel"),
+    [("stop", 3, "foreach"), ("skip", 0, "foreach"), ("skip", 0, "fused")],
+    ids=["stop", "skip-host-check", "skip-on-device"],
+)
+def test_nonfinite_policy_never_updates_weights_with_nan(tmp_path, policy: str, expected: int, kernel: str) -> None:
+    """lr=1e12 makes the loss explode to inf/NaN within a few steps: a real non-finite, not a mock.
+
+    The fused kernel skips on the device (no host read); foreach decides on the host.
+    """
     run_dir = tmp_path / "run"
     args = [
         *TINY,
         "optimizer.lr=1e12",
+        f"optimizer.implementation={kernel}",
         "scheduler.warmup_steps=0",
         "scheduler=constant",
         f"train.on_nonfinite={policy}",
