@@ -1,0 +1,116 @@
+"""Preflight: every rank proves it can join before training, and a rank that cannot is named.
+
+Without it, a missing rank shows up as a collective that hangs until the job's timeout with no
+name attached. Here each rank first checks in on the job's store (rank 0's TCPStore, or the
+elastic agent's); every rank waits a short time for all check-ins and names the ranks that never
+came. After the process group exists, a monitored barrier (gloo) and an all-reduce of ones prove
+that collectives work between every pair of ranks.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import time
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+
+from launcher import distributed
+from launcher.distributed import DistContext
+
+MAX_WAIT_S = 60.0
+
+
+class PreflightError(RuntimeError):
+    """A rank did not join the job, or collectives between ranks do not work."""
+
+
+def wait_s(timeout_s: float) -> float:
+    """How long preflight waits for ranks: the job's timeout, capped at MAX_WAIT_S."""
+    return min(timeout_s, MAX_WAIT_S)
+
+
+def set_comm_env(device_type: str, timeout_s: float) -> None:
+    """On GPUs: NCCL errors and timeouts tear the job down instead of hanging (user settings win)."""
+    if device_type != "cuda":
+        return
+    os.environ.setdefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", "3")
+    os.environ.setdefault("TORCH_NCCL_ENABLE_MONITORING", "1")
+    # The heartbeat monitor kills a rank whose watchdog is stuck; give collectives their timeout first.
+    os.environ.setdefault("TORCH_NCCL_HEARTBEAT_TIMEOUT_SEC", str(int(timeout_s) + 60))
+
+
+def job_store(rank: int, world_size: int, timeout_s: float) -> dist.Store:
+    """The job's key-value store: the elastic agent's if it shares one, else rank 0 hosts it."""
+    addr, port = os.environ.get("MASTER_ADDR", "127.0.0.1"), int(os.environ.get("MASTER_PORT", "29500"))
+    agent_hosts = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
+    try:
+        store = dist.TCPStore(
+            addr,
+            port,
+            world_size,
+            is_master=rank == 0 and not agent_hosts,
+            timeout=timedelta(seconds=timeout_s),
+            wait_for_workers=False,
+        )
+    except Exception as err:
+        who = "the launcher's rendezvous store" if agent_hosts or rank == 0 else "rank 0's store"
+        raise PreflightError(
+            f"rank {rank} could not reach {who} at {addr}:{port} within {timeout_s:g} s ({err}). "
+            "Check launcher.master_addr/master_port and that rank 0 started."
+        ) from err
+    attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+    return dist.PrefixStore(f"/launcher/attempt_{attempt}", store)
+
+
+def check_arrival(store: dist.Store, rank: int, world_size: int, timeout_s: float) -> None:
+    """Check in, then wait for every rank's check-in; raise naming the ranks that never came."""
+    store.set(f"arrived/{rank}", f"{socket.gethostname()}:{os.getpid()}")
+    deadline = time.monotonic() + timeout_s
+    missing = list(range(world_size))
+    while True:
+        missing = [r for r in missing if not store.check([f"arrived/{r}"])]
+        if not missing or time.monotonic() > deadline:
+            break
+        time.sleep(0.05)
+    if missing:
+        names = ", ".join(str(r) for r in missing)
+        raise PreflightError(
+            f"preflight: rank(s) {names} of {world_size} did not join within {timeout_s:g} s "
+            f"(seen from rank {rank}). Those processes did not start or cannot reach "
+            f"{os.environ.get('MASTER_ADDR', '127.0.0.1')}:{os.environ.get('MASTER_PORT', '?')}; "
+            "check their logs, the hosts and the network, or raise launcher.timeout_s."
+        )
+
+
+def check_collectives(ctx: DistContext, timeout_s: float) -> None:
+    """A monitored barrier (gloo: names a silent rank) and an all-reduce of ones that must sum to N."""
+    if dist.get_backend() == "gloo":
+        try:
+            dist.monitored_barrier(timeout=timedelta(seconds=timeout_s), wait_all_ranks=True)
+        except RuntimeError as err:
+            raise PreflightError(f"preflight: the barrier failed on rank {ctx.rank}: {err}") from err
+    ones = torch.ones(1, device=ctx.device)
+    dist.all_reduce(ones)
+    if int(ones.item()) != ctx.world_size:
+        raise PreflightError(
+            f"preflight: an all-reduce of ones over {ctx.world_size} ranks gave {int(ones.item())} "
+            f"on rank {ctx.rank}: the process group is broken."
+        )
+
+
+def join(device_type: str, timeout_s: float) -> DistContext:
+    """Join the job like distributed.init, checking first that every rank arrives and can talk."""
+    world_size = int(os.environ.get("WORLD_SIZE", "1"))
+    if world_size == 1:
+        return distributed.init(device_type, timeout_s)
+    rank = int(os.environ["RANK"])
+    set_comm_env(device_type, timeout_s)
+    short = wait_s(timeout_s)
+    store = job_store(rank, world_size, short)
+    check_arrival(store, rank, world_size, short)
+    ctx = distributed.init(device_type, timeout_s, store=dist.PrefixStore("pg", store))
+    check_collectives(ctx, short)
+    return ctx
