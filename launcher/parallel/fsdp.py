@@ -1,0 +1,131 @@
+"""The `fsdp` strategy: FSDP2 (`fully_shard`) per transformer block, then the root.
+
+Each block is one communication group: its parameters are all-gathered just before its forward
+(and again for backward after a reshard) and its gradients reduce-scattered right after its
+backward, so at most a few blocks are ever unsharded. The root group holds the embeddings, the
+final norm and the tied LM head. Options:
+
+- reshard_after_forward: true frees gathered blocks after forward (full_shard); false keeps them
+  until backward (shard_grad_op: less communication, more memory).
+- replicate_degree > 1: hybrid sharding on a 2-D mesh (replicate x shard): parameters are sharded
+  within a group and gradients all-reduced across the replicas.
+- cpu_offload: sharded parameters, gradients and optimizer state live on the CPU (pinned memory on
+  CUDA); the optimizer steps there.
+- prefetch_layers: blocks whose all-gather is issued ahead of use, forward and backward.
+- tp_size > 1: tensor parallel inside each data-parallel group first (a 2-D mesh dp x tp).
+
+Precision comes from the precision group: bf16 gathers parameters in bf16 and reduces gradients in
+fp32; fp16 likewise with fp16 parameters and a loss scaler whose overflow flag is all-reduced.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+
+import torch
+from torch import nn
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.fsdp import (
+    CPUOffloadPolicy,
+    FSDPModule,
+    MixedPrecisionPolicy,
+    OffloadPolicy,
+    fully_shard,
+)
+
+from launcher.parallel import ParallelConfig
+from launcher.parallel.registry import Setup
+from launcher.parallel.sharded import (
+    DTensorStrategy,
+    MeshShape,
+    build_mesh,
+    consolidate,
+    make_sharded_scaler,
+    mesh_shape,
+)
+from launcher.parallel.tp import apply_tensor_parallel
+from launcher.precision import PrecisionConfig
+
+__all__ = ["apply_fsdp", "build", "consolidate", "mixed_precision_policy"]
+
+
+def mixed_precision_policy(precision: PrecisionConfig) -> MixedPrecisionPolicy | None:
+    """Low-precision parameters for compute, fp32 gradient reduction; None (plain fp32) otherwise."""
+    if precision.bf16:
+        return MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+    if precision.fp16:
+        return MixedPrecisionPolicy(param_dtype=torch.float16, reduce_dtype=torch.float32)
+    return None
+
+
+def _data_mesh(mesh: DeviceMesh, shape: MeshShape) -> DeviceMesh:
+    """The mesh FSDP2 shards over: 1-D (shard) or 2-D (replicate, shard) for hybrid sharding."""
+    return mesh["replicate", "shard"] if shape.replicate > 1 else mesh["shard"]
+
+
+def _set_prefetch(blocks: list[FSDPModule], num_layers: int) -> None:
+    """Issue the all-gathers of the next `num_layers` blocks ahead of use (forward and backward)."""
+    if num_layers <= 0:
+        return
+    for i, block in enumerate(blocks):
+        ahead = blocks[i + 1 : i + 1 + num_layers]
+        behind = blocks[max(i - num_layers, 0) : i][::-1]
+        if ahead:
+            block.set_modules_to_forward_prefetch(ahead)
+        if behind:
+            block.set_modules_to_backward_prefetch(behind)
+
+
+def apply_fsdp(
+    model: nn.Module,
+    mesh: DeviceMesh,
+    *,
+    parallel: ParallelConfig,
+    precision: PrecisionConfig,
+    pin_memory: bool,
+) -> nn.Module:
+    """fully_shard each block of the built-in GPT, then the root, over `mesh`."""
+    kwargs: dict = {"mesh": mesh, "reshard_after_forward": parallel.reshard_after_forward}
+    policy = mixed_precision_policy(precision)
+    if policy is not None:
+        kwargs["mp_policy"] = policy
+    kwargs["offload_policy"] = (
+        CPUOffloadPolicy(pin_memory=pin_memory) if parallel.cpu_offload else OffloadPolicy()
+    )
+    for block in model.blocks:
+        fully_shard(block, **kwargs)
+    fully_shard(model, **kwargs)
+    _set_prefetch(list(model.blocks), parallel.prefetch_layers)
+    return model
+
+
+@contextlib.contextmanager
+def _deferred_reduction(model: FSDPModule) -> Iterator[None]:
+    """Accumulate unsharded gradients locally; the final micro batch reduce-scatters the sum."""
+    model.set_requires_gradient_sync(False)
+    try:
+        yield
+    finally:
+        model.set_requires_gradient_sync(True)
+
+
+def build(model: nn.Module, setup: Setup) -> DTensorStrategy:
+    """Registry entry point: FSDP2 over the data-parallel ranks, tensor parallel inside when tp_size > 1."""
+    dist, spec = setup.dist, setup.spec
+    shape = mesh_shape(spec.parallel, dist.world_size)
+    mesh = build_mesh(shape, dist.device.type)
+    model = model.to(dist.device)
+    if shape.tp > 1:
+        model = apply_tensor_parallel(model, mesh["tp"], sequence_parallel=spec.parallel.sequence_parallel)
+    on_cuda = dist.device.type == "cuda"
+    model = apply_fsdp(
+        model, _data_mesh(mesh, shape), parallel=spec.parallel, precision=spec.precision, pin_memory=on_cuda
+    )
+    return DTensorStrategy(
+        model,
+        setup,
+        no_sync=lambda: _deferred_reduction(model),
+        scaler=make_sharded_scaler(spec.precision, dist.device.type),
+        optimizer_device="cpu" if spec.parallel.cpu_offload else dist.device.type,
+    )

@@ -1,0 +1,186 @@
+"""What the DTensor strategies (fsdp, tp) share: the device mesh, the loop's verbs and DCP checkpoints.
+
+Both strategies leave every parameter a DTensor, so one optimizer, one clip over DTensors and one
+checkpoint format serve them. Checkpoints are written sharded with torch.distributed.checkpoint
+(DCP): every rank writes its own shards into `dcp/` of the checkpoint directory, and a load
+reshards to whatever mesh the resuming run has, so the world size may change between sessions.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+import torch.distributed.checkpoint as dcp
+from torch import nn
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_model_state_dict,
+    get_state_dict,
+    set_state_dict,
+)
+from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+
+from launcher.distributed import DistContext
+from launcher.optimizer import OptimizerConfig, build_optimizer
+from launcher.parallel import ParallelConfig
+from launcher.parallel.common import StepResult, guarded_step, load_tensor_file, save_tensor_file
+from launcher.parallel.registry import Setup
+from launcher.precision import PrecisionConfig
+
+DCP_DIR = "dcp"
+"""Subdirectory of a checkpoint that holds the DCP shards of model and optimizer."""
+SCALER_FILE = "scaler.pt"
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class MeshShape:
+    """Degrees of a run's device mesh; their product is the world size."""
+
+    replicate: int
+    """Replicas of the sharded group (FSDP2 hybrid sharding); 1 without."""
+    shard: int
+    """Ranks one FSDP2 group shards parameters, gradients and optimizer state over."""
+    tp: int
+    """Tensor-parallel degree (innermost: consecutive ranks form a tensor-parallel group)."""
+
+
+def mesh_shape(parallel: ParallelConfig, world_size: int) -> MeshShape:
+    """Split `world_size` into replicate x shard x tp degrees as the spec asks."""
+    tp = parallel.tp_size
+    replicate = parallel.replicate_degree if parallel.strategy == "fsdp" else 1
+    if world_size % (tp * replicate):
+        raise ValueError(
+            f"world size {world_size} is not divisible by parallel.tp_size ({tp}) x "
+            f"parallel.replicate_degree ({replicate})."
+        )
+    return MeshShape(replicate=replicate, shard=world_size // (tp * replicate), tp=tp)
+
+
+def build_mesh(shape: MeshShape, device_type: str) -> DeviceMesh:
+    """A named mesh ("replicate", "shard", "tp") laid out row-major over the ranks.
+
+    A one-rank run gets a one-rank process group of its own (no rendezvous), so a sharded checkpoint
+    can be resumed on one process.
+    """
+    if not torch.distributed.is_initialized():
+        backend = "cuda:nccl,cpu:gloo" if device_type == "cuda" else "gloo"
+        torch.distributed.init_process_group(
+            backend, store=torch.distributed.HashStore(), rank=0, world_size=1
+        )
+    return init_device_mesh(
+        device_type, (shape.replicate, shape.shard, shape.tp), mesh_dim_names=("replicate", "shard", "tp")
+    )
+
+
+class DTensorStrategy:
+    """Loop verbs for a model whose parameters are all DTensors (FSDP2, tensor parallel, or both).
+
+    `no_sync` is given by the wrapping strategy (FSDP2 defers its reduce-scatter; tensor parallel
+    alone has no data-parallel gradients to defer). Clipping runs over DTensor gradients and
+    yields the global norm as a plain tensor, so the non-finite guard sees one value on all ranks.
+    """
+
+    def __init__(
+        self,
+        model: nn.Module,
+        setup: Setup,
+        *,
+        no_sync: Callable[[], contextlib.AbstractContextManager],
+        scaler: torch.amp.GradScaler | None,
+        optimizer_device: str,
+    ) -> None:
+        self.model = model
+        self.dist: DistContext = setup.dist
+        self._no_sync = no_sync
+        self.scaler = scaler
+        self._optimizer_device = optimizer_device
+        self.optimizer = build_optimizer(model, _optimizer_config(setup, scaler), optimizer_device)
+
+    def no_sync(self) -> contextlib.AbstractContextManager:
+        """Skip gradient communication for a non-final micro batch."""
+        return self._no_sync()
+
+    def backward(self, loss: torch.Tensor) -> None:
+        """Backward through the (fp16-scaled) loss; FSDP2 reduce-scatters in its hooks."""
+        (self.scaler.scale(loss) if self.scaler else loss).backward()
+
+    def step(self, *, max_grad_norm: float | None, loss_ok: torch.Tensor) -> StepResult:
+        """Clip over all shards and step, never with non-finite values."""
+        if loss_ok.device.type != self._optimizer_device:  # parameters offloaded to the CPU
+            loss_ok = loss_ok.to(self._optimizer_device)
+        return guarded_step(
+            self.model.parameters(), self.optimizer, self.scaler, max_grad_norm=max_grad_norm, loss_ok=loss_ok
+        )
+
+    def loss_scale(self) -> float | None:
+        """The fp16 loss scale (identical on all ranks: overflow flags are all-reduced)."""
+        return float(self.scaler.get_scale()) if self.scaler else None
+
+    def save(self, directory: Path) -> None:
+        """Every rank writes its shards of model and optimizer state into `directory/dcp`."""
+        model_state, optim_state = get_state_dict(self.model, self.optimizer)
+        dcp.save({"model": model_state, "optim": optim_state}, checkpoint_id=directory / DCP_DIR)
+        if self.scaler is not None and self.dist.is_main:
+            save_tensor_file(self.scaler.state_dict(), directory / SCALER_FILE)
+
+    def load(self, directory: Path) -> None:
+        """Restore what `save` wrote, resharded to this run's mesh (any world size)."""
+        model_state, optim_state = get_state_dict(self.model, self.optimizer)
+        state = {"model": model_state, "optim": optim_state}
+        dcp.load(state, checkpoint_id=directory / DCP_DIR)
+        set_state_dict(
+            self.model, self.optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"]
+        )
+        if self.scaler is not None:
+            self.scaler.load_state_dict(load_tensor_file(directory / SCALER_FILE))
+
+    def export_state_dict(self) -> dict[str, torch.Tensor]:
+        """The full, unsharded model state dict on rank 0 (on the CPU); empty on other ranks. Collective."""
+        options = StateDictOptions(full_state_dict=True, cpu_offload=True)
+        return get_model_state_dict(self.model, options=options)
+
+
+def make_sharded_scaler(precision: PrecisionConfig, device_type: str) -> torch.amp.GradScaler | None:
+    """fp16's loss scaler for sharded gradients: it all-reduces the overflow flag, so every rank skips together."""
+    if not precision.fp16:
+        return None
+    from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
+
+    return ShardedGradScaler(
+        device_type,
+        init_scale=precision.loss_scale_init,
+        growth_interval=precision.loss_scale_growth_interval,
+    )
+
+
+def _optimizer_config(setup: Setup, scaler: torch.amp.GradScaler | None) -> OptimizerConfig:
+    """The optimizer settings; fp16's sharded scaler breaks the fused kernel, so auto picks foreach."""
+    cfg = setup.spec.optimizer
+    if scaler is not None and cfg.implementation == "auto":
+        return dataclasses.replace(cfg, implementation="foreach")
+    return cfg
+
+
+def consolidate(directory: Path) -> dict[str, torch.Tensor]:
+    """The full model state dict of a DCP checkpoint, offline in one process (no process group).
+
+    Keys are the unwrapped model's (FSDP2 and tensor parallel keep parameter names), so the result
+    loads into `launcher.model.build_model` with `load_state_dict`.
+    """
+    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+
+    with tempfile.TemporaryDirectory() as tmp:
+        target = Path(tmp) / "full.pt"
+        dcp_to_torch_save(Path(directory) / DCP_DIR, target)
+        full = torch.load(target, map_location="cpu", weights_only=True)
+    return {k: v for k, v in full["model"].items()}
+
+
+def is_dcp_checkpoint(directory: Path) -> bool:
+    """Whether a checkpoint directory was written by a DCP strategy (fsdp, tp)."""
+    return (Path(directory) / DCP_DIR / ".metadata").is_file()

@@ -1,0 +1,55 @@
+"""Per-rank memory of the training state (parameters, gradients, optimizer state), as sharded.
+
+Sharded strategies hold DTensors: only the local shard counts on this rank, so FSDP2 full_shard
+at N ranks reports about 1/N of one process. A tied matrix counts once. A strategy whose state
+does not live in torch tensors the optimizer holds (e.g. flat ZeRO partitions) can report its
+own numbers through a `state_bytes()` method, which takes precedence.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+import torch
+from torch.distributed.tensor import DTensor
+
+
+def local_bytes(tensor: torch.Tensor) -> int:
+    """Bytes this rank stores for `tensor`: its local shard for a DTensor."""
+    if isinstance(tensor, DTensor):
+        tensor = tensor.to_local()
+    return tensor.numel() * tensor.element_size()
+
+
+def _unique(params: Iterable[torch.Tensor]) -> list[torch.Tensor]:
+    seen: dict[int, torch.Tensor] = {}
+    for p in params:
+        seen.setdefault(id(p), p)
+    return list(seen.values())
+
+
+def optimizer_state_bytes(optimizer: torch.optim.Optimizer) -> int:
+    """Bytes of the optimizer's per-parameter state tensors (moments, steps) on this rank."""
+    return sum(
+        local_bytes(value)
+        for state in optimizer.state.values()
+        for value in state.values()
+        if isinstance(value, torch.Tensor)
+    )
+
+
+def state_bytes(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, int]:
+    """param_bytes, grad_bytes (what gradients of the trainable parameters take once computed) and optimizer_bytes."""
+    params = _unique(model.parameters())
+    return {
+        "param_bytes": sum(local_bytes(p) for p in params),
+        "grad_bytes": sum(local_bytes(p) for p in params if p.requires_grad),
+        "optimizer_bytes": optimizer_state_bytes(optimizer),
+    }
+
+
+def strategy_state_bytes(strategy: Any) -> dict[str, int]:
+    """The strategy's own report when it has one, else `state_bytes` of its model and optimizer."""
+    own = getattr(strategy, "state_bytes", None)
+    return own() if callable(own) else state_bytes(strategy.model, strategy.optimizer)

@@ -1,0 +1,152 @@
+"""The `tp` strategy: tensor parallelism with DTensor `parallelize_module` over a 1-D mesh.
+
+Per block, q/k/v and the MLP up projection are split column-wise (each rank holds whole heads and
+a slice of the hidden width) and o_proj and the MLP down projection row-wise, so one all-reduce
+ends each branch. The attention derives its local head count from q_proj's output width, which
+is what makes the column split work without touching the model. With sequence parallelism the
+norms run on a sequence shard, the residual stream between branches is split along the sequence
+(all-gather before a branch, reduce-scatter after it instead of an all-reduce).
+
+Token and position embeddings, the final norm and the (tied) LM head stay replicated: they are
+made replicated DTensors so that optimizer and clipping see one kind of parameter. Every rank of
+a tensor-parallel group reads the same batch; with `tp` alone the world size equals tp_size (for
+data parallelism on top, use strategy fsdp with parallel.tp_size, a 2-D mesh).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any
+
+import torch
+from torch import nn
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.tensor import DTensor, Replicate, Shard, distribute_module, distribute_tensor
+from torch.distributed.tensor.parallel import (
+    ColwiseParallel,
+    ParallelStyle,
+    PrepareModuleInput,
+    RowwiseParallel,
+    SequenceParallel,
+    parallelize_module,
+)
+
+from launcher.parallel.registry import Setup
+from launcher.parallel.sharded import (
+    DTensorStrategy,
+    build_mesh,
+    consolidate,
+    make_sharded_scaler,
+    mesh_shape,
+)
+
+__all__ = ["apply_tensor_parallel", "build", "consolidate"]
+
+
+class ReplicateParallel(ParallelStyle):
+    """Keep a module whole on every rank, its parameters replicated DTensors; inputs and outputs plain.
+
+    A DTensor input (e.g. a sequence shard) is gathered to a replicated one first. Parameters
+    already converted (a tied weight) are reused, so weight tying survives.
+    """
+
+    def __init__(self, converted: dict[int, nn.Parameter]) -> None:
+        super().__init__()
+        self._converted = converted
+
+    def _replicate_params(self, name: str, module: nn.Module, mesh: DeviceMesh) -> None:
+        for key, param in list(module.named_parameters(recurse=False)):
+            if isinstance(param, DTensor):
+                continue
+            if id(param) not in self._converted:
+                replicated = distribute_tensor(param.data, mesh, [Replicate()])
+                self._converted[id(param)] = nn.Parameter(replicated, requires_grad=param.requires_grad)
+            module.register_parameter(key, self._converted[id(param)])
+
+    @staticmethod
+    def _inputs(module: nn.Module, inputs: tuple[Any, ...], mesh: DeviceMesh) -> tuple[Any, ...]:
+        def convert(x: Any) -> Any:
+            if isinstance(x, DTensor):
+                return x.redistribute(mesh, [Replicate()])
+            if isinstance(x, torch.Tensor):
+                return DTensor.from_local(x, mesh, [Replicate()], run_check=False)
+            return x
+
+        return tuple(convert(x) for x in inputs)
+
+    @staticmethod
+    def _outputs(module: nn.Module, output: Any, mesh: DeviceMesh) -> Any:
+        return output.to_local() if isinstance(output, DTensor) else output
+
+    def _apply(self, module: nn.Module, device_mesh: DeviceMesh) -> nn.Module:
+        return distribute_module(module, device_mesh, self._replicate_params, self._inputs, self._outputs)
+
+
+def _block_plan(sequence_parallel: bool) -> dict[str, ParallelStyle]:
+    """The plan of one transformer block (names of launcher.model.Block)."""
+    branch_out = Shard(1) if sequence_parallel else Replicate()
+    plan: dict[str, ParallelStyle] = {
+        "attn.q_proj": ColwiseParallel(),
+        "attn.k_proj": ColwiseParallel(),
+        "attn.v_proj": ColwiseParallel(),
+        "attn.o_proj": RowwiseParallel(output_layouts=branch_out),
+        "mlp.up": ColwiseParallel(),
+        "mlp.down": RowwiseParallel(output_layouts=branch_out),
+    }
+    if sequence_parallel:
+        # norms on the sequence shard; each branch gathers the full sequence before its projections
+        gather = PrepareModuleInput(
+            input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),), use_local_output=True
+        )
+        plan.update(
+            {"norm_attn": SequenceParallel(), "norm_mlp": SequenceParallel(), "attn": gather, "mlp": gather}
+        )
+    return plan
+
+
+def apply_tensor_parallel(model: nn.Module, tp_mesh: DeviceMesh, *, sequence_parallel: bool) -> nn.Module:
+    """Shard the built-in GPT's blocks over `tp_mesh`; every other parameter becomes a replicated DTensor."""
+    for block in model.blocks:
+        parallelize_module(block, tp_mesh, _block_plan(sequence_parallel))
+    converted: dict[int, nn.Parameter] = {}
+    top: dict[str, ParallelStyle] = {
+        "tok_emb": ReplicateParallel(converted),
+        "pos_emb": ReplicateParallel(converted),
+        "lm_head": ReplicateParallel(converted),  # tied to tok_emb: the same replicated parameter
+    }
+    if sequence_parallel:
+        # the residual stream enters the blocks split along the sequence; norm_f leaves it so
+        top["blocks.0"] = PrepareModuleInput(
+            input_layouts=(Replicate(),), desired_input_layouts=(Shard(1),), use_local_output=True
+        )
+        top["norm_f"] = SequenceParallel()
+    else:
+        top["norm_f"] = ReplicateParallel(converted)
+    parallelize_module(model, tp_mesh, top)
+    for block in model.blocks:
+        if not sequence_parallel:
+            parallelize_module(
+                block,
+                tp_mesh,
+                {"norm_attn": ReplicateParallel(converted), "norm_mlp": ReplicateParallel(converted)},
+            )
+    return model
+
+
+def build(model: nn.Module, setup: Setup) -> DTensorStrategy:
+    """Registry entry point: tensor parallel over all ranks (world size == parallel.tp_size)."""
+    dist, spec = setup.dist, setup.spec
+    shape = mesh_shape(spec.parallel, dist.world_size)
+    if shape.shard != 1:
+        raise ValueError(
+            f"strategy tp shards over tp_size={shape.tp} ranks, but the world has {dist.world_size}; "
+            "use parallel.strategy=fsdp with parallel.tp_size for data parallelism on top."
+        )
+    mesh = build_mesh(shape, dist.device.type)
+    model = apply_tensor_parallel(
+        model.to(dist.device), mesh["tp"], sequence_parallel=spec.parallel.sequence_parallel
+    )
+    scaler = make_sharded_scaler(spec.precision, dist.device.type)
+    return DTensorStrategy(
+        model, setup, no_sync=contextlib.nullcontext, scaler=scaler, optimizer_device=dist.device.type
+    )
