@@ -1,0 +1,309 @@
+"""The DeepSpeed JSON of a run: generated from the spec, or a user's file checked against the spec.
+
+The spec stays the one source of truth. Every DeepSpeed key that the spec also decides (batch,
+accumulation, clipping, ZeRO stage and offload, precision, loss scaling, the optimizer) is derived
+from it; in a user's file (`parallel.deepspeed_config=PATH`) such a key may be left out, set to
+"auto" (filled from the spec) or repeat the spec's value. Any other value is a contradiction,
+reported before launch naming the JSON key and the spec key. Keys the spec has no say in (bucket
+sizes, overlap, prefetching, ...) pass through unchanged.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from launcher.spec import RunSpec, SpecError
+
+AUTO = "auto"
+_MISSING = object()
+# The optimizer comes from the optimizer group (a client optimizer: nothing is JIT-compiled);
+# a JSON optimizer section may only restate it.
+_OPTIMIZER_TYPES = {"adamw": ("adamw",), "sgd": ("sgd",)}
+# Sections the launcher owns entirely: the loop steps the spec's LR schedule itself.
+_REFUSED_SECTIONS = {
+    "scheduler": "the learning-rate schedule comes from the scheduler group (scheduler=cosine, "
+    "scheduler.warmup_steps=...), stepped by the training loop; remove the `scheduler` section",
+}
+
+
+@dataclass(frozen=True, kw_only=True)
+class Derived:
+    """One DeepSpeed key whose value the spec decides."""
+
+    json_key: str
+    """Dotted path in the DeepSpeed JSON."""
+    spec_key: str
+    """The spec key (or keys) deciding it."""
+    value: Any
+    """The value the spec gives it."""
+
+
+def world_size(spec: RunSpec) -> int:
+    """Ranks of the job as the spec describes it."""
+    return spec.launcher.nproc * spec.launcher.nnodes
+
+
+def loss_scale_power(spec: RunSpec) -> int | None:
+    """log2 of precision.loss_scale_init when it is a power of two (DeepSpeed takes the exponent)."""
+    init = spec.precision.loss_scale_init
+    power = round(math.log2(init)) if init > 0 else None
+    return power if power is not None and 2.0**power == init else None
+
+
+def derived(spec: RunSpec, ranks: int | None = None) -> list[Derived]:
+    """Every DeepSpeed key the spec decides, with its value (`ranks`: the job's actual world size)."""
+    t, p, pr, o = spec.train, spec.parallel, spec.precision, spec.optimizer
+    ranks = ranks or world_size(spec)
+    keys = [
+        Derived(
+            json_key="train_micro_batch_size_per_gpu",
+            spec_key="train.micro_batch_size",
+            value=t.micro_batch_size,
+        ),
+        Derived(
+            json_key="gradient_accumulation_steps",
+            spec_key="train.grad_accum_steps",
+            value=t.grad_accum_steps,
+        ),
+        Derived(
+            json_key="train_batch_size",
+            spec_key="train.micro_batch_size x train.grad_accum_steps x launcher.nproc x launcher.nnodes",
+            value=t.micro_batch_size * t.grad_accum_steps * ranks,
+        ),
+        Derived(json_key="gradient_clipping", spec_key="train.max_grad_norm", value=t.max_grad_norm or 0.0),
+        Derived(json_key="zero_optimization.stage", spec_key="parallel.zero_stage", value=p.zero_stage),
+        Derived(
+            json_key="zero_optimization.offload_optimizer.device",
+            spec_key="parallel.offload_optimizer",
+            value="cpu" if p.offload_optimizer else "none",
+        ),
+        Derived(
+            json_key="zero_optimization.offload_param.device",
+            spec_key="parallel.offload_params",
+            value="cpu" if p.offload_params else "none",
+        ),
+        Derived(json_key="bf16.enabled", spec_key="precision.bf16", value=pr.bf16),
+        Derived(json_key="bfloat16.enabled", spec_key="precision.bf16", value=pr.bf16),
+        Derived(json_key="fp16.enabled", spec_key="precision.fp16", value=pr.fp16),
+        Derived(
+            json_key="fp16.initial_scale_power",
+            spec_key="precision.loss_scale_init",
+            value=loss_scale_power(spec),
+        ),
+        Derived(
+            json_key="fp16.loss_scale_window",
+            spec_key="precision.loss_scale_growth_interval",
+            value=pr.loss_scale_growth_interval,
+        ),
+        Derived(json_key="optimizer.params.lr", spec_key="optimizer.lr", value=o.lr),
+        Derived(
+            json_key="optimizer.params.weight_decay", spec_key="optimizer.weight_decay", value=o.weight_decay
+        ),
+    ]
+    if o.name == "sgd":
+        keys.append(
+            Derived(json_key="optimizer.params.momentum", spec_key="optimizer.momentum", value=o.momentum)
+        )
+    else:
+        keys.append(Derived(json_key="optimizer.params.eps", spec_key="optimizer.eps", value=o.eps))
+        keys.append(
+            Derived(json_key="optimizer.params.betas", spec_key="optimizer.betas", value=list(o.betas))
+        )
+    return keys
+
+
+def generate(spec: RunSpec, ranks: int | None = None) -> dict[str, Any]:
+    """The DeepSpeed config the spec alone describes."""
+    p, pr = spec.parallel, spec.precision
+    zero: dict[str, Any] = {"stage": p.zero_stage}
+    if p.offload_optimizer:
+        zero["offload_optimizer"] = {"device": "cpu", "pin_memory": False}
+    if p.offload_params:
+        zero["offload_param"] = {"device": "cpu", "pin_memory": False}
+    values = {d.json_key: d.value for d in derived(spec, ranks)}
+    config: dict[str, Any] = {
+        key: values[key]
+        for key in (
+            "train_micro_batch_size_per_gpu",
+            "gradient_accumulation_steps",
+            "train_batch_size",
+            "gradient_clipping",
+        )
+    }
+    config["zero_optimization"] = zero
+    config["bf16"] = {"enabled": pr.bf16}
+    if pr.fp16:
+        # hysteresis 1: every overflow halves the scale at once, as torch's GradScaler does.
+        config["fp16"] = {
+            "enabled": True,
+            "loss_scale": 0,
+            "initial_scale_power": values["fp16.initial_scale_power"],
+            "loss_scale_window": pr.loss_scale_growth_interval,
+            "hysteresis": 1,
+            "consecutive_hysteresis": False,
+            "min_loss_scale": 1,
+        }
+    # The client optimizer (torch's, built from the optimizer group) is used as is: DeepSpeed must
+    # not swap in its own compiled CPU Adam, and must accept it under ZeRO.
+    config["zero_force_ds_cpu_optimizer"] = False
+    config["zero_allow_untested_optimizer"] = True
+    config["steps_per_print"] = 2**31 - 1  # the loop logs; DeepSpeed stays quiet
+    return config
+
+
+def _get(tree: dict[str, Any], path: str) -> Any:
+    node: Any = tree
+    for part in path.split("."):
+        if not isinstance(node, dict) or part not in node:
+            return _MISSING
+        node = node[part]
+    return node
+
+
+def _set(tree: dict[str, Any], path: str, value: Any) -> None:
+    *parents, leaf = path.split(".")
+    for part in parents:
+        tree = tree.setdefault(part, {})
+    tree[leaf] = value
+
+
+def _same(given: Any, wanted: Any) -> bool:
+    """JSON value equals the spec's (numbers compared as floats, so 1 equals 1.0)."""
+    if isinstance(given, bool) or isinstance(wanted, bool):
+        return given is wanted
+    if isinstance(given, int | float) and isinstance(wanted, int | float):
+        return math.isclose(float(given), float(wanted), rel_tol=1e-9, abs_tol=0.0)
+    if isinstance(given, list) and isinstance(wanted, list):
+        return len(given) == len(wanted) and all(_same(a, b) for a, b in zip(given, wanted, strict=True))
+    return given == wanted
+
+
+def _bucket_autos(spec: RunSpec) -> dict[str, int]:
+    """Sizes DeepSpeed's own docs derive from the hidden width, for keys left at "auto"."""
+    width = spec.model.d_model
+    return {
+        "zero_optimization.reduce_bucket_size": width * width,
+        "zero_optimization.stage3_prefetch_bucket_size": int(0.9 * width * width),
+        "zero_optimization.stage3_param_persistence_threshold": 10 * width,
+    }
+
+
+def _auto_paths(tree: Any, prefix: str = "") -> list[str]:
+    if isinstance(tree, dict):
+        return [p for k, v in tree.items() for p in _auto_paths(v, f"{prefix}{k}.")]
+    return [prefix[:-1]] if tree == AUTO else []
+
+
+def _deep_merge(base: dict[str, Any], top: dict[str, Any]) -> dict[str, Any]:
+    out = copy.deepcopy(base)
+    for key, value in top.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = _deep_merge(out[key], value)
+        else:
+            out[key] = copy.deepcopy(value)
+    return out
+
+
+def read_user_config(path: str) -> tuple[dict[str, Any] | None, list[SpecError]]:
+    """The user's DeepSpeed JSON, or the error saying why it cannot be read."""
+    key = ("parallel.deepspeed_config",)
+    file = Path(path)
+    if not file.is_file():
+        return None, [
+            SpecError(
+                key,
+                f"no DeepSpeed JSON at '{path}' (relative paths start from the directory `train` runs in). "
+                "Give an existing file, or leave parallel.deepspeed_config=null to generate the config from the spec.",
+            )
+        ]
+    try:
+        user = json.loads(file.read_text())
+    except (OSError, ValueError) as err:
+        return None, [SpecError(key, f"'{path}' is not valid JSON ({err}). Fix the file.")]
+    if not isinstance(user, dict):
+        return None, [SpecError(key, f"'{path}' must hold a JSON object (a DeepSpeed config).")]
+    return user, []
+
+
+def _contradiction(path: str, json_key: str, given: Any, d: Derived) -> SpecError:
+    return SpecError(
+        (f"deepspeed_config:{json_key}", d.spec_key),
+        f"the DeepSpeed JSON {path} sets {json_key}={json.dumps(given)}, but the spec gives "
+        f"{json.dumps(d.value)} ({d.spec_key}). The spec decides this value: set it to {json.dumps(d.value)} "
+        f'or "auto" in the JSON, or change {d.spec_key} to match.',
+    )
+
+
+def _check_optimizer(spec: RunSpec, path: str, user: dict[str, Any]) -> list[SpecError]:
+    section = user.get("optimizer")
+    if section is None:
+        return []
+    given = section.get("type", AUTO) if isinstance(section, dict) else section
+    kind = str(given).lower() if isinstance(section, dict) else ""
+    if kind == AUTO or kind in _OPTIMIZER_TYPES.get(spec.optimizer.name, ()):
+        return []
+    return [
+        SpecError(
+            ("deepspeed_config:optimizer.type", "optimizer.name"),
+            f"the DeepSpeed JSON {path} sets optimizer.type={json.dumps(given)}, "
+            f"but the spec uses optimizer.name={spec.optimizer.name}. The optimizer comes from the optimizer group: "
+            "remove the `optimizer` section from the JSON, or make its type match.",
+        )
+    ]
+
+
+def merge(
+    spec: RunSpec, path: str, user: dict[str, Any], ranks: int | None = None
+) -> tuple[dict[str, Any], list[SpecError]]:
+    """Fill the user's "auto" values from the spec and report every value that contradicts it."""
+    filled = copy.deepcopy(user)
+    errors = _check_optimizer(spec, path, user)
+    for section, why in _REFUSED_SECTIONS.items():
+        if section in user:
+            errors.append(SpecError((f"deepspeed_config:{section}",), f"{path}: {why}."))
+    for d in derived(spec, ranks):
+        given = _get(user, d.json_key)
+        if given is _MISSING:
+            continue
+        if given == AUTO:
+            _set(filled, d.json_key, d.value)
+        elif d.json_key.startswith("fp16.") and d.json_key != "fp16.enabled" and not spec.precision.fp16:
+            continue  # loss-scaling details of a disabled fp16 section do not matter
+        elif not _same(given, d.value):
+            errors.append(_contradiction(path, d.json_key, given, d))
+    filled.pop("optimizer", None)  # the client optimizer is used; a consistent section only restated it
+    buckets = _bucket_autos(spec)
+    for auto in _auto_paths(filled):
+        if auto in buckets:
+            _set(filled, auto, buckets[auto])
+        else:
+            errors.append(
+                SpecError(
+                    (f"deepspeed_config:{auto}",),
+                    f'the DeepSpeed JSON {path} sets {auto}="auto", but the spec has no value for it. '
+                    "Give a number in the JSON, or remove the key to take DeepSpeed's default.",
+                )
+            )
+    return filled, errors
+
+
+def resolve(spec: RunSpec, ranks: int | None = None) -> tuple[dict[str, Any], list[SpecError]]:
+    """The config DeepSpeed gets: generated from the spec, with the user's file merged over it."""
+    config = generate(spec, ranks)
+    path = spec.parallel.deepspeed_config
+    if not path:
+        return config, []
+    user, errors = read_user_config(path)
+    if user is None:
+        return config, errors
+    filled, errors = merge(spec, path, user, ranks)
+    merged = _deep_merge(config, filled)
+    # These stay the launcher's: the client optimizer is kept and DeepSpeed's console log stays off.
+    for key in ("zero_force_ds_cpu_optimizer", "zero_allow_untested_optimizer", "steps_per_print"):
+        merged[key] = config[key]
+    return merged, errors
