@@ -1,0 +1,100 @@
+"""Every combination the quantization, optimizer and Hugging Face rules refuse, with its message."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from launcher.cli import precheck
+
+
+def _errors(*argv: str) -> dict[tuple[str, ...], str]:
+    return {e.keys: e.message for e in precheck(list(argv))}
+
+
+@pytest.mark.parametrize("method", ["int8", "nf4"])
+def test_quantized_weights_without_adapters_are_refused(method: str) -> None:
+    errors = _errors(f"quantization={method}")
+    message = errors[("quantization.method", "quantization.lora.rank")]
+    assert "nothing in the blocks would train" in message and f"quantization={method}_lora" in message
+
+
+def test_each_good_quantization_option_composes() -> None:
+    for option in ("none", "lora", "int8_lora", "nf4_lora"):
+        assert _errors(f"quantization={option}") == {}, option
+
+
+def test_lora_settings_are_checked() -> None:
+    errors = _errors("quantization=lora", "quantization.lora.alpha=0", "quantization.lora.dropout=1.0")
+    assert "alpha / rank" in errors[("quantization.lora.alpha",)]
+    assert "[0, 1)" in errors[("quantization.lora.dropout",)]
+    assert (
+        "must be 0 (no adapters) or more" in _errors("quantization.lora.rank=-1")[("quantization.lora.rank",)]
+    )
+    assert "quantization.int8_threshold" in str(
+        _errors("quantization=int8_lora", "quantization.int8_threshold=-1")
+    )
+
+
+def test_unknown_lora_target_names_the_model_layers() -> None:
+    errors = _errors("quantization=lora", "quantization.lora.targets=[q_proj,lm_head,gate_proj]")
+    message = errors[("quantization.lora.targets", "model.kind")]
+    assert message.startswith("lm_head, gate_proj are not among this model's adaptable linear layers")
+    assert "q_proj, k_proj, v_proj, o_proj, up, down" in message
+    llama = _errors("model=hf_llama_tiny", "quantization=lora", "quantization.lora.targets=[up]")
+    assert "gate_proj, up_proj, down_proj" in llama[("quantization.lora.targets", "model.kind")]
+    empty = _errors("quantization=lora", "quantization.lora.targets=[]")
+    assert "adapts nothing" in empty[("quantization.lora.targets",)]
+
+
+def test_quantized_weights_cannot_be_sharded() -> None:
+    errors = _errors("quantization=nf4_lora", "parallel=zero3", "launcher=local")
+    message = errors[("quantization.method", "parallel.strategy", "parallel.zero_stage")]
+    assert "deepspeed with zero_stage=3" in message and "Use `parallel=ddp`" in message
+    assert _errors("quantization=nf4_lora", "parallel=zero2", "launcher=local") == {}
+
+
+def test_lora_with_tensor_parallel_is_refused() -> None:
+    errors = _errors("quantization=lora", "parallel.strategy=tp", "launcher=local", "launcher.nproc=2")
+    assert "tensor parallelism shards" in errors[("quantization.lora.rank", "parallel.strategy")]
+
+
+def test_optimizer_rules() -> None:
+    fused = _errors("optimizer=adamw_8bit", "optimizer.implementation=fused")
+    assert "single bitsandbytes kernel" in fused[("optimizer.implementation", "optimizer.name")]
+    ada = _errors("optimizer=adafactor", "optimizer.implementation=fused")
+    assert "no fused kernel" in ada[("optimizer.implementation", "optimizer.name")]
+    betas = _errors("optimizer=lion_8bit", "optimizer.betas=[0.9,1.5]")
+    assert "two coefficients in [0, 1)" in betas[("optimizer.betas",)]
+    for option in ("adamw_8bit", "paged_adamw_8bit", "lion_8bit", "adafactor"):
+        assert _errors(f"optimizer={option}") == {}, option
+
+
+def test_hf_model_rules(tmp_path) -> None:
+    assert (
+        "is read only for model.kind=hf"
+        in _errors("model.hf_config=llama")[("model.hf_config", "model.kind")]
+    )
+    assert "needs model.hf_config" in _errors("model.kind=hf")[("model.hf_config",)]
+    missing = _errors("model=hf_llama_tiny", f"model.hf_config={tmp_path / 'nowhere'}")
+    assert (
+        "neither a preset (llama, gpt2) nor a directory with a config.json" in missing[("model.hf_config",)]
+    )
+    (tmp_path / "config.json").write_text(
+        json.dumps({"model_type": "llama", "vocab_size": 100, "max_position_embeddings": 16})
+    )
+    small = _errors("model=hf_llama_tiny", f"model.hf_config={tmp_path}", "data.seq_len=32")
+    assert "vocab_size=100" in small[("model.hf_config", "data.kind")]
+    assert "exceed the context of the model" in small[("data.seq_len", "model.hf_config")]
+
+
+def test_cli_exits_2_before_starting(tmp_path) -> None:
+    run = subprocess.run(
+        [sys.executable, "-m", "launcher", "quantization=nf4", f"run_dir={tmp_path / 'run'}"],
+        capture_output=True, text=True, timeout=120, cwd=tmp_path,
+    )  # fmt: skip
+    assert run.returncode == 2, run.stderr
+    assert "nothing in the blocks would train" in run.stderr and not (tmp_path / "run").exists()
