@@ -1,0 +1,191 @@
+"""Batches of whole documents for variable-length data: padded, grouped by length, or by a token budget.
+
+With `data.packing=false` every document (ended by the 0 separator byte) becomes one training
+sequence; a document longer than `data.seq_len` is cut into several. Batches are padded to
+their longest sequence with labels -100 on the padding, so the loop's token count (and the loss
+normalized by it) covers real tokens only. Padding goes on the right of a causal model: no real
+token attends to it, and each document starts at position 0.
+
+Every stream here has BatchStream's interface (next_batch, state_dict, load_state_dict, epoch)
+and its contracts: the order of an epoch is a pure function of (seed, epoch) computed alike on
+every rank, a call of next_batch consumes one global micro batch and returns this rank's part,
+and the position (epoch, offset) is rank-independent, so one state dict resumes every rank
+exactly. With token-budget batches the number of sequences per batch varies, but the number of
+batches does not: every rank gets exactly one batch per next_batch call, and an optimizer step
+is always grad_accum_steps calls on every rank, so ranks stay in step.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from launcher.data import BatchStream, Corpus, PackedSequences, _epoch_seed
+
+BATCHING = ("fixed", "group_by_length", "token_budget")
+GROUP_SIZE = 32
+"""Global micro batches per length group: sorting happens inside groups of this many, so order stays random."""
+
+
+class Documents:
+    """The documents of a token stream as variable-length sequences (at most seq_len inputs each)."""
+
+    def __init__(self, tokens: torch.Tensor, seq_len: int, separator: int = 0) -> None:
+        ends = torch.nonzero(tokens == separator).flatten() + 1  # the separator ends its document
+        bounds = torch.cat([torch.tensor([0]), ends, torch.tensor([len(tokens)])]).unique_consecutive()
+        starts, lengths = [], []
+        for begin, end in zip(bounds[:-1].tolist(), bounds[1:].tolist(), strict=True):
+            for chunk in range(begin, end - 1, seq_len):  # each chunk: up to seq_len inputs + 1 label
+                starts.append(chunk)
+                lengths.append(min(seq_len + 1, end - chunk))
+        self.tokens = tokens
+        self.seq_len = seq_len
+        self.starts = torch.tensor(starts, dtype=torch.int64)
+        self.lengths = torch.tensor(lengths, dtype=torch.int64) - 1  # inputs per sequence (>= 1)
+
+    def __len__(self) -> int:
+        return len(self.starts)
+
+    def batch(self, indices: torch.Tensor) -> dict[str, torch.Tensor]:
+        """Sequences `indices`, right-padded to the longest: input_ids (pad 0) and labels (pad -100)."""
+        indices = indices.reshape(-1).long()
+        width = int(self.lengths[indices].max()) if len(indices) else 0
+        input_ids = torch.zeros((len(indices), width), dtype=torch.int64)
+        labels = torch.full((len(indices), width), -100, dtype=torch.int64)
+        for row, i in enumerate(indices.tolist()):
+            start, n = int(self.starts[i]), int(self.lengths[i])
+            window = self.tokens[start : start + n + 1].long()
+            input_ids[row, :n], labels[row, :n] = window[:-1], window[1:]
+        return {"input_ids": input_ids, "labels": labels}
+
+
+def grouped_order(lengths: torch.Tensor, order: torch.Tensor, group: int) -> torch.Tensor:
+    """`order` with each run of `group` indices sorted by length, longest first (stable)."""
+    parts = []
+    for chunk in order.split(group):
+        keys = lengths[chunk]
+        parts.append(chunk[torch.sort(keys, descending=True, stable=True).indices])
+    return torch.cat(parts) if parts else order
+
+
+class LengthGroupedStream(BatchStream):
+    """BatchStream over documents whose epoch order puts sequences of similar length in one batch.
+
+    The seeded permutation is cut into groups of GROUP_SIZE global micro batches and each group is
+    sorted by length, so a micro batch holds similar lengths (little padding) while the order of
+    groups stays random.
+    """
+
+    def _permutation(self, epoch: int) -> torch.Tensor:
+        order = super()._permutation(epoch)
+        return grouped_order(self.dataset.lengths, order, GROUP_SIZE * self.global_micro_batch)
+
+
+class TokenBudgetStream:
+    """Micro batches of as many documents as fit `max_tokens` padded tokens, rank-aware and resumable.
+
+    Each epoch: a seeded permutation, grouped by length, cut greedily into batches whose
+    (sequences x longest) stays within the budget; W consecutive batches form one global micro
+    batch (rank r takes the r-th), and global micro batches are shuffled. The epoch ends when fewer
+    than one optimizer step's worth (grad_accum_steps global micro batches) remain.
+    """
+
+    def __init__(
+        self,
+        dataset: Documents,
+        *,
+        max_tokens: int,
+        seed: int,
+        rank: int = 0,
+        world_size: int = 1,
+        grad_accum_steps: int = 1,
+    ) -> None:
+        if not 0 <= rank < world_size:
+            raise ValueError(f"rank {rank} is outside world size {world_size}.")
+        if max_tokens < dataset.seq_len:
+            raise ValueError(f"max_tokens ({max_tokens}) must hold one sequence of {dataset.seq_len} tokens.")
+        self.dataset, self.max_tokens, self.seed = dataset, max_tokens, seed
+        self.rank, self.world_size, self.grad_accum_steps = rank, world_size, grad_accum_steps
+        self._epoch, self._offset = 0, 0
+        self._batches = self._epoch_batches(0)
+        if len(self._batches) < grad_accum_steps:
+            raise ValueError(
+                f"the training data makes {len(self._batches)} global micro batches of at most {max_tokens} tokens "
+                f"per rank, fewer than one optimizer step needs ({grad_accum_steps}). Lower "
+                "data.max_tokens_per_batch or train.grad_accum_steps, or use more data."
+            )
+
+    @property
+    def epoch(self) -> int:
+        """Epochs begun so far, counting from 0."""
+        return self._epoch
+
+    def _cut(self, order: torch.Tensor) -> list[torch.Tensor]:
+        """Greedy batches along `order` within the token budget (a batch always takes one sequence)."""
+        batches, start, longest = [], 0, 0
+        lengths = self.dataset.lengths[order].tolist()
+        for i, n in enumerate(lengths):
+            longest_with = max(longest, n)
+            if i > start and longest_with * (i - start + 1) > self.max_tokens:
+                batches.append(order[start:i])
+                start, longest_with = i, n
+            longest = longest_with
+        if start < len(order):
+            batches.append(order[start:])
+        return batches
+
+    def _epoch_batches(self, epoch: int) -> list[list[torch.Tensor]]:
+        """The epoch's global micro batches, each a list of world_size per-rank index tensors."""
+        generator = torch.Generator().manual_seed(_epoch_seed(self.seed, epoch))
+        order = torch.randperm(len(self.dataset), generator=generator)
+        order = grouped_order(self.dataset.lengths, order, max(len(order) // 16, 1))
+        per_rank = self._cut(order)
+        w = self.world_size
+        global_batches = [per_rank[i : i + w] for i in range(0, len(per_rank) - w + 1, w)]
+        shuffle = torch.randperm(len(global_batches), generator=generator).tolist()
+        return [global_batches[i] for i in shuffle]
+
+    def next_batch(self) -> dict[str, torch.Tensor]:
+        """This rank's batch of the next global micro batch (input_ids and labels, int64 [B, T])."""
+        step = self.grad_accum_steps
+        if self._offset % step == 0 and self._offset + step > len(self._batches):
+            self._epoch += 1
+            self._offset = 0
+            self._batches = self._epoch_batches(self._epoch)
+        indices = self._batches[self._offset][self.rank]
+        self._offset += 1
+        return self.dataset.batch(indices)
+
+    def state_dict(self) -> dict[str, int]:
+        """The position in the data, identical on every rank."""
+        return {"epoch": self._epoch, "offset": self._offset}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        """Continue from a position `state_dict` returned."""
+        self._epoch, self._offset = int(state["epoch"]), int(state["offset"])
+        self._batches = self._epoch_batches(self._epoch)
+
+
+def build_stream(
+    corpus: Corpus,
+    *,
+    seq_len: int,
+    packing: bool,
+    batching: str,
+    max_tokens_per_batch: int | None,
+    micro_batch_size: int,
+    grad_accum_steps: int,
+    seed: int,
+    rank: int,
+    world_size: int,
+) -> BatchStream | TokenBudgetStream:
+    """The training batch stream the data settings ask for (packed sequences by default)."""
+    common = {"seed": seed, "rank": rank, "world_size": world_size, "grad_accum_steps": grad_accum_steps}
+    if packing:
+        return BatchStream(
+            PackedSequences(corpus.train, seq_len), micro_batch_size=micro_batch_size, **common
+        )
+    documents = Documents(corpus.train, seq_len)
+    if batching == "token_budget":
+        return TokenBudgetStream(documents, max_tokens=int(max_tokens_per_batch or 0), **common)
+    stream_type = LengthGroupedStream if batching == "group_by_length" else BatchStream
+    return stream_type(documents, micro_batch_size=micro_batch_size, **common)

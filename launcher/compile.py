@@ -1,0 +1,45 @@
+"""The compile group: torch.compile of the model, per transformer block.
+
+Each block of the built-in GPT is compiled in place (`nn.Module.compile`), as torchtitan does,
+rather than the whole model: the blocks are identical, so one compiled graph serves them all and
+cold compile time is that of one block; parameter names and state-dict keys stay unchanged (no
+`_orig_mod.` prefix), so checkpoints load either way; and per-block sharding hooks (FSDP2) stay
+between the compiled regions instead of breaking a whole-model graph. Compile comes after
+activation checkpointing (the checkpointed forward is traced into the block's graph) and before
+the strategy wraps the model. Models without a `blocks` list are compiled whole, in place.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from torch import nn
+
+MODES = ("off", "default", "reduce-overhead", "max-autotune")
+
+
+@dataclass(frozen=True, kw_only=True)
+class CompileConfig:
+    """Whether and how torch.compile compiles the model."""
+
+    mode: str = "off"
+    """off (eager), default, reduce-overhead (CUDA graphs, CUDA only) or max-autotune (autotuned kernels)."""
+    fullgraph: bool = False
+    """Refuse graph breaks: compiling fails instead of falling back to Python for unsupported code."""
+    dynamic: bool | None = None
+    """Compile for dynamic shapes: true from the start, false never, null after a shape changes (torch's default)."""
+
+
+def compiled_modules(model: nn.Module) -> list[nn.Module]:
+    """The modules compiled one by one: the blocks of the built-in GPT, else the whole model."""
+    blocks = getattr(model, "blocks", None)
+    return list(blocks) if isinstance(blocks, nn.ModuleList) else [model]
+
+
+def apply(model: nn.Module, cfg: CompileConfig) -> nn.Module:
+    """Compile `model` in place as `cfg` asks (compilation itself happens on the first forward)."""
+    if cfg.mode == "off":
+        return model
+    for module in compiled_modules(model):
+        module.compile(mode=cfg.mode, fullgraph=cfg.fullgraph, dynamic=cfg.dynamic)
+    return model

@@ -1,0 +1,254 @@
+"""Automatic micro-batch search: the largest micro batch that fits, the global batch kept by accumulation.
+
+Before training, each rank runs a forward and backward pass of the model at doubling micro batch
+sizes (1, 2, 4, ... up to a cap) and measures its peak memory. A size fits when it neither raises
+torch.OutOfMemoryError (CUDA) nor peaks above the budget `memory.max_memory_gb` (peak allocated
+bytes on CUDA; peak resident set size of the process on CPU, read from /proc after resetting the
+high-water mark). A CPU never runs out of memory the way a GPU does (it swaps or the OOM killer
+ends the process), so there the budget defaults to 80% of the memory available when the search
+starts, shared by the ranks of the node. Freed memory that malloc keeps for reuse counts as
+resident, which can only make the choice smaller, never too large. The micro batch must divide the per-rank batch
+(micro x accum of the spec), so after doubling the search backs off through the divisors between
+the last size that fit and the first that did not. Ranks take the smallest choice of any rank.
+Optimizer state does not exist yet, so each try also holds a ballast of two fp32 values per
+trainable parameter (AdamW's moments; an upper bound for 8-bit and SGD optimizers).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import gc
+import json
+import os
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from launcher.model import lm_loss
+from launcher.precision import autocast, train_dtype
+from launcher.spec import RunSpec
+
+RECORD = "auto_micro_batch.json"
+_STATUS = Path("/proc/self/status")
+_CLEAR_REFS = Path("/proc/self/clear_refs")
+_MEMINFO = Path("/proc/meminfo")
+
+
+@dataclass(kw_only=True)
+class Search:
+    """What the search tried, measured and chose."""
+
+    per_rank_batch: int
+    """Sequences per rank per optimizer step, kept constant (micro x accum of the spec)."""
+    seq_len: int
+    """Tokens per sequence of every try."""
+    budget_bytes: int | None
+    """The memory budget per rank, or None (CUDA: out-of-memory errors only)."""
+    cap: int
+    """Largest micro batch tried."""
+    tries: list[dict[str, Any]] = field(default_factory=list)
+    """One record per try: micro_batch_size, peak_bytes, fits."""
+    micro_batch_size: int = 0
+    """The chosen micro batch."""
+    grad_accum_steps: int = 0
+    """Accumulation steps that keep the per-rank batch."""
+    reason: str = ""
+    """Why the search stopped where it did."""
+
+    def key(self) -> dict[str, Any]:
+        """The inputs a recorded result depends on (a resumed run reuses a record only if they match)."""
+        return {
+            "per_rank_batch": self.per_rank_batch,
+            "seq_len": self.seq_len,
+            "budget_bytes": self.budget_bytes,
+            "cap": self.cap,
+        }
+
+
+def _reset_peak(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+    else:
+        _CLEAR_REFS.write_text("5")  # resets VmHWM, the peak resident set size (Linux 4.0+)
+
+
+def _peak_bytes(device: torch.device) -> int:
+    if device.type == "cuda":
+        return int(torch.cuda.max_memory_allocated(device))
+    match = re.search(r"VmHWM:\s+(\d+)\s+kB", _STATUS.read_text())
+    return int(match.group(1)) * 1024 if match else 0
+
+
+def _free(device: torch.device) -> None:
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+
+
+def _try_size(
+    model: nn.Module, spec: RunSpec, size: int, device: torch.device, budget: int | None
+) -> tuple[bool, int]:
+    """(fits, peak bytes) of one forward and backward pass at micro batch `size`."""
+    ids = torch.randint(0, spec.model.vocab_size, (size, spec.data.seq_len + 1), device=device)
+    ballast_numel = 2 * sum(p.numel() for p in model.parameters() if p.requires_grad)
+    _free(device)
+    _reset_peak(device)
+    out_of_memory = False
+    try:
+        ballast = torch.zeros(ballast_numel, dtype=torch.float32, device=device)  # zeros: pages touched
+        with autocast(train_dtype(spec.precision), device.type):
+            loss_sum, count = lm_loss(model(ids[:, :-1]), ids[:, 1:])
+        (loss_sum / count).backward()
+        del ballast, loss_sum, count
+    except torch.OutOfMemoryError:
+        out_of_memory = True  # handled below, outside the except block that holds the frames
+    peak = _peak_bytes(device)
+    model.zero_grad(set_to_none=True)
+    _free(device)
+    if out_of_memory:
+        return False, peak
+    return budget is None or peak <= budget, peak
+
+
+def _budget_bytes(spec: RunSpec, device: torch.device) -> int | None:
+    """memory.max_memory_gb in bytes; on CPU without one, 80% of the memory available now, shared by this node's ranks."""
+    gb = spec.memory.max_memory_gb
+    if gb is not None:
+        return int(gb * 2**30)
+    if device.type == "cuda":
+        return None
+    match = re.search(r"MemAvailable:\s+(\d+)\s+kB", _MEMINFO.read_text())
+    available = int(match.group(1)) * 1024 if match else 0
+    return int(0.8 * available / int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
+
+
+def _candidates_between(per_rank: int, low: int, high: int) -> list[int]:
+    """Divisors of the per-rank batch strictly between low and high, largest first."""
+    return [d for d in range(min(high - 1, per_rank), low, -1) if per_rank % d == 0]
+
+
+def _search(model: nn.Module, spec: RunSpec, device: torch.device, search: Search) -> None:
+    """Fill `search` with tries and the choice."""
+
+    def fits(size: int) -> bool:
+        ok, peak = _try_size(model, spec, size, device, search.budget_bytes)
+        search.tries.append({"micro_batch_size": size, "peak_bytes": peak, "fits": ok})
+        return ok
+
+    largest_fit, first_fail, size = 0, None, 1
+    while size <= search.cap:
+        if not fits(size):
+            first_fail = size
+            break
+        largest_fit, size = size, size * 2
+    if largest_fit == 0:
+        raise RuntimeError(
+            f"auto micro batch: even one sequence of {spec.data.seq_len} tokens does not fit "
+            f"({_limit_text(search)}, peak {search.tries[0]['peak_bytes'] / 2**30:.2f} GiB). Turn on "
+            "memory.activation_checkpointing, lower data.seq_len, or raise memory.max_memory_gb."
+        )
+    high = first_fail if first_fail is not None else search.cap + 1
+    chosen = max(d for d in range(1, largest_fit + 1) if search.per_rank_batch % d == 0)
+    for candidate in _candidates_between(search.per_rank_batch, largest_fit, high):
+        if candidate > chosen and fits(candidate):
+            chosen = candidate
+            break
+    search.micro_batch_size = chosen
+    search.grad_accum_steps = search.per_rank_batch // chosen
+    stop = (
+        f"{first_fail} did not fit ({_limit_text(search)})"
+        if first_fail
+        else f"the cap {search.cap} was reached"
+    )
+    search.reason = (
+        f"{stop}; {chosen} is the largest micro batch that fits and divides the per-rank batch "
+        f"{search.per_rank_batch} (train.micro_batch_size x train.grad_accum_steps of the spec)"
+    )
+
+
+def _limit_text(search: Search) -> str:
+    if search.budget_bytes is None:
+        return "out of memory"
+    return f"budget {search.budget_bytes / 2**30:.3g} GiB"
+
+
+def _agree(size: int, device: torch.device) -> int:
+    """The smallest choice of any rank, so every rank runs the same micro batch."""
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+        return size
+    tensor = torch.tensor([size], dtype=torch.int64, device=device)
+    dist.all_reduce(tensor, op=dist.ReduceOp.MIN)
+    return int(tensor.item())
+
+
+def _recorded(run_dir: Path | None, search: Search) -> dict[str, Any] | None:
+    """A previous session's result for the same inputs (resume keeps the same split)."""
+    path = run_dir / RECORD if run_dir else None
+    if path is None or not path.is_file():
+        return None
+    record = json.loads(path.read_text())
+    return record if record.get("key") == search.key() else None
+
+
+def fit_micro_batch(
+    model: nn.Module,
+    spec: RunSpec,
+    device: torch.device,
+    *,
+    run_dir: Path | None = None,
+    is_main: bool = True,
+) -> RunSpec:
+    """The spec with the micro batch the search chose (a new frozen spec; `spec` is not changed)."""
+    t = spec.train
+    search = Search(
+        per_rank_batch=t.micro_batch_size * t.grad_accum_steps,
+        seq_len=spec.data.seq_len,
+        budget_bytes=_budget_bytes(spec, device),
+        cap=min(spec.memory.max_micro_batch_size, t.micro_batch_size * t.grad_accum_steps),
+    )
+    previous = _recorded(run_dir, search)
+    if previous is not None:
+        search.micro_batch_size, search.reason = (
+            previous["micro_batch_size"],
+            "reused the choice recorded in " + RECORD,
+        )
+    else:
+        model.to(device)
+        rng = torch.get_rng_state(), torch.cuda.get_rng_state_all() if device.type == "cuda" else None
+        _search(model, spec, device, search)
+        torch.set_rng_state(rng[0])  # dropout in the tries must not shift the training run's randomness
+        if rng[1] is not None:
+            torch.cuda.set_rng_state_all(rng[1])
+    agreed = _agree(search.micro_batch_size, device)
+    if agreed != search.micro_batch_size:
+        search.reason += f"; another rank could fit only {agreed}, and all ranks use the smallest"
+    search.micro_batch_size, search.grad_accum_steps = agreed, search.per_rank_batch // agreed
+    if is_main:
+        _report(search, run_dir, reused=previous is not None)
+    train = dataclasses.replace(
+        t, micro_batch_size=search.micro_batch_size, grad_accum_steps=search.grad_accum_steps
+    )
+    return dataclasses.replace(spec, train=train)
+
+
+def _report(search: Search, run_dir: Path | None, *, reused: bool) -> None:
+    """Print the choice and why; record it in the run directory."""
+    tried = ", ".join(
+        f"{t['micro_batch_size']} ({t['peak_bytes'] / 2**30:.2f} GiB {'fits' if t['fits'] else 'does not fit'})"
+        for t in search.tries
+    )
+    print(
+        f"auto micro batch: micro batch {search.micro_batch_size} x {search.grad_accum_steps} accumulation steps "
+        f"= {search.per_rank_batch} sequences per rank per step, as the spec asks. "
+        + (f"Tried {tried}. " if tried else "")
+        + f"Why: {search.reason}.",
+        flush=True,
+    )
+    if run_dir is not None and not reused:
+        record = {**dataclasses.asdict(search), "key": search.key()}
+        (run_dir / RECORD).write_text(json.dumps(record, indent=2) + "\n")

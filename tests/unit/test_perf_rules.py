@@ -1,0 +1,72 @@
+"""Every rejected combination of the memory, batching, compile and profiling options, with its message."""
+
+from __future__ import annotations
+
+import pytest
+
+from launcher import compose
+from launcher.cli import precheck
+
+CASES = [
+    (["memory.checkpoint_every=0"], ("memory.checkpoint_every",), "must be 1 or more"),
+    (
+        ["memory.checkpoint_every=2"],
+        ("memory.checkpoint_every", "memory.activation_checkpointing"),
+        "is none",
+    ),
+    (["memory.activation_checkpointing=everything"], ("memory.activation_checkpointing",), "Choose one of"),
+    (
+        ["model=hf_llama_tiny", "memory=checkpoint_attention"],
+        ("memory.activation_checkpointing", "model.kind"),
+        "attention-only checkpointing exists for the built-in GPT only",
+    ),
+    (["memory.empty_cache_steps=0"], ("memory.empty_cache_steps",), "use null to never"),
+    (["memory=auto_batch", "memory.max_micro_batch_size=0"], ("memory.max_micro_batch_size",), "1 or more"),
+    (["memory.max_memory_gb=4"], ("memory.max_memory_gb", "memory.auto_micro_batch"), "search, which is off"),
+    (["memory=auto_batch", "memory.max_memory_gb=-1"], ("memory.max_memory_gb",), "must be positive"),
+    (
+        ["memory=auto_batch", "memory.max_memory_gb=4", "parallel.strategy=fsdp"],
+        ("memory.auto_micro_batch", "parallel.strategy"),
+        "unsharded model",
+    ),
+    (["data.batching=group_by_length"], ("data.batching", "data.packing"), "data.packing=false"),
+    (["data.batching=by_size"], ("data.batching",), "Choose one of"),
+    (
+        ["data.packing=false", "data.batching=token_budget"],
+        ("data.max_tokens_per_batch", "data.seq_len"),
+        "at least one sequence",
+    ),
+    (["data.max_tokens_per_batch=4096"], ("data.max_tokens_per_batch", "data.batching"), "token_budget"),
+    (
+        [
+            "memory=auto_batch",
+            "memory.max_memory_gb=4",
+            "data.packing=false",
+            "data.batching=token_budget",
+            "data.max_tokens_per_batch=4096",
+        ],
+        ("memory.auto_micro_batch", "data.batching"),
+        "no micro batch",
+    ),  # fmt: skip
+    (["compile.mode=fast"], ("compile.mode",), "Choose one of"),
+    (["compile.fullgraph=true"], ("compile.mode", "compile.fullgraph", "compile.dynamic"), "which is off"),
+    (["compile=reduce_overhead"], ("compile.mode",), "CUDA graphs"),
+    (["profiler.active=0"], ("profiler.active",), "must be 1 or more"),
+    (
+        ["profile=true", "train.max_steps=4"],
+        ("profile", "profiler.wait", "profiler.warmup", "profiler.active", "train.max_steps"),
+        "wait + warmup + active = 5",
+    ),
+]
+
+
+@pytest.mark.parametrize(("argv", "keys", "text"), CASES, ids=[" ".join(c[0]) for c in CASES])
+def test_rejected_combination_names_keys_and_fix(argv: list[str], keys: tuple[str, ...], text: str) -> None:
+    errors = [e for e in precheck(["scheduler.warmup_steps=1", *argv]) if e.keys == keys]
+    assert errors, [str(e) for e in precheck(argv)]
+    assert text in errors[0].message
+
+
+def test_plus_profile_is_the_schema_key() -> None:
+    assert compose.normalize(["+profile=true", "+compile=default"]) == ["profile=true", "compile=default"]
+    assert precheck(["profile=true", "memory=checkpoint_attention", "compile=default"]) == []
