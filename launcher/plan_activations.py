@@ -1,0 +1,110 @@
+"""Activation memory of the built-in GPT per rank, from its shapes alone (no model is built).
+
+The model follows Korthikanti et al., "Reducing Activation Recomputation in Large Transformer
+Models" (2022): a transformer layer keeps about s*b*h*(34 + 5*a*s/h) bytes for backward in 16-bit
+with dropout. This decoder differs in three ways, counted tensor by tensor below:
+
+- attention goes through SDPA (flash or memory-efficient kernels on GPU, the flash kernel on CPU),
+  which keeps q, k, v, its output and a log-sum-exp row per head instead of the a*s^2 scores;
+- under autocast the residual stream and the LayerNorms stay in float32, and each of the three
+  q/k/v projections saves its own 16-bit copy of their shared input;
+- with `model.dropout=0` no dropout masks are kept.
+
+On top of the layers come the logits, which the loss turns into float32 log-probabilities and two
+float32 gradients of the same size during backward: batch*seq*vocab*4 bytes, three times over.
+For small models (and large vocabularies) they are often the largest single item.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from launcher.model import ModelConfig, _ff_width
+
+FP32 = 4
+INDEX = 8  # int64 token ids and labels
+
+
+@dataclass(frozen=True, kw_only=True)
+class ActivationShape:
+    """What one rank pushes through the model at a time."""
+
+    micro_batch: int
+    """Sequences per forward pass on this rank."""
+    seq_len: int
+    """Tokens per sequence."""
+    act_bytes: int
+    """Bytes of a 16-bit or 32-bit activation (2 under bf16/fp16 autocast, else 4)."""
+    tp_size: int = 1
+    """Tensor-parallel degree: attention heads and MLP width are split over this many ranks."""
+    sequence_parallel: bool = False
+    """Norms and residuals are split along the sequence between tensor-parallel regions."""
+
+
+def _attention_bytes(cfg: ModelConfig, shape: ActivationShape) -> int:
+    """Saved by one block's attention branch (its input LayerNorm output onwards)."""
+    tokens, d, act = shape.micro_batch * shape.seq_len, cfg.d_model, shape.act_bytes
+    local = d // shape.tp_size
+    heads = max(cfg.n_head // shape.tp_size, 1)
+    # q/k/v inputs: one shared float32 tensor, or three 16-bit copies made by autocast
+    proj_inputs = tokens * d * (FP32 if act == FP32 else 3 * act)
+    qkv = 3 * tokens * local * act
+    sdpa_out = tokens * local * act + tokens * heads * FP32  # output + log-sum-exp
+    o_input = tokens * local * act  # the output reshaped to [b, s, h]: a copy
+    masks = 2 * tokens * d if cfg.dropout > 0 else 0  # attention and residual dropout (bool)
+    return proj_inputs + qkv + sdpa_out + o_input + masks
+
+
+def _mlp_bytes(cfg: ModelConfig, shape: ActivationShape) -> int:
+    """Saved by one block's MLP branch (its input LayerNorm output onwards)."""
+    tokens, act = shape.micro_batch * shape.seq_len, shape.act_bytes
+    ff = _ff_width(cfg) // shape.tp_size
+    up_input = tokens * cfg.d_model * act
+    gelu_input, down_input = tokens * ff * act, tokens * ff * act
+    mask = tokens * cfg.d_model if cfg.dropout > 0 else 0
+    return up_input + gelu_input + down_input + mask
+
+
+def _norm_bytes(cfg: ModelConfig, shape: ActivationShape) -> int:
+    """One LayerNorm: its float32 input (the residual stream) and two float32 statistics per token."""
+    tokens = shape.micro_batch * shape.seq_len
+    split = shape.tp_size if shape.sequence_parallel else 1
+    return (tokens * cfg.d_model * FP32 + 2 * tokens * FP32) // split
+
+
+def layer_bytes(cfg: ModelConfig, shape: ActivationShape, mode: str = "none") -> int:
+    """Bytes one transformer block keeps for backward under a checkpointing mode (none, blocks, attention)."""
+    norms = 2 * _norm_bytes(cfg, shape)
+    attention, mlp = _attention_bytes(cfg, shape), _mlp_bytes(cfg, shape)
+    tokens = shape.micro_batch * shape.seq_len
+    if mode == "blocks":
+        return tokens * cfg.d_model * FP32  # the block's input only; the rest is recomputed
+    if mode == "attention":
+        return norms + tokens * cfg.d_model * FP32 + mlp  # attention's input kept, its inside recomputed
+    return norms + attention + mlp
+
+
+def head_bytes(cfg: ModelConfig, shape: ActivationShape) -> int:
+    """Final norm, LM head input, logits and the loss's float32 log-probabilities and gradients."""
+    tokens = shape.micro_batch * shape.seq_len
+    logits = tokens * cfg.vocab_size
+    casts = logits * shape.act_bytes if shape.act_bytes != FP32 else 0  # the 16-bit logits before .float()
+    ids = 2 * tokens * INDEX
+    return _norm_bytes(cfg, shape) + tokens * cfg.d_model * shape.act_bytes + 3 * logits * FP32 + casts + ids
+
+
+def activation_bytes(
+    cfg: ModelConfig, shape: ActivationShape, *, mode: str = "none", checkpoint_every: int = 1
+) -> int:
+    """Peak activation bytes of one micro batch's forward + backward on one rank.
+
+    With checkpointing, the chosen blocks keep only what their recomputation needs, and one block
+    at a time is recomputed in full during backward.
+    """
+    every = max(checkpoint_every, 1)
+    chosen = 0 if mode == "none" else len(range(0, cfg.n_layer, every))
+    plain = cfg.n_layer - chosen
+    total = plain * layer_bytes(cfg, shape) + chosen * layer_bytes(cfg, shape, mode)
+    if chosen:
+        total += layer_bytes(cfg, shape) - layer_bytes(cfg, shape, mode)  # the block being recomputed
+    return total + head_bytes(cfg, shape)

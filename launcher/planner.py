@@ -1,0 +1,368 @@
+"""The memory planner: per-device bytes of a run, from its spec and world size alone (nothing is built).
+
+Model states follow the ZeRO paper (Rajbhandari et al., 2020). Mixed-precision Adam keeps
+2 + 2 + 12 = 16 bytes per parameter (16-bit weights and gradients; float32 master weights, momentum
+and variance); ZeRO stage 1 shards the 12, stage 2 also the gradients, stage 3 also the weights:
+4Ψ + 12Ψ/N, 2Ψ + 14Ψ/N and 16Ψ/N. torch-native strategies autocast over float32 weights instead,
+4 + 4 + 8 bytes (the same 16Ψ, differently split); FSDP full_shard divides all three by N like
+stage 3 and shard_grad_op (no reshard after forward) keeps whole weights like stage 2. Only
+trainable parameters have gradients and optimizer state (LoRA: the adapters); quantized weights
+take 0.5 (nf4 with double quantization) or 1 (int8) byte per parameter plus their constants;
+offload moves states to host memory; tensor parallelism divides the block weights by tp_size.
+Activations come from `launcher.plan_activations`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from launcher import plan_activations as acts
+from launcher.model import ModelConfig, _config_num_params, _ff_width
+from launcher.spec import RunSpec
+
+if TYPE_CHECKING:
+    from omegaconf import DictConfig
+    from rich.console import Console
+    from rich.table import Table
+
+MiB, GiB = 1024**2, 1024**3
+# Optimizer state bytes per trainable parameter, beside the weights (float32 states unless 8-bit).
+OPTIMIZER_STATE_BYTES = {
+    "adamw": 8.0,  # momentum and variance
+    "adamw_8bit": 2.0 + 8 / 256,  # 8-bit momentum and variance, a float32 absmax per 256-value block each
+    "paged_adamw_8bit": 2.0 + 8 / 256,
+    "lion_8bit": 1.0 + 4 / 256,  # momentum only
+}
+CUDA_CONTEXT_BYTES = 512 * MiB  # CUDA context and kernels: outside torch's allocator, seen by nvidia-smi
+ALLOCATOR_SLACK = 0.10  # the caching allocator's fragmentation, as a share of tensor bytes on GPU
+DEEPSPEED_BUCKET_ELEMENTS = 500_000_000  # DeepSpeed's default reduce / all-gather bucket size
+
+
+@dataclass(frozen=True, kw_only=True)
+class ParamCounts:
+    """The model's parameters by role, counted from its config."""
+
+    total: int
+    """All parameters, a tied matrix once."""
+    block_linear: int
+    """Weights of the blocks' linear layers: what quantization stores in low bits and TP shards."""
+    adapters: int
+    """LoRA adapter parameters (0 without LoRA)."""
+    trainable: int
+    """Parameters that get gradients and optimizer state."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class MemoryPlan:
+    """Per-device bytes of one rank, split the way the ZeRO paper and activation model count them."""
+
+    parameters: int
+    """Model weights held on the device (sharded, quantized or offloaded as the spec says)."""
+    gradients: int
+    """Gradients of the trainable parameters held on the device."""
+    optimizer_states: int
+    """Optimizer state (and float32 master weights under DeepSpeed mixed precision) on the device."""
+    activations: int
+    """Tensors saved for backward at the peak of one micro batch, logits and loss included."""
+    buffers: int
+    """Everything else: autocast weight copies, communication buckets, gathered shards, CUDA context."""
+    host_bytes: int = 0
+    """Bytes moved to host memory by offload (not part of the device total)."""
+    world_size: int = 1
+    """Ranks the plan assumes."""
+    device_type: str = "cpu"
+    """cpu or cuda."""
+    num_params: int = 0
+    """Parameters of the model."""
+    notes: tuple[str, ...] = field(default_factory=tuple)
+    """How each figure was counted."""
+
+    @property
+    def total(self) -> int:
+        """Device bytes of all five parts together."""
+        return self.parameters + self.gradients + self.optimizer_states + self.activations + self.buffers
+
+
+def world_size(spec: RunSpec) -> int:
+    """Ranks of the job the spec describes."""
+    return max(spec.launcher.nnodes * spec.launcher.nproc, 1)
+
+
+def _linear_shapes(cfg: ModelConfig) -> dict[str, tuple[int, int]]:
+    """Block linear layer name -> (in, out) features."""
+    d, ff = cfg.d_model, _ff_width(cfg)
+    return {
+        "q_proj": (d, d),
+        "k_proj": (d, d),
+        "v_proj": (d, d),
+        "o_proj": (d, d),
+        "up": (d, ff),
+        "down": (ff, d),
+    }
+
+
+def lora_targets(spec: RunSpec) -> tuple[str, ...]:
+    """Block linear layers that get LoRA adapters (none when lora.rank is 0)."""
+    lora = spec.quantization.lora
+    if lora.rank <= 0:
+        return ()
+    names = _linear_shapes(spec.model)
+    if lora.targets is None:
+        return tuple(names)
+    return tuple(name for name in names if any(name.endswith(t.rsplit(".", 1)[-1]) for t in lora.targets))
+
+
+def count_params(spec: RunSpec) -> ParamCounts:
+    """Parameters of the spec's model by role, without building it."""
+    cfg = spec.model
+    total = _config_num_params(cfg)
+    shapes = _linear_shapes(cfg)
+    block_linear = cfg.n_layer * sum(i * o for i, o in shapes.values())
+    rank, targets = spec.quantization.lora.rank, lora_targets(spec)
+    adapters = cfg.n_layer * sum(rank * (i + o) for name, (i, o) in shapes.items() if name in targets)
+    quantized = spec.quantization.method != "none"
+    trainable = adapters or (total - block_linear if quantized else total)
+    return ParamCounts(total=total, block_linear=block_linear, adapters=adapters, trainable=trainable)
+
+
+def quantized_bytes_per_param(method: str, double_quant: bool = True, in_features: int = 1) -> float:
+    """Stored bytes per quantized weight: nf4 4 bits + absmax per 64 (itself 8-bit with double quant); int8 + row scale."""
+    if method == "nf4":
+        constants = (1 / 64 + 4 / (64 * 256)) if double_quant else 4 / 64
+        return 0.5 + constants
+    if method == "int8":
+        return 1.0 + 4 / in_features
+    return 4.0
+
+
+def optimizer_state_bytes(spec: RunSpec) -> float:
+    """Optimizer state bytes per trainable parameter (torch-native float32 weights)."""
+    name = spec.optimizer.name
+    if name == "sgd":
+        return 4.0 if spec.optimizer.momentum else 0.0
+    if name == "adafactor":
+        # factored second moment: a row and a column vector per d x d-ish matrix, about 2/d per weight
+        return 8.0 / max(spec.model.d_model, 1)
+    return OPTIMIZER_STATE_BYTES.get(name, 8.0)
+
+
+@dataclass(frozen=True, kw_only=True)
+class _States:
+    """Model-state bytes per device, and where offload put the rest."""
+
+    parameters: float
+    gradients: float
+    optimizer_states: float
+    buffers: float
+    host_bytes: float
+    note: str
+
+
+def _weight_bytes(spec: RunSpec, counts: ParamCounts, bytes_16: int) -> float:
+    """Bytes of all weights on one replica: base weights at `bytes_16` or in low bits, adapters in float32."""
+    method = spec.quantization.method
+    if method == "none":
+        return counts.total * bytes_16 + counts.adapters * 4
+    double = spec.quantization.double_quant
+    low_bits = counts.block_linear * quantized_bytes_per_param(method, double, spec.model.d_model)
+    return low_bits + (counts.total - counts.block_linear) * bytes_16 + counts.adapters * 4
+
+
+def _torch_native(spec: RunSpec, counts: ParamCounts, shard: int) -> _States:
+    """single, ddp, tp and fsdp: float32 weights and gradients under autocast, states sharded by `shard`."""
+    p, trainable = spec.parallel, counts.trainable
+    weights = _weight_bytes(spec, counts, 4)
+    grads, states = trainable * 4.0, trainable * optimizer_state_bytes(spec)
+    mixed = spec.precision.bf16 or spec.precision.fp16
+    layer = counts.total / max(spec.model.n_layer, 1)
+    buffers = 0.0
+    if mixed and spec.quantization.method == "none":  # autocast caches a 16-bit copy of each matmul weight
+        buffers += 2.0 * (counts.block_linear + spec.model.vocab_size * spec.model.d_model)
+    if p.strategy == "ddp" and not p.gradient_as_bucket_view:
+        buffers += grads  # buckets hold a second copy of the gradients
+    if p.strategy != "fsdp" or shard == 1:
+        return _States(
+            parameters=weights,
+            gradients=grads,
+            optimizer_states=states,
+            buffers=buffers,
+            host_bytes=0.0,
+            note="full replica: 4Ψ weights + 4Ψ gradients + optimizer state",
+        )
+    gather = 2 if mixed else 4
+    buffers += (1 + p.prefetch_layers) * layer * gather + layer * 4  # gathered blocks + one unsharded grad
+    kept = weights / shard if p.reshard_after_forward else weights / shard + counts.total * gather
+    note = f"FSDP over {shard} ranks: " + (
+        "full_shard ~ ZeRO-3" if p.reshard_after_forward else "shard_grad_op ~ ZeRO-2"
+    )
+    if p.cpu_offload:
+        host = kept + grads / shard + states / shard
+        return _States(
+            parameters=0.0,
+            gradients=0.0,
+            optimizer_states=0.0,
+            buffers=buffers,
+            host_bytes=host,
+            note=note + ", weights/grads/states offloaded to CPU",
+        )
+    return _States(
+        parameters=kept,
+        gradients=grads / shard,
+        optimizer_states=states / shard,
+        buffers=buffers,
+        host_bytes=0.0,
+        note=note,
+    )
+
+
+def _deepspeed(spec: RunSpec, counts: ParamCounts, n: int) -> _States:
+    """DeepSpeed ZeRO 0-3: 2+2+12 bytes per parameter in mixed precision, 4+4+8 in float32, sharded by stage."""
+    p, trainable = spec.parallel, counts.trainable
+    mixed = spec.precision.bf16 or spec.precision.fp16
+    w = 2 if mixed else 4
+    weights, grads = _weight_bytes(spec, counts, w), trainable * float(w)
+    states = trainable * (optimizer_state_bytes(spec) + (4.0 if mixed else 0.0))  # + float32 master copy
+    stage = p.zero_stage
+    states /= n if stage >= 1 else 1
+    grads /= n if stage >= 2 else 1
+    weights /= n if stage >= 3 else 1
+    layer = counts.total / max(spec.model.n_layer, 1)
+    buffers = min(trainable, DEEPSPEED_BUCKET_ELEMENTS) * w if stage in (1, 2) and n > 1 else 0.0
+    if stage == 3:
+        buffers += 2 * layer * w + min(trainable / n, layer) * w  # live gathered blocks + a reduce bucket
+    host = 0.0
+    if p.offload_optimizer and stage >= 1:
+        host, states = host + states, 0.0
+    if p.offload_params and stage == 3:
+        host, weights = host + weights, 0.0
+    formula = {0: "16Ψ", 1: "4Ψ + 12Ψ/N", 2: "2Ψ + 14Ψ/N", 3: "16Ψ/N"}[min(max(stage, 0), 3)]
+    note = (
+        f"ZeRO stage {stage} over N={n}: {formula} (mixed precision Adam)"
+        if mixed
+        else f"ZeRO stage {stage} over N={n}, float32"
+    )
+    return _States(
+        parameters=weights,
+        gradients=grads,
+        optimizer_states=states,
+        buffers=buffers,
+        host_bytes=host,
+        note=note + (", offloaded to CPU" if host else ""),
+    )
+
+
+def model_states(spec: RunSpec, n: int) -> _States:
+    """Weights, gradients and optimizer state per device for `n` ranks."""
+    counts = count_params(spec)
+    tp = max(spec.parallel.tp_size, 1)
+    if tp > 1:  # the block linears are split over the tensor-parallel group; the rest is replicated
+        split = counts.block_linear // tp
+        share = (counts.total - counts.block_linear + split) / counts.total
+        counts = ParamCounts(
+            total=counts.total - counts.block_linear + split,
+            block_linear=split,
+            adapters=counts.adapters // tp,
+            trainable=round(counts.trainable * share),
+        )
+    if spec.parallel.strategy == "deepspeed":
+        return _deepspeed(spec, counts, n)
+    shard = max(n // (tp * max(spec.parallel.replicate_degree, 1)), 1)
+    return _torch_native(spec, counts, shard)
+
+
+def plan(spec: RunSpec, world: int | None = None, device_type: str | None = None) -> MemoryPlan:
+    """The per-device memory of one rank of `spec` on `world` ranks (default: the spec's own)."""
+    from launcher.device import resolve_device
+
+    n = world or world_size(spec)
+    kind = device_type or resolve_device(spec.launcher.device)
+    states = model_states(spec, n)
+    mem, p = spec.memory, spec.parallel
+    mixed = spec.precision.bf16 or spec.precision.fp16
+    shape = acts.ActivationShape(
+        micro_batch=spec.train.micro_batch_size,
+        seq_len=spec.data.seq_len,
+        act_bytes=2 if mixed else 4,
+        tp_size=max(p.tp_size, 1),
+        sequence_parallel=p.sequence_parallel,
+    )
+    activations = acts.activation_bytes(
+        spec.model, shape, mode=mem.activation_checkpointing, checkpoint_every=mem.checkpoint_every
+    )
+    host = states.host_bytes
+    notes = [
+        states.note,
+        f"activations: micro batch {shape.micro_batch} x {shape.seq_len} tokens, "
+        f"checkpointing {mem.activation_checkpointing}, logits {shape.micro_batch * shape.seq_len}"
+        f" x {spec.model.vocab_size} x 4 B x 3",
+    ]
+    if mem.offload_activations and kind == "cuda":
+        host += activations
+        activations = acts.head_bytes(spec.model, shape) + acts.layer_bytes(spec.model, shape)
+        notes.append("activations offloaded to CPU: one block and the logits stay on the device")
+    buffers = states.buffers
+    if kind == "cuda":
+        tensors = states.parameters + states.gradients + states.optimizer_states + activations + buffers
+        buffers += CUDA_CONTEXT_BYTES + ALLOCATOR_SLACK * tensors
+        notes.append("buffers include the CUDA context (~512 MiB) and 10% allocator fragmentation")
+    return MemoryPlan(
+        parameters=round(states.parameters),
+        gradients=round(states.gradients),
+        optimizer_states=round(states.optimizer_states),
+        activations=round(activations),
+        buffers=round(buffers),
+        host_bytes=round(host),
+        world_size=n,
+        device_type=kind,
+        num_params=count_params(spec).total,
+        notes=tuple(notes),
+    )
+
+
+def format_bytes(num: float) -> str:
+    """Bytes as GiB (from 1 GiB up) or MiB."""
+    return f"{num / GiB:.2f} GiB" if num >= GiB else f"{num / MiB:.1f} MiB"
+
+
+def plan_table(memory: MemoryPlan) -> Table:
+    """The plan as a rich table: one row per part, its size per device and how it was counted."""
+    from rich.table import Table
+
+    table = Table(box=None, padding=(0, 2, 0, 0))
+    table.add_column("part")
+    table.add_column("per device", justify="right")
+    rows = (
+        ("parameters", memory.parameters),
+        ("gradients", memory.gradients),
+        ("optimizer states", memory.optimizer_states),
+        ("activations", memory.activations),
+        ("buffers", memory.buffers),
+    )
+    for name, num in rows:
+        table.add_row(name, format_bytes(num))
+    table.add_row("[bold]total", f"[bold]{format_bytes(memory.total)}")
+    if memory.host_bytes:
+        table.add_row("[dim]host (offloaded)", f"[dim]{format_bytes(memory.host_bytes)}")
+    return table
+
+
+def print_plan(console: Console, cfg: DictConfig) -> None:
+    """Print the memory plan of a composed, valid config (part of the dry run)."""
+    from launcher.compose import strip_hydra
+    from launcher.spec import to_spec
+
+    spec = to_spec(strip_hydra(cfg))
+    if spec.model.kind != "gpt":
+        console.print(
+            f"memory plan: not available for model.kind={spec.model.kind} (the planner sizes the built-in GPT)."
+        )
+        return
+    memory = plan(spec)
+    console.print(
+        f"memory plan: per {memory.device_type} device, {memory.world_size} rank(s), "
+        f"{memory.num_params / 1e6:,.2f}M parameters"
+    )
+    console.print(plan_table(memory))
+    for note in memory.notes:
+        console.print(f"  [dim]{note}", highlight=False)
