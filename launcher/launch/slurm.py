@@ -1,0 +1,174 @@
+"""The slurm backend: one batch job per run, a generated sbatch script that `srun`s the ranks.
+
+The script is saved as RUN_DIR/slurm/job.sbatch before it is submitted (`sbatch` on that file alone
+resubmits the run), with every value from the config shell-quoted. Each task srun starts runs
+`python -m launcher.launch.slurm_rank RUN_DIR/spec.yaml`, which maps SLURM's variables to torch's
+and handles preemption (checkpoint, then requeue by global rank 0).
+"""
+
+from __future__ import annotations
+
+import shlex
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from launcher.spec import RunSpec
+
+SCRIPT_NAME = "job.sbatch"
+JOB_ID_FILE = "job_id"
+
+
+@dataclass(frozen=True, kw_only=True)
+class SlurmConfig:
+    """Resources and behaviour of the batch job (nodes = launcher.nnodes, tasks per node = launcher.nproc)."""
+
+    partition: str | None = None
+    """Partition to submit to; null: the cluster's default partition."""
+    account: str | None = None
+    """Account charged for the job; null: your default account."""
+    qos: str | None = None
+    """Quality of service; null: the default."""
+    constraint: str | None = None
+    """Node features the job needs (sbatch --constraint), e.g. a100."""
+    time_min: int | None = 60
+    """Time limit in minutes; null: the partition's limit."""
+    gpus_per_node: int = 0
+    """GPUs per node (sbatch --gpus-per-node); with GPUs, launcher.nproc must equal it (one rank per GPU)."""
+    cpus_per_task: int | None = None
+    """CPU cores per rank; null: SLURM's default (1)."""
+    mem_gb: float | None = None
+    """Memory per node in GB; null: the partition's default."""
+    extra_sbatch: list[str] = field(default_factory=list)
+    """More sbatch options, one per entry, e.g. ["--mail-type=END", "--exclusive"]."""
+    signal: str = "USR2"
+    """Signal SLURM sends the ranks before the time limit; the run checkpoints and requeues on it."""
+    signal_lead_s: int = 120
+    """Seconds before the time limit that signal comes (must exceed a step plus a checkpoint)."""
+    max_requeues: int = 3
+    """Times a preempted job requeues itself (SLURM_RESTART_COUNT counts them); 0 never."""
+    port: int | None = None
+    """Rendezvous port on the first node; null: derived from the job id (jobs sharing a node differ)."""
+    wait: bool = True
+    """Wait for the job to end and return its exit status; a --multirun sweep never waits per point."""
+
+
+def _sbatch_lines(spec: RunSpec, run_dir: Path) -> list[str]:
+    """The #SBATCH options, every configured value shell-quoted."""
+    s = spec.launcher.slurm
+    q = shlex.quote
+    options = [
+        f"--job-name={q(spec.name)}",
+        f"--nodes={int(spec.launcher.nnodes)}",
+        f"--ntasks-per-node={int(spec.launcher.nproc)}",
+        f"--output={q(str(run_dir / 'slurm' / '%j.out'))}",
+        "--open-mode=append",
+        "--requeue",
+        f"--signal={q(s.signal)}@{int(s.signal_lead_s)}",
+    ]
+    if s.time_min is not None:
+        options.append(f"--time={int(s.time_min)}")
+    for key, value in (
+        ("partition", s.partition),
+        ("account", s.account),
+        ("qos", s.qos),
+        ("constraint", s.constraint),
+    ):
+        if value:
+            options.append(f"--{key}={q(value)}")
+    if s.cpus_per_task is not None:
+        options.append(f"--cpus-per-task={int(s.cpus_per_task)}")
+    if s.mem_gb is not None:
+        options.append(f"--mem={max(1, round(s.mem_gb * 1024))}M")
+    if s.gpus_per_node:
+        options.append(f"--gpus-per-node={int(s.gpus_per_node)}")
+    options.extend(shlex.join(shlex.split(line)) for line in s.extra_sbatch)
+    return [f"#SBATCH {option}" for option in options]
+
+
+def render_script(spec: RunSpec, run_dir: Path, *, python: str | None = None) -> str:
+    """The batch script for this run: resources, then srun of one rank entry per task."""
+    run_dir = Path(run_dir).resolve()
+    q = shlex.quote
+    rank_cmd = [python or sys.executable, "-m", "launcher.launch.slurm_rank", str(run_dir / "spec.yaml")]
+    signal = q(spec.launcher.slurm.signal)
+    return "\n".join(
+        [
+            "#!/bin/bash",
+            f"# The batch job of run {run_dir}; `sbatch` on this file alone resubmits it.",
+            *_sbatch_lines(spec, run_dir),
+            "",
+            'echo "job $SLURM_JOB_ID (restart ${SLURM_RESTART_COUNT:-0}) on $SLURM_JOB_NODELIST: '
+            '$SLURM_NTASKS ranks"',
+            f"# A {signal} sent to this shell only (scancel --batch, --signal=B:) is passed on to the ranks.",
+            f"trap 'kill -s {signal} \"$ranks\" 2>/dev/null' {signal}",
+            f"srun --kill-on-bad-exit=1 {shlex.join(rank_cmd)} &",
+            "ranks=$!",
+            "# `wait` returns early when a trapped signal arrives: keep waiting until srun has ended.",
+            'while kill -0 "$ranks" 2>/dev/null; do wait "$ranks"; done',
+            'wait "$ranks"',
+            "",
+        ]
+    )
+
+
+def describe(spec: RunSpec, run_dir: Path) -> str:
+    """The dry run's plan: the script that would be saved and submitted."""
+    script = Path(run_dir).resolve() / "slurm" / SCRIPT_NAME
+    return f"slurm: sbatch {script}, with this script:\n{render_script(spec, run_dir)}"
+
+
+def write_script(spec: RunSpec, run_dir: Path) -> Path:
+    """Save the batch script in RUN_DIR/slurm/ (private to the user) and return its path."""
+    directory = Path(run_dir) / "slurm"
+    directory.mkdir(mode=0o700, exist_ok=True)
+    path = directory / SCRIPT_NAME
+    path.write_text(render_script(spec, run_dir))
+    path.chmod(0o700)
+    return path
+
+
+def in_sweep() -> bool:
+    """Whether this process runs a point of a Hydra --multirun (then a job is never waited for)."""
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
+
+    return HydraConfig.initialized() and HydraConfig.get().mode == RunMode.MULTIRUN
+
+
+def launch(spec: RunSpec, run_dir: Path) -> int:
+    """Submit the job; print its id and logs; wait for it unless told not to (or in a sweep)."""
+    from rich.console import Console
+
+    from launcher.launch import slurm_jobs
+
+    console, err = Console(highlight=False, soft_wrap=True), Console(stderr=True, highlight=False)
+    run_dir = Path(run_dir).resolve()
+    script = write_script(spec, run_dir)
+    try:
+        job_id = slurm_jobs.submit(script, chdir=Path.cwd())
+    except slurm_jobs.SlurmError as error:
+        err.print(f"[red bold]error:[/] {error}", soft_wrap=True)
+        err.print(
+            f"The script is in {script}; fix launcher.slurm.* (see `sinfo` for partitions) and run again."
+        )
+        return 2
+    (run_dir / "slurm" / JOB_ID_FILE).write_text(job_id + "\n")
+    log = run_dir / "slurm" / f"{job_id}.out"
+    console.print(f"submitted job {job_id} ({spec.launcher.nnodes} node(s) x {spec.launcher.nproc} rank(s))")
+    console.print(f"  logs:   {log}")
+    console.print(f"  follow: tail -f {shlex.quote(str(log))}   |   squeue -j {job_id}")
+    if not spec.launcher.slurm.wait or in_sweep():
+        return 0
+    state = slurm_jobs.wait(job_id, poll_s=2.0, on_change=lambda s: console.print(f"job {job_id}: {s.state}"))
+    return _final_status(run_dir, state)
+
+
+def _final_status(run_dir: Path, state: object) -> int:
+    """The run's exit status: the job's own, 1 when SLURM ended it (timeout, cancel, node failure)."""
+    code = getattr(state, "exit_code", 1)
+    if getattr(state, "state", "") == "COMPLETED":
+        return 0
+    return code if code else 1
