@@ -2,21 +2,30 @@
 
 Order matters: weights are created identically on every rank (same seed) before any wrapping;
 quantization and adapters change which parameters exist, so they come before the strategy, which
-may shard them; the optimizer is built by the strategy over the parameters it finally owns; the
+may shard them; activation checkpointing and offload wrap the blocks next, the micro-batch
+search (memory.auto_micro_batch) measures that eager model and returns a new spec with the micro
+batch it chose (everything after, data included, uses it), and compile traces the checkpointed
+blocks before the strategy wraps them; the optimizer is built by the strategy over the parameters it finally owns; the
 scheduler wraps that optimizer; data comes last and is sharded by rank.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import random
+from pathlib import Path
 
 import numpy as np
 import torch
 
 from launcher import device as devices
-from launcher.data import BatchStream, PackedSequences, load_corpus
+from launcher import memory, quantization
+from launcher.batching import build_stream
+from launcher.compile import apply as compile_model
+from launcher.data import PackedSequences, load_corpus
 from launcher.distributed import DistContext
 from launcher.engine import Components
+from launcher.micro_batch import fit_micro_batch
 from launcher.model import build_model, flops_per_token
 from launcher.parallel.registry import Setup, build_strategy
 from launcher.precision import apply_backend_flags
@@ -31,21 +40,35 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
-def build(spec: RunSpec, dist: DistContext) -> Components:
+def build(spec: RunSpec, dist: DistContext, run_dir: Path | None = None) -> Components:
     """Build model, strategy, optimizer, scheduler and data for this rank."""
     seed_everything(spec.train.seed)
     apply_backend_flags(spec.precision, dist.device.type)
     model = build_model(spec.model)
+    model = quantization.apply(model, spec.quantization, spec.precision, device=dist.device)
+    # Memory techniques wrap the blocks that exist after quantization and adapters, and before
+    # compile traces them and the strategy shards them.
+    model = memory.apply(model, spec.memory)
+    if spec.memory.auto_micro_batch:  # measured on the eager model; a new spec, recorded in run_dir
+        spec = fit_micro_batch(model, spec, dist.device, run_dir=run_dir, is_main=dist.is_main)
+    model = compile_model(model, spec.compile)
+    # Ranks of one tensor-parallel group compute on the same batch: data is split by dp rank.
+    dist = dataclasses.replace(dist, tp_size=spec.parallel.tp_size)
     strategy = build_strategy(model, Setup(spec=spec, dist=dist))
     scheduler = build_scheduler(strategy.optimizer, spec.scheduler, spec.train.max_steps)
     corpus = load_corpus(spec.data)
-    stream = BatchStream(
-        PackedSequences(corpus.train, spec.data.seq_len),
+    d = spec.data
+    stream = build_stream(
+        corpus,
+        seq_len=d.seq_len,
+        packing=d.packing,
+        batching=d.batching,
+        max_tokens_per_batch=d.max_tokens_per_batch,
         micro_batch_size=spec.train.micro_batch_size,
         seed=spec.train.seed,
         grad_accum_steps=spec.train.grad_accum_steps,
-        rank=dist.rank,
-        world_size=dist.world_size,
+        rank=dist.dp_rank,
+        world_size=dist.dp_size,
     )
     return Components(
         strategy=strategy,
@@ -55,4 +78,6 @@ def build(spec: RunSpec, dist: DistContext) -> Components:
         dist=dist,
         flops_per_token=flops_per_token(spec.model, spec.data.seq_len),
         peak_flops=devices.peak_flops(dist.device.type),
+        spec=spec,
+        after_step=[hook for hook in [memory.empty_cache_hook(spec.memory, dist.device.type)] if hook],
     )

@@ -13,7 +13,7 @@ from pathlib import Path
 from omegaconf import DictConfig
 from rich.console import Console
 
-from launcher import compose
+from launcher import compose, recipe_auto
 from launcher.spec import SpecError, dump_spec, redacted_container, register_schemas
 
 EXIT_INVALID = 2
@@ -114,10 +114,13 @@ def run_from_config(cfg: DictConfig) -> int:
     """Validate the composed config, then dry-run or launch it; returns the exit status."""
     from hydra.core.hydra_config import HydraConfig
 
-    from launcher import launch
+    from launcher import launch, sweep
     from launcher.dryrun import print_dry_run
 
     hc = HydraConfig.get()
+    skipped = sweep.prepare_point(cfg)  # a --multirun point: skip it when done, else resume it
+    if skipped is not None:
+        return skipped
     spec, errors = compose.validate(cfg)
     dry = bool(cfg.get("dry_run"))
     run_dir = Path(cfg.run_dir) if cfg.get("run_dir") else default_run_dir(_safe_name(cfg))
@@ -133,6 +136,10 @@ def run_from_config(cfg: DictConfig) -> int:
     make_run_dir(run_dir)
     dump_spec(cfg, run_dir / "spec.yaml")
     Console().print(f"run directory: {run_dir}")
+    if spec.verify_resume:
+        from launcher import verify
+
+        return verify.run(cfg, spec, run_dir)
     return launch.backend(spec.launcher.backend)[1](spec, run_dir)
 
 
@@ -155,6 +162,7 @@ def main() -> None:
     """Console entry point of `train`."""
     argv = compose.normalize(sys.argv[1:])
     register_schemas()
+    argv = recipe_auto.resolve(argv)  # recipe=auto -> the recipe chosen for this machine, with the reason
     if not any(flag in argv for flag in _HYDRA_ONLY_FLAGS):
         errors = precheck(argv)
         if errors:

@@ -39,6 +39,12 @@ class DataConfig:
     """Share of documents held out for evaluation."""
     max_bytes: int | None = None
     """Cap on corpus bytes read, split between train and val in proportion; null reads everything."""
+    packing: bool = True
+    """Pack documents back to back into full sequences; false: one document per sequence, padded (labels -100)."""
+    batching: str = "fixed"
+    """Unpacked batches: fixed (micro_batch_size random documents), group_by_length or token_budget."""
+    max_tokens_per_batch: int | None = None
+    """token_budget: padded tokens (sequences x longest) per micro batch per rank."""
 
 
 @dataclass(frozen=True, kw_only=True)

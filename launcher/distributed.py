@@ -23,6 +23,24 @@ class DistContext:
     """Rank on this node (selects the GPU)."""
     device: torch.device
     """The device this rank computes on."""
+    tp_size: int = 1
+    """Ranks of one tensor-parallel group: consecutive ranks that compute on the same data."""
+
+    @property
+    def dp_rank(self) -> int:
+        """Data-parallel rank: which shard of the data this rank's tensor-parallel group reads."""
+        return self.rank // self.tp_size
+
+    @property
+    def dp_size(self) -> int:
+        """Data-parallel degree: world size over the tensor-parallel size."""
+        return self.world_size // self.tp_size
+
+    def data_sum(self, values: list[float]) -> list[float]:
+        """Sum numbers over data-parallel groups, each counted once (tensor-parallel peers hold the same)."""
+        if self.tp_size == 1:
+            return self.sum(values)
+        return self.sum([v if self.rank % self.tp_size == 0 else 0.0 for v in values])
 
     @property
     def is_main(self) -> bool:
@@ -43,8 +61,11 @@ class DistContext:
         return tensor.tolist()
 
 
-def init(device_type: str, timeout_s: float = 600.0) -> DistContext:
-    """Join the process group described by torch's launcher variables (RANK, WORLD_SIZE, ...)."""
+def init(device_type: str, timeout_s: float = 600.0, store: dist.Store | None = None) -> DistContext:
+    """Join the process group described by torch's launcher variables (RANK, WORLD_SIZE, ...).
+
+    `store` is an already connected job store (see launcher.preflight); without one, env:// is used.
+    """
     rank = int(os.environ.get("RANK", 0))
     world_size = int(os.environ.get("WORLD_SIZE", 1))
     local_rank = int(os.environ.get("LOCAL_RANK", 0))
@@ -54,11 +75,14 @@ def init(device_type: str, timeout_s: float = 600.0) -> DistContext:
     else:
         device = torch.device("cpu")
     if world_size > 1 and not dist.is_initialized():
-        backend = "nccl" if device_type == "cuda" else "gloo"
+        # NCCL for CUDA tensors plus gloo for CPU tensors (FSDP2 CPU offload keeps sharded gradients,
+        # and so the pieces of the clipping norm, on the CPU; torchtitan does the same).
+        backend = "cuda:nccl,cpu:gloo" if device_type == "cuda" else "gloo"
         dist.init_process_group(
             backend=backend,
             timeout=timedelta(seconds=timeout_s),
             device_id=device if device_type == "cuda" else None,
+            **({"store": store, "rank": rank, "world_size": world_size} if store is not None else {}),
         )
     return DistContext(rank=rank, world_size=world_size, local_rank=local_rank, device=device)
 

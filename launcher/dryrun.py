@@ -10,6 +10,7 @@ from rich.console import Console
 from rich.table import Table
 
 from launcher.compose import config_dir
+from launcher.planner import print_plan
 from launcher.spec import SpecError, redacted_container, schema_node
 
 
@@ -82,5 +83,6 @@ def print_dry_run(
             console.print(f"  - {error}", markup=False, highlight=False)
         return
     console.print("[green bold]verdict: valid")
+    print_plan(console, cfg)
     console.print(f"would launch: {plan}")
     console.print("dry run: nothing was started and nothing was written.")

@@ -13,7 +13,8 @@ import re
 import statistics
 import time
 import warnings
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -21,11 +22,12 @@ import numpy as np
 import torch
 from rich.console import Console
 
-from launcher import checkpoint, metrics
+from launcher import checkpoint, metrics, preemption, profiling
 from launcher.data import BatchStream, PackedSequences, val_batches
 from launcher.distributed import DistContext
 from launcher.model import lm_loss
 from launcher.parallel.registry import Strategy
+from launcher.parallel.state_bytes import strategy_state_bytes
 from launcher.precision import autocast, eval_dtype, train_dtype
 from launcher.spec import RunSpec
 
@@ -45,6 +47,10 @@ class Components:
     dist: DistContext
     flops_per_token: float
     peak_flops: float | None
+    spec: RunSpec | None = None
+    """The spec the components were built for (the micro-batch search may change the batch split)."""
+    after_step: list[Callable[[int], None]] = field(default_factory=list)
+    """Called with the step number after every optimizer step (e.g. memory.empty_cache_steps)."""
 
 
 def rng_state() -> dict[str, Any]:
@@ -76,7 +82,7 @@ class Engine:
     def __init__(
         self, parts: Components, spec: RunSpec, run_dir: Path, console: Console | None = None
     ) -> None:
-        self.parts, self.spec, self.run_dir = parts, spec, Path(run_dir)
+        self.parts, self.spec, self.run_dir = parts, parts.spec or spec, Path(run_dir)
         self.console = console or Console()
         self.device = parts.dist.device
         self.step = 0
@@ -140,10 +146,18 @@ class Engine:
         show = dist.is_main and self.spec.log.progress
         progress, task = metrics.make_progress(self.console, t.max_steps, self.step)
         self._mark = (time.perf_counter(), self.step)
-        with progress if show else contextlib.nullcontext():
+        preempted = False
+        profiler = profiling.profile(
+            self.spec.profile, self.spec.profiler, self.run_dir, rank=dist.rank, device_type=self.device.type,
+            console=self.console,
+        )  # fmt: skip
+        with progress if show else contextlib.nullcontext(), profiler as prof:
             while self.step < t.max_steps:
                 self._train_step()
                 self.step += 1
+                prof.step()
+                for hook in self.parts.after_step:
+                    hook(self.step)
                 last = self.step == t.max_steps
                 if self.step % t.log_every == 0 or last:
                     record = self._log_record()
@@ -153,17 +167,19 @@ class Engine:
                 if t.eval_every and (self.step % t.eval_every == 0 or last):
                     self.evaluate()
                 stopping = self.step == t.stop_after
+                # A preemption signal on any rank stops every rank after this same step (collective).
+                preempted = not last and preemption.stop_agreed(dist)
                 every = self.spec.checkpoint.every
-                if (every and self.step % every == 0) or (
+                if (every and self.step % every == 0) or preempted or (
                     (last or stopping) and self.spec.checkpoint.save_final
                 ):
                     self.save()
                 progress.update(task, completed=self.step)
-                if stopping:
+                if stopping or preempted:
                     break
         if writer:
             writer.close()
-        reason = "completed" if self.step >= t.max_steps else "stopped_after"
+        reason = "completed" if self.step >= t.max_steps else "preempted" if preempted else "stopped_after"
         return self.summary(reason, time.perf_counter() - started)
 
     def _train_step(self) -> None:
@@ -226,7 +242,7 @@ class Engine:
         self._settle_skips(self.step)
         now = time.perf_counter()
         elapsed = now - self._mark[0]
-        loss_sum, tokens, samples = dist.sum(
+        loss_sum, tokens, samples = dist.data_sum(
             [float(self._interval["loss"]), self._interval["tokens"], self._interval["samples"]]
         )
         tokens_per_s = tokens / elapsed if elapsed > 0 else 0.0
@@ -241,6 +257,7 @@ class Engine:
             "samples_per_s": samples / elapsed if elapsed > 0 else 0.0,
             "mfu": (self.parts.flops_per_token * tokens_per_s / dist.world_size / peak) if peak else None,
             "mem_peak_bytes": metrics.peak_memory_bytes(self.device.type),
+            **strategy_state_bytes(strategy),  # this rank's share: local shards only
             "loss_scale": strategy.loss_scale(),
             "nonfinite_skips": self.nonfinite_skips,
             "overflow_skips": self.overflow_skips,
@@ -264,8 +281,8 @@ class Engine:
             self.parts.val,
             micro_batch_size=t.micro_batch_size,
             max_batches=t.eval_batches,
-            rank=dist.rank,
-            world_size=dist.world_size,
+            rank=dist.dp_rank,
+            world_size=dist.dp_size,
         )
         for batch in batches:
             batch = {k: v.to(self.device, non_blocking=True) for k, v in batch.items()}
@@ -274,7 +291,7 @@ class Engine:
             total += loss_sum
             count += n
         model.train()
-        loss_sum, tokens = dist.sum([float(total), float(count)])
+        loss_sum, tokens = dist.data_sum([float(total), float(count)])
         loss = loss_sum / max(tokens, 1.0)
         self._eval = {"eval_loss": loss, "eval_ppl": math.exp(min(loss, 50.0)), "eval_step": self.step}
         if self._writer is not None:

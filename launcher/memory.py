@@ -1,15 +1,130 @@
-"""The memory group: techniques that trade compute for memory."""
+"""The memory group: techniques that trade compute or bandwidth for memory, applied to a built model.
+
+`apply` is a pure function of (model, MemoryConfig): it checkpoints activations of the built-in
+GPT's blocks (or of their attention only) with torch.utils.checkpoint, non-reentrant, by replacing
+the forward of each chosen module instance. Module names and state-dict keys stay as they are, so
+tensor-parallel plans, FSDP per-block sharding and checkpoints see the same model. Activation
+offload moves tensors saved for the backward pass to CPU memory between forward and backward.
+"""
 
 from __future__ import annotations
 
+import functools
+import importlib
+from collections.abc import Callable
 from dataclasses import dataclass
 
-ACTIVATION_CHECKPOINTING = ("none",)
+import torch
+from torch import nn
+from torch.utils.checkpoint import checkpoint
+
+ACTIVATION_CHECKPOINTING = ("none", "blocks", "attention")
 
 
 @dataclass(frozen=True, kw_only=True)
 class MemoryConfig:
-    """Memory-saving techniques applied to the model."""
+    """Memory-saving techniques applied to the model and the loop."""
 
     activation_checkpointing: str = "none"
-    """none: keep every activation for the backward pass."""
+    """none: keep every activation; blocks: recompute whole transformer blocks in backward; attention: recompute only their attention."""
+    checkpoint_every: int = 1
+    """Checkpoint every k-th block (blocks 0, k, 2k, ...); 1 checkpoints every block."""
+    offload_activations: bool = False
+    """Keep tensors saved for backward in CPU memory (pinned on CUDA) instead of device memory."""
+    empty_cache_steps: int | None = None
+    """Release cached, unused CUDA memory every this many optimizer steps (a no-op on CPU); null never."""
+    auto_micro_batch: bool = False
+    """Before training, find the largest micro batch that fits and keep the global batch through accumulation."""
+    max_micro_batch_size: int = 64
+    """Largest micro batch the search tries."""
+    max_memory_gb: float | None = None
+    """Memory budget per rank for the search (peak RSS on CPU, peak allocated on CUDA); null on CUDA: real OOM only."""
+
+
+def checkpointed_modules(model: nn.Module, cfg: MemoryConfig) -> list[nn.Module]:
+    """The modules of the built-in GPT whose activations `cfg` recomputes (blocks or their attention)."""
+    if cfg.activation_checkpointing == "none":
+        return []
+    chosen = [block for i, block in enumerate(model.blocks) if i % cfg.checkpoint_every == 0]
+    return [block.attn for block in chosen] if cfg.activation_checkpointing == "attention" else chosen
+
+
+def _checkpoint_forward(module: nn.Module) -> None:
+    """Make `module` recompute its forward in backward instead of saving its activations."""
+    forward = module.forward
+
+    @functools.wraps(forward)
+    def recomputed(*args: object, **kwargs: object) -> object:
+        return checkpoint(forward, *args, use_reentrant=False, **kwargs)
+
+    module.forward = recomputed
+
+
+def _hf_checkpointing(model: nn.Module) -> Callable[..., bool] | None:
+    """The Hugging Face models' own checkpointing switch, where that model option is installed."""
+    try:
+        hf = importlib.import_module("launcher.hf_model")
+    except ImportError:
+        return None
+    return getattr(hf, "enable_checkpointing", None)
+
+
+def apply_checkpointing(model: nn.Module, cfg: MemoryConfig) -> nn.Module:
+    """Checkpoint the activations `cfg` asks for, in place; returns the model."""
+    if cfg.activation_checkpointing == "none":
+        return model
+    if isinstance(getattr(model, "blocks", None), nn.ModuleList):
+        for module in checkpointed_modules(model, cfg):
+            _checkpoint_forward(module)
+        return model
+    enable = _hf_checkpointing(model)
+    # A Hugging Face model checkpoints whole layers through its own switch (rules refuse `attention`).
+    if enable is None or not enable(model, every_n_layers=cfg.checkpoint_every):
+        raise ValueError(
+            f"memory.activation_checkpointing={cfg.activation_checkpointing}: {type(model).__name__} has no "
+            "`blocks` list and no checkpointing switch is known for it."
+        )
+    return model
+
+
+def apply_offload(model: nn.Module, cfg: MemoryConfig) -> nn.Module:
+    """Move tensors saved for backward to CPU during the model's forward (pinned memory on CUDA)."""
+    if not cfg.offload_activations:
+        return model
+    active: list[torch.autograd.graph.save_on_cpu] = []
+
+    def enter(module: nn.Module, args: object) -> None:
+        if torch.is_grad_enabled():
+            on_cuda = any(p.is_cuda for p in module.parameters())
+            active.append(torch.autograd.graph.save_on_cpu(pin_memory=on_cuda))
+            active[-1].__enter__()
+
+    def leave(module: nn.Module, args: object, output: object) -> None:
+        if active:
+            active.pop().__exit__(None, None, None)
+
+    model.register_forward_pre_hook(enter)
+    model.register_forward_hook(leave, always_call=True)  # also when forward raises (e.g. OOM)
+    return model
+
+
+def apply(model: nn.Module, cfg: MemoryConfig) -> nn.Module:
+    """Apply the memory techniques of `cfg` to a built model (before compile and the strategy)."""
+    return apply_offload(apply_checkpointing(model, cfg), cfg)
+
+
+def empty_cache_hook(cfg: MemoryConfig, device_type: str) -> Callable[[int], None] | None:
+    """A per-step hook that empties the CUDA caching allocator every N steps; None where it does nothing.
+
+    On CPU there is no caching allocator to empty (freed memory goes back to the C allocator), so
+    `memory.empty_cache_steps` is accepted and does nothing there.
+    """
+    every = cfg.empty_cache_steps
+    if not every or device_type != "cuda":
+        return None
+
+    def hook(step: int) -> None:
+        if step % every == 0:
+            torch.cuda.empty_cache()
+
+    return hook

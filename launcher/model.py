@@ -20,7 +20,9 @@ class ModelConfig:
     """Which model to train and its shape."""
 
     kind: str = "gpt"
-    """Model family; `gpt` is the built-in decoder of this module."""
+    """Model family: `gpt` (the built-in decoder of this module) or `hf` (a Hugging Face causal LM)."""
+    hf_config: str | None = None
+    """kind=hf: a preset (llama, gpt2: random weights shaped by this group's keys) or a local directory with config.json."""
     n_layer: int = 4
     """Number of transformer blocks."""
     n_head: int = 4
@@ -145,8 +147,12 @@ class GPT(nn.Module):
         return self.lm_head(self.norm_f(x))
 
 
-def build_model(cfg: ModelConfig) -> GPT:
+def build_model(cfg: ModelConfig) -> nn.Module:
     """The model the config describes, on the CPU in float32; init depends only on torch's global seed."""
+    if cfg.kind == "hf":
+        from launcher.hf_model import build_hf_model
+
+        return build_hf_model(cfg)
     if cfg.kind != "gpt":
         raise ValueError(f"model.kind={cfg.kind!r} is not built by launcher.model (it builds `gpt`).")
     return GPT(cfg)
@@ -192,4 +198,8 @@ def flops_per_token(cfg: ModelConfig, seq_len: int) -> float:
     N counts the parameters from the config alone, without building the model, with a tied
     embedding counted once; the second term is the attention score and value products.
     """
+    if cfg.kind == "hf":
+        from launcher.hf_model import hf_flops_per_token
+
+        return hf_flops_per_token(cfg, seq_len)
     return float(6 * _config_num_params(cfg) + 12 * cfg.n_layer * cfg.d_model * seq_len)

@@ -87,3 +87,7 @@ def _sgd(groups: list[dict], cfg: OptimizerConfig, device_type: str) -> torch.op
 def build_optimizer(model: nn.Module, cfg: OptimizerConfig, device_type: str) -> torch.optim.Optimizer:
     """Build the configured optimizer over `model`'s trainable parameters."""
     return OPTIMIZERS[cfg.name](param_groups(model.named_parameters(), cfg), cfg, device_type)
+
+
+# Builders of the memory-lean optimizers register themselves on import (bitsandbytes loads lazily).
+from launcher import optimizers_extra  # noqa: E402, F401

@@ -1,15 +1,187 @@
-"""The quantization group: low-bit weights for the model's linear layers."""
+"""The quantization group: int8 / nf4 weights for the model's linear layers, and LoRA adapters.
+
+`apply` runs between building the model and wrapping it in a strategy (see launcher.build): it
+replaces the linear layers of the transformer blocks by bitsandbytes layers (embeddings and the
+output head, tied to the token embedding, stay full precision), then wraps the layers LoRA targets
+and freezes everything but the adapters. Quantized layers keep one weight layout on every device
+(bitsandbytes' CPU inference repacking is lossy, so it is off) and their state dicts round-trip
+through `load_state_dict`, so a checkpoint restores them bit for bit.
+"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import logging
+from dataclasses import dataclass, field
 
-METHODS = ("none",)
+import torch
+from torch import nn
+
+from launcher.precision import PrecisionConfig
+
+METHODS = ("none", "int8", "nf4")
+# Linear layers that stay full precision whatever the method: the output head (often tied).
+KEEP_FULL_PRECISION = ("lm_head",)
+
+
+@dataclass(frozen=True, kw_only=True)
+class LoRAConfig:
+    """Low-rank adapters added to linear layers; with them only the adapters train."""
+
+    rank: int = 0
+    """Rank r of each adapter (B @ A with A: r x in, B: out x r); 0 adds no adapters."""
+    alpha: float = 16.0
+    """Scale numerator: the adapter's output is multiplied by alpha / rank."""
+    dropout: float = 0.0
+    """Dropout on the adapter's input (training only)."""
+    targets: list[str] | None = None
+    """Module-name suffixes to adapt (e.g. [q_proj, v_proj]); null: every linear layer of the blocks."""
 
 
 @dataclass(frozen=True, kw_only=True)
 class QuantizationConfig:
-    """How the model's linear-layer weights are stored."""
+    """How the model's linear-layer weights are stored, and which adapters train."""
 
     method: str = "none"
-    """none: full-precision weights."""
+    """none (full precision), int8 (bitsandbytes LLM.int8) or nf4 (bitsandbytes 4-bit NormalFloat)."""
+    double_quant: bool = True
+    """nf4: quantize the per-block scales too (about 0.4 bit per weight less)."""
+    int8_threshold: float = 6.0
+    """int8: activation magnitude above which a feature goes through the fp16 outlier path (0: none)."""
+    lora: LoRAConfig = field(default_factory=LoRAConfig)
+
+
+def compute_dtype(precision: PrecisionConfig) -> torch.dtype:
+    """The dtype quantized layers compute in: the precision group's autocast dtype, else float32."""
+    if precision.bf16:
+        return torch.bfloat16
+    if precision.fp16:
+        return torch.float16
+    return torch.float32
+
+
+def quantizable_linears(model: nn.Module) -> dict[str, nn.Linear]:
+    """The linear layers quantization and LoRA may replace: all but the head and embedding-tied ones."""
+    embedding_weights = {id(m.weight) for m in model.modules() if isinstance(m, nn.Embedding)}
+    return {
+        name: module
+        for name, module in model.named_modules()
+        if isinstance(module, nn.Linear)
+        and name.rsplit(".", 1)[-1] not in KEEP_FULL_PRECISION
+        and id(module.weight) not in embedding_weights
+    }
+
+
+def _make_layer_classes() -> tuple[type, type]:
+    """The two bitsandbytes layer classes, defined on first use so bitsandbytes stays optional."""
+    import bitsandbytes as bnb
+
+    # LLM.int8 casts activations to fp16 to quantize them, by design; bitsandbytes logs that on
+    # every call, which would bury the training log.
+    logging.getLogger("bitsandbytes.autograd._functions").addFilter(
+        lambda record: "inputs will be cast" not in record.getMessage()
+    )
+
+    class NF4Linear(bnb.nn.Linear4bit):
+        """bnb.nn.Linear4bit (nf4) whose quantization state loads back through `load_state_dict`."""
+
+        def __init__(self, *args, **kwargs) -> None:
+            super().__init__(*args, **kwargs)
+            self.support_avx512bf16_for_cpu = False  # that repacking re-rounds the scales to bf16
+
+        def _load_from_state_dict(self, state_dict, prefix, *args) -> None:
+            stats_prefix = prefix + "weight."
+            stats = {
+                k[len(stats_prefix) :]: state_dict.pop(k)
+                for k in list(state_dict)
+                if k.startswith(stats_prefix)
+            }
+            if stats and prefix + "weight" in state_dict:
+                self.weight = bnb.nn.Params4bit.from_prequantized(
+                    state_dict[prefix + "weight"],
+                    stats,
+                    requires_grad=False,
+                    device=self.weight.device,
+                    module=self,
+                )
+            super()._load_from_state_dict(state_dict, prefix, *args)
+
+    class Int8Linear(bnb.nn.Linear8bitLt):
+        """bnb.nn.Linear8bitLt with frozen int8 weights (row-wise scales saved as `SCB`)."""
+
+    return NF4Linear, Int8Linear
+
+
+_LAYER_CLASSES: tuple[type, type] | None = None
+
+
+def layer_classes() -> tuple[type, type]:
+    """(NF4Linear, Int8Linear), the bitsandbytes layers this module builds."""
+    global _LAYER_CLASSES
+    if _LAYER_CLASSES is None:
+        _LAYER_CLASSES = _make_layer_classes()
+    return _LAYER_CLASSES
+
+
+def quantize_linear(linear: nn.Linear, cfg: QuantizationConfig, dtype: torch.dtype, device: str) -> nn.Module:
+    """A frozen bitsandbytes copy of `linear`, quantized on `device` (meta-built, so no RNG is used)."""
+    import bitsandbytes as bnb
+
+    nf4_cls, int8_cls = layer_classes()
+    has_bias = linear.bias is not None
+    shape = (linear.in_features, linear.out_features)
+    if cfg.method == "nf4":
+        layer = nf4_cls(
+            *shape, bias=has_bias, compute_dtype=dtype, compress_statistics=cfg.double_quant,
+            quant_type="nf4", device="meta",
+        )  # fmt: skip
+        layer.weight = bnb.nn.Params4bit(
+            linear.weight.data, requires_grad=False, compress_statistics=cfg.double_quant,
+            quant_type="nf4", module=layer,
+        )  # fmt: skip
+    elif cfg.method == "int8":
+        layer = int8_cls(
+            *shape, bias=has_bias, has_fp16_weights=False, threshold=cfg.int8_threshold, device="meta"
+        )
+        layer.weight = bnb.nn.Int8Params(linear.weight.data, requires_grad=False, has_fp16_weights=False)
+    else:
+        raise ValueError(f"quantization.method={cfg.method!r}: choose one of {', '.join(METHODS)}.")
+    if has_bias:
+        layer.bias = nn.Parameter(linear.bias.data, requires_grad=False)
+    return layer.to(device)
+
+
+def is_quantized(module: nn.Module) -> bool:
+    """Whether `module` is one of the bitsandbytes layers `quantize_linear` builds."""
+    return _LAYER_CLASSES is not None and isinstance(module, _LAYER_CLASSES)
+
+
+def replace_module(model: nn.Module, name: str, new: nn.Module) -> None:
+    """Put `new` where the submodule `name` was."""
+    parent_name, _, leaf = name.rpartition(".")
+    setattr(model.get_submodule(parent_name), leaf, new)
+
+
+def apply(
+    model: nn.Module,
+    cfg: QuantizationConfig,
+    precision: PrecisionConfig,
+    *,
+    device: str | torch.device = "cpu",
+) -> nn.Module:
+    """Quantize the blocks' linear layers, then add LoRA adapters and freeze the rest (QLoRA).
+
+    Pure in the sense that matters for resume: the result depends only on `model` and the configs,
+    and on torch's global RNG for the adapters' initial A matrices.
+    """
+    from launcher import lora
+
+    if cfg.method == "none" and cfg.lora.rank == 0:
+        return model
+    linears = quantizable_linears(model)
+    if cfg.method != "none":
+        dtype = compute_dtype(precision)
+        for name, linear in linears.items():
+            replace_module(model, name, quantize_linear(linear, cfg, dtype, str(device)))
+    if cfg.lora.rank > 0:
+        lora.add_adapters(model, cfg.lora, list(linears))
+    return model

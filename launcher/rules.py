@@ -20,7 +20,7 @@ from launcher.scheduler import SCHEDULES
 from launcher.spec import RunSpec, SpecError, did_you_mean
 
 DATA_KINDS = ("stdlib", "text", "jsonl")
-MODEL_KINDS = ("gpt",)
+MODEL_KINDS = ("gpt", "hf")
 NONFINITE_POLICIES = ("skip", "stop")
 
 
@@ -58,7 +58,7 @@ def rule(fn: Rule) -> Rule:
 
 
 # Modules of feature areas whose rules register themselves with @rule when imported.
-RULE_MODULES: tuple[str, ...] = ()
+RULE_MODULES: tuple[str, ...] = ("launcher.launch.slurm_rules", "launcher.perf_rules", "launcher.parallel.deepspeed_rules", "launcher.quantization_rules", "launcher.optimizer_rules", "launcher.hf_rules", "launcher.launch.local_rules", "launcher.parallel.ddp_rules", "launcher.parallel.fsdp_tp_rules", "launcher.verify")
 
 
 def check(spec: RunSpec, hw: Hardware) -> list[SpecError]:

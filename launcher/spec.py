@@ -17,6 +17,7 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 
 from launcher.checkpoint import CheckpointConfig
+from launcher.compile import CompileConfig
 from launcher.data import DataConfig
 from launcher.launch import LauncherConfig
 from launcher.memory import MemoryConfig
@@ -25,6 +26,7 @@ from launcher.model import ModelConfig
 from launcher.optimizer import OptimizerConfig
 from launcher.parallel import ParallelConfig
 from launcher.precision import PrecisionConfig
+from launcher.profiling import ProfilerConfig
 from launcher.quantization import QuantizationConfig
 from launcher.scheduler import SchedulerConfig
 
@@ -69,6 +71,11 @@ class RunSpec:
     """null (fresh start), auto (newest complete checkpoint of run_dir, else fresh) or a path."""
     dry_run: bool = False
     """Print the resolved spec, the verdict and the launch plan, and start nothing."""
+    verify_resume: bool = False
+    """Check exact resume on this spec: N steps straight vs N/2 + resume, losses compared step by step."""
+    profile: bool = False
+    """Record torch.profiler traces of a few steps into RUN_DIR/profile/ and print the top operators."""
+    profiler: ProfilerConfig = field(default_factory=ProfilerConfig)
     precision: PrecisionConfig = field(default_factory=PrecisionConfig)
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
     optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
@@ -77,6 +84,7 @@ class RunSpec:
     data: DataConfig = field(default_factory=DataConfig)
     quantization: QuantizationConfig = field(default_factory=QuantizationConfig)
     memory: MemoryConfig = field(default_factory=MemoryConfig)
+    compile: CompileConfig = field(default_factory=CompileConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     log: LogConfig = field(default_factory=LogConfig)

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from rich.console import Console
 
-from launcher import checkpoint, distributed, metrics
+from launcher import checkpoint, distributed, metrics, preemption, preflight
 from launcher.build import build
 from launcher.device import resolve_device
 from launcher.engine import Engine, NonFiniteStop
@@ -21,7 +21,9 @@ EXIT_OK, EXIT_FAILED, EXIT_NONFINITE = 0, 1, 3
 
 def resume_candidates(spec: RunSpec, run_dir: Path) -> list[Path]:
     """Checkpoints to try, newest first: what `resume` names, or this run's own after a restart."""
-    restarted = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) > 0
+    restarted = any(  # an elastic restart, or a SLURM requeue of the job
+        int(os.environ.get(var, "0") or 0) > 0 for var in ("TORCHELASTIC_RESTART_COUNT", "SLURM_RESTART_COUNT")
+    )
     resume = "auto" if restarted and spec.resume is None else spec.resume
     if resume is None:
         return []
@@ -46,14 +48,14 @@ def run(spec_path: Path) -> int:
     spec = load_spec(spec_path)
     run_dir = Path(spec.run_dir or spec_path.parent)
     console = Console(stderr=False)
-    dist = distributed.init(resolve_device(spec.launcher.device))
+    dist = preflight.join(resolve_device(spec.launcher.device), spec.launcher.timeout_s)
     started = time.perf_counter()
     engine = None
     try:
-        engine = Engine(build(spec, dist), spec, run_dir, console)
+        engine = Engine(build(spec, dist, run_dir), spec, run_dir, console)
         restore_newest(engine, resume_candidates(spec, run_dir), console)
         summary = engine.run()
-        code = EXIT_OK
+        code = preemption.EXIT_PREEMPTED if summary["exit_reason"] == "preempted" else EXIT_OK
     except NonFiniteStop as err:
         console.print(f"[red]error:[/] {err}")
         summary, code = engine.summary("nonfinite", time.perf_counter() - started), EXIT_NONFINITE

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import importlib
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
+
+from launcher.launch.slurm import SlurmConfig
 
 if TYPE_CHECKING:
     from launcher.spec import RunSpec
@@ -14,6 +16,8 @@ if TYPE_CHECKING:
 # backend name -> module with `describe(spec, run_dir) -> str` and `launch(spec, run_dir) -> int`
 BACKENDS: dict[str, str] = {
     "inline": "launcher.launch.inline",
+    "local": "launcher.launch.local",
+    "slurm": "launcher.launch.slurm",
 }
 
 
@@ -37,6 +41,8 @@ class LauncherConfig:
     """Rendezvous port; null picks a free one."""
     timeout_s: float = 300.0
     """Timeout of collectives and of the rendezvous; a rank that does not answer fails the job."""
+    slurm: SlurmConfig = field(default_factory=SlurmConfig)
+    """Resources and preemption settings of the batch job (backend slurm only)."""
 
 
 def backend(name: str) -> tuple[Callable[[RunSpec, Path], str], Callable[[RunSpec, Path], int]]:

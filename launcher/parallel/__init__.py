@@ -24,6 +24,8 @@ class ParallelConfig:
     """DDP gradient communication hook: none, fp16, bf16 or powersgd."""
     powersgd_rank: int = 1
     """Matrix rank of PowerSGD compression."""
+    powersgd_start_iter: int = 10
+    """Optimizer steps of plain all-reduce before PowerSGD starts compressing (at least 2)."""
     # --- FSDP2 ---
     reshard_after_forward: bool = True
     """FSDP2: free gathered parameters after forward (full_shard); false keeps them (shard_grad_op)."""
@@ -32,7 +34,7 @@ class ParallelConfig:
     cpu_offload: bool = False
     """FSDP2: keep parameters, gradients and optimizer state on the CPU."""
     prefetch_layers: int = 1
-    """FSDP2: transformer blocks whose parameters are gathered ahead of use, forward and backward."""
+    """FSDP2: transformer blocks whose parameters are gathered ahead of use, forward and backward (0: FSDP2's default)."""
     # --- DeepSpeed ---
     zero_stage: int = 0
     """DeepSpeed ZeRO stage 0-3 (0: plain data parallel through DeepSpeed)."""
@@ -46,4 +48,4 @@ class ParallelConfig:
     tp_size: int = 1
     """Tensor-parallel degree (column/row-wise attention and MLP); with fsdp, a 2-D mesh dp x tp."""
     sequence_parallel: bool = False
-    """Shard norms and dropout along the sequence dimension between tensor-parallel regions."""
+    """Run the norms on sequence shards between tensor-parallel regions (needs tp_size > 1)."""

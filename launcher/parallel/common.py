@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+from torch.distributed.tensor import DTensor
 
 
 @dataclass(frozen=True)
@@ -40,6 +41,8 @@ def guarded_step(
         scaler.unscale_(optimizer)
     params = [p for p in params if p.grad is not None]
     norm = torch.nn.utils.clip_grad_norm_(params, max_grad_norm or math.inf, foreach=True)
+    if isinstance(norm, DTensor):  # sharded gradients: the global norm, the same on every rank
+        norm = norm.full_tensor()
     grads_ok = torch.isfinite(norm)
     if scaler is not None:
         scaler.step(optimizer)  # skips by itself when it found inf/NaN gradients

@@ -19,6 +19,10 @@ if TYPE_CHECKING:
 # strategy name -> "module:function" building it from (model, Setup)
 STRATEGIES: dict[str, str] = {
     "single": "launcher.parallel.single:build",
+    "ddp": "launcher.parallel.ddp:build",
+    "deepspeed": "launcher.parallel.deepspeed:build",
+    "fsdp": "launcher.parallel.fsdp:build",
+    "tp": "launcher.parallel.tp:build",
 }
 
 

@@ -9,7 +9,26 @@ from launcher.cli import precheck
 from launcher.spec import public_keys
 
 NEEDS_PATH = {("data", "text"), ("data", "jsonl")}
-CPU_ONLY_INVALID = {("precision", "tf32")}
+CPU_ONLY_INVALID = {
+    ("precision", "tf32"): ("precision.tf32",),
+    ("compile", "reduce_overhead"): ("compile.mode",),
+}
+# GPU recipes on this CPU-only machine: refused for the hardware only (tests/unit/test_recipes.py).
+_GPU = [("precision.bf16",), ("launcher.device",)]
+GPU_RECIPES_ON_CPU = {
+    ("recipe", "small_gpu"): _GPU,
+    ("recipe", "large_gpu"): _GPU,
+    ("recipe", "multi_gpu_ddp"): [*_GPU, ("launcher.nproc", "launcher.device")],
+    ("recipe", "multi_gpu_fsdp"): [*_GPU, ("launcher.nproc", "launcher.device")],
+    ("recipe", "huge_model_zero3_offload"): [*_GPU, ("launcher.nproc", "launcher.device")],
+}
+# Options that are invalid on their own by design (frozen quantized weights need adapters to train).
+INVALID_ALONE = {
+    ("quantization", "int8"): ("quantization.method", "quantization.lora.rank"),
+    ("quantization", "nf4"): ("quantization.method", "quantization.lora.rank"),
+}
+# Options whose mesh needs several ranks: composed with that many local ranks.
+NEEDS_RANKS = {("parallel", "tp"): 2, ("parallel", "fsdp_hybrid"): 4, ("parallel", "tp_fsdp"): 4}
 
 
 def _options() -> list[tuple[str, str]]:
@@ -22,11 +41,19 @@ def test_every_option_composes_both_ways(group: str, option: str, tmp_path) -> N
     if (group, option) in NEEDS_PATH:
         (tmp_path / "corpus.txt").write_text("hello world\n" * 100)
         extra = [f"data.path={tmp_path / 'corpus.txt'}"]
+    if (group, option) in NEEDS_RANKS:
+        extra = ["launcher=local", f"launcher.nproc={NEEDS_RANKS[group, option]}"]
+    if (group, option) == ("launcher", "local"):
+        extra = ["parallel=ddp"]  # its two ranks need a multi-rank strategy
     bare = precheck([f"{group}={option}", *extra])
     plus = precheck(compose.normalize([f"+{group}={option}", *extra]))
     assert [str(e) for e in bare] == [str(e) for e in plus]
     if (group, option) in CPU_ONLY_INVALID:
-        assert [e.keys for e in bare] == [("precision.tf32",)]
+        assert [e.keys for e in bare] == [CPU_ONLY_INVALID[group, option]]
+    elif (group, option) in GPU_RECIPES_ON_CPU:
+        assert [e.keys for e in bare] == GPU_RECIPES_ON_CPU[group, option]
+    elif (group, option) in INVALID_ALONE:
+        assert [e.keys for e in bare] == [INVALID_ALONE[group, option]]
     else:
         assert bare == []
 
@@ -107,9 +134,9 @@ RULES = [
 
 @pytest.mark.parametrize(("argv", "keys", "phrase"), RULES, ids=[" ".join(r[0]) for r in RULES])
 def test_rule_message(argv: list[str], keys: tuple[str, ...], phrase: str) -> None:
-    errors = precheck(argv)
-    assert [e.keys for e in errors] == [keys], errors
-    assert phrase in errors[0].message
+    errors = {e.keys: e.message for e in precheck(argv)}
+    assert keys in errors, errors
+    assert phrase in errors[keys]
 
 
 def test_fresh_start_into_run_dir_with_checkpoints_is_refused(tmp_path) -> None:
