@@ -2,11 +2,11 @@
 
 Order matters: weights are created identically on every rank (same seed) before any wrapping;
 quantization and adapters change which parameters exist, so they come before the strategy, which
-may shard them; activation checkpointing and offload wrap the blocks next, the micro-batch
-search (memory.auto_micro_batch) measures that eager model and returns a new spec with the micro
-batch it chose (everything after, data included, uses it), and compile traces the checkpointed
-blocks before the strategy wraps them; the optimizer is built by the strategy over the parameters it finally owns; the
-scheduler wraps that optimizer; data comes last and is sharded by rank.
+may shard them; activation checkpointing and offload wrap the blocks next; the micro-batch search
+(memory.auto_micro_batch) measures that eager model and returns a new spec with the micro batch it
+chose (everything after, data included, uses it); compile traces the checkpointed blocks before the
+strategy wraps them; the strategy builds the optimizer over the parameters it finally owns; the
+scheduler wraps that optimizer; data comes last and is sharded by data-parallel rank.
 """
 
 from __future__ import annotations
