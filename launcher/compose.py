@@ -195,6 +195,7 @@ def strip_hydra(cfg: DictConfig) -> DictConfig:
 
 def validate(cfg: DictConfig) -> tuple[RunSpec | None, list[SpecError]]:
     """Schema and cross-field rules on a composed config: the spec, or every violation found."""
+    from launcher.launch import resolve_backend
     from launcher.rules import check, detect_hardware
     from launcher.spec import InvalidSpec
 
@@ -202,6 +203,8 @@ def validate(cfg: DictConfig) -> tuple[RunSpec | None, list[SpecError]]:
         spec = to_spec(strip_hydra(cfg))
     except InvalidSpec as err:
         return None, err.errors
+    backend = resolve_backend(spec.launcher)  # `auto` is decided here, once, before the rules
+    spec = dataclasses.replace(spec, launcher=dataclasses.replace(spec.launcher, backend=backend))
     errors = check(spec, detect_hardware(spec))
     return (None, errors) if errors else (spec, [])
 

@@ -25,8 +25,8 @@ BACKENDS: dict[str, str] = {
 class LauncherConfig:
     """Where and how the ranks of a run are started."""
 
-    backend: str = "inline"
-    """inline (one process, this one), local (nproc processes on this machine) or slurm."""
+    backend: str = "auto"
+    """auto (inline for one rank, else local), inline (this process), local (nproc processes here) or slurm."""
     nproc: int = 1
     """Processes (ranks) per node."""
     nnodes: int = 1
@@ -43,6 +43,14 @@ class LauncherConfig:
     """Timeout of collectives and of the rendezvous; a rank that does not answer fails the job."""
     slurm: SlurmConfig = field(default_factory=SlurmConfig)
     """Resources and preemption settings of the batch job (backend slurm only)."""
+
+
+def resolve_backend(config: LauncherConfig) -> str:
+    """`auto` becomes inline for a one-rank job without restarts, local otherwise; others pass through."""
+    if config.backend != "auto":
+        return config.backend
+    multi = config.nproc * config.nnodes > 1 or config.max_restarts > 0
+    return "local" if multi else "inline"
 
 
 def backend(name: str) -> tuple[Callable[[RunSpec, Path], str], Callable[[RunSpec, Path], int]]:

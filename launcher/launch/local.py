@@ -119,6 +119,7 @@ def launch(spec: RunSpec, run_dir: Path) -> int:
         local_addr=lc.master_addr,
         logs_specs=_make_logs_specs(run_dir),
         shutdown_timeout=10,
+        log_line_prefix_template="[rank ${rank}] ",
     )
     threads = max(1, (os.cpu_count() or 1) // lc.nproc)
     levels = _silence_agent_logs()

@@ -121,7 +121,7 @@ RULES = [
     (["resume=/nonexistent/run"], ("resume",), "holds no complete checkpoint"),
     (["resume=auto"], ("resume", "run_dir"), "Name the run directory"),
     (["launcher.device=cuda"], ("launcher.device",), "no CUDA GPU"),
-    (["launcher.nproc=2"], ("launcher.backend", "launcher.nproc"), "launcher=local"),
+    (["launcher=inline", "launcher.nproc=2"], ("launcher.backend", "launcher.nproc"), "launcher=local"),
     (["model.n_head=3"], ("model.d_model", "model.n_head"), "multiple of n_head"),
     (["train.max_grad_norm=0"], ("train.max_grad_norm",), "max_grad_norm=null"),
     (["optimizer.name=adamww"], ("optimizer.name",), "Did you mean adamw?"),
@@ -152,3 +152,13 @@ def test_public_keys_are_locked() -> None:
 
     locked = (Path(__file__).parents[1] / "assets" / "public_keys.txt").read_text().split()
     assert public_keys() == locked
+
+
+def test_auto_backend_picks_local_for_several_ranks() -> None:
+    """The design card's usage: `train +parallel=zero3 +precision=bf16 launcher.nproc=2` runs 2 local ranks."""
+    spec, errors = compose.validate(
+        compose.compose(compose.normalize(["+parallel=zero3", "+precision=bf16", "launcher.nproc=2"]))
+    )
+    assert errors == [] and spec.launcher.backend == "local"
+    spec, errors = compose.validate(compose.compose([]))
+    assert errors == [] and spec.launcher.backend == "inline"
