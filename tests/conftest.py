@@ -83,7 +83,9 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def run_ranks(overrides: list[str], run_dir: Path, nproc: int = 2, timeout: int = 300) -> subprocess.CompletedProcess:
+def run_ranks(
+    overrides: list[str], run_dir: Path, nproc: int = 2, timeout: int = 300
+) -> subprocess.CompletedProcess:
     """Run `nproc` real ranks of the worker under torch's elastic launcher (gloo on CPU)."""
     spec = write_spec(overrides, run_dir)
     cmd = [
@@ -91,6 +93,24 @@ def run_ranks(overrides: list[str], run_dir: Path, nproc: int = 2, timeout: int 
         "--master-addr=127.0.0.1", f"--master-port={free_port()}", "-m", "launcher.worker", str(spec),
     ]  # fmt: skip
     return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+
+
+def assert_same_logits(state: dict, run_dir: Path, reference_dir: Path, step: int = 20) -> None:
+    """A consolidated state dict loads strictly at world size 1 and matches a one-process run's model."""
+    import torch
+
+    from launcher.model import build_model
+    from launcher.spec import load_spec
+
+    spec = load_spec(run_dir / "spec.yaml")
+    model = build_model(spec.model)
+    model.load_state_dict(state, strict=True)
+    single = build_model(spec.model)
+    reference = reference_dir / "checkpoints" / f"step_{step}" / "model.pt"
+    single.load_state_dict(torch.load(reference, weights_only=True))
+    tokens = torch.randint(0, 256, (2, 32), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        torch.testing.assert_close(model(tokens), single(tokens), rtol=1e-4, atol=1e-4)
 
 
 def losses(run_dir: Path) -> dict[int, float]:

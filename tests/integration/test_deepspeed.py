@@ -15,13 +15,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import TINY, losses, run_cli, run_inline, run_ranks
+from conftest import TINY, assert_same_logits, losses, run_cli, run_inline, run_ranks
 from launcher import checkpoint
 from launcher.cli import precheck
 from launcher.metrics import read_metrics
-from launcher.model import build_model
 from launcher.parallel.deepspeed import TAG, consolidate
-from launcher.spec import load_spec
 
 ACCUM = ["train.grad_accum_steps=2"]
 # The spec says what run_ranks starts: two local ranks (checked by the world-size rules).
@@ -134,17 +132,7 @@ def test_checkpoint_holds_every_rank_and_latest_follows_complete_saves(cached_ru
 def test_consolidated_weights_load_at_world_size_one(cached_run, option: str) -> None:
     run_dir = cached_run([f"parallel={option}"])
     reference_dir = cached_run(["train.micro_batch_size=8"], ranks=0)
-    state = consolidate(run_dir / "checkpoints" / "step_20")
-    spec = load_spec(run_dir / "spec.yaml")
-    model = build_model(spec.model)
-    model.load_state_dict(state, strict=True)
-    single = build_model(spec.model)
-    single.load_state_dict(
-        torch.load(reference_dir / "checkpoints" / "step_20" / "model.pt", weights_only=True)
-    )
-    tokens = torch.randint(0, 256, (2, 32), generator=torch.Generator().manual_seed(0))
-    with torch.no_grad():
-        torch.testing.assert_close(model(tokens), single(tokens), rtol=1e-4, atol=1e-4)
+    assert_same_logits(consolidate(run_dir / "checkpoints" / "step_20"), run_dir, reference_dir)
 
 
 @pytest.mark.parametrize("option", ["zero0", "zero2"])

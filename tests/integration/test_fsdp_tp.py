@@ -15,12 +15,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import TINY, losses, run_inline, run_ranks
+from conftest import TINY, assert_same_logits, losses, run_inline, run_ranks
 from launcher import checkpoint
 from launcher.metrics import read_metrics
-from launcher.model import build_model
 from launcher.parallel.sharded import consolidate
-from launcher.spec import load_spec
 
 RANKS2 = ["launcher=local", "launcher.nproc=2"]
 _runs: dict[tuple[str, ...], Path] = {}
@@ -116,17 +114,7 @@ def test_consolidated_state_dict_gives_the_same_logits(cached_run, name: str) ->
     """The sharded checkpoint's full state dict loads into the unwrapped model at world size 1."""
     run_dir = cached_run(PARITY[name])
     reference_dir = cached_run(["train.micro_batch_size=8"], ranks=0)
-    spec = load_spec(run_dir / "spec.yaml")
-    full = consolidate(run_dir / "checkpoints" / "step_20")
-    model = build_model(spec.model)
-    model.load_state_dict(full)
-    single = build_model(spec.model)
-    single.load_state_dict(
-        torch.load(reference_dir / "checkpoints" / "step_20" / "model.pt", weights_only=True)
-    )
-    tokens = torch.randint(0, 256, (2, 32), generator=torch.Generator().manual_seed(0))
-    with torch.no_grad():
-        torch.testing.assert_close(model(tokens), single(tokens), rtol=1e-4, atol=1e-4)
+    assert_same_logits(consolidate(run_dir / "checkpoints" / "step_20"), run_dir, reference_dir)
 
 
 def test_param_bytes_per_rank_halve_with_fsdp(cached_run) -> None:
