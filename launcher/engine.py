@@ -128,6 +128,7 @@ class Engine:
 
     def save(self) -> Path:
         """Write a complete checkpoint of the current step (every rank takes part)."""
+        self._settle_skips(self.step)  # the saved skip counters must include steps not yet logged
         return checkpoint.save(
             self.run_dir,
             self.step,
@@ -179,6 +180,7 @@ class Engine:
                     break
         if writer:
             writer.close()
+        self._settle_skips(self.step)  # a session may end (stop_after, preemption) between log steps
         reason = "completed" if self.step >= t.max_steps else "preempted" if preempted else "stopped_after"
         return self.summary(reason, time.perf_counter() - started)
 
