@@ -18,18 +18,18 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from launcher import device as devices
-from launcher import memory, quantization
-from launcher.batching import build_stream
-from launcher.compile import apply as compile_model
-from launcher.data import PackedSequences, load_corpus
 from launcher.distributed import DistContext
 from launcher.engine import Components
+from launcher.groups import device as devices
+from launcher.groups import memory, quantization
+from launcher.groups.batching import build_stream
+from launcher.groups.compile import apply as compile_model
+from launcher.groups.data import PackedSequences, load_corpus
+from launcher.groups.model.gpt import build_model, flops_per_token
+from launcher.groups.precision import apply_backend_flags
+from launcher.groups.scheduler import build_scheduler
 from launcher.micro_batch import fit_micro_batch
-from launcher.model import build_model, flops_per_token
 from launcher.parallel.registry import Setup, build_strategy
-from launcher.precision import apply_backend_flags
-from launcher.scheduler import build_scheduler
 from launcher.spec import RunSpec
 
 

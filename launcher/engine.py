@@ -22,13 +22,14 @@ import numpy as np
 import torch
 from rich.console import Console
 
-from launcher import checkpoint, metrics, preemption, profiling
-from launcher.data import BatchStream, PackedSequences, val_batches
+from launcher import preemption
 from launcher.distributed import DistContext
-from launcher.model import lm_loss
+from launcher.groups import checkpoint, metrics, profiling
+from launcher.groups.data import BatchStream, PackedSequences, val_batches
+from launcher.groups.model.gpt import lm_loss
+from launcher.groups.precision import autocast, eval_dtype, train_dtype
 from launcher.parallel.registry import Strategy
 from launcher.parallel.state_bytes import strategy_state_bytes
-from launcher.precision import autocast, eval_dtype, train_dtype
 from launcher.spec import RunSpec
 
 

@@ -3,7 +3,7 @@
 CHECKPOINT is a `checkpoints/step_N` directory or a run directory (its newest complete checkpoint
 is used). The run's spec.yaml names the strategy; that strategy's module (the registry entry's)
 provides `consolidate(directory)`, which gathers sharded or engine-specific files offline in this
-one process. The result loads at world size 1 into `launcher.model.build_model(spec.model)`.
+one process. The result loads at world size 1 into `launcher.groups.model.gpt.build_model(spec.model)`.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from pathlib import Path
 
 import torch
 
-from launcher import checkpoint
+from launcher.groups import checkpoint
 from launcher.parallel.registry import STRATEGIES
 from launcher.spec import RunSpec, load_spec
 
@@ -58,7 +58,7 @@ def export(source: Path, out: Path) -> Path:
         raise ExportError(f"{spec_path} is missing: the export reads the run's spec to find its strategy.")
     spec = load_spec(spec_path)
     state = {k: v.detach().to("cpu").contiguous() for k, v in consolidate(step_dir, spec).items()}
-    from launcher.model import build_model
+    from launcher.groups.model.gpt import build_model
 
     build_model(spec.model).load_state_dict(state)  # proves it loads at world size 1 before writing
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -6,7 +6,7 @@ import importlib.util
 from collections.abc import Iterator
 from pathlib import Path
 
-from launcher.hf_model import PRESETS, is_preset, read_local_config
+from launcher.groups.model.hf import PRESETS, is_preset, read_local_config
 from launcher.rules import Hardware, rule
 from launcher.spec import RunSpec, SpecError
 

@@ -2,7 +2,7 @@
 
 The run's spec.yaml rebuilds the adapted model exactly as training built it (same seed, same
 quantization), the checkpoint's model state is loaded into it (consolidated by the strategy that
-wrote it), and `launcher.lora.merged_state_dict` writes a float32 state dict that loads into
+wrote it), and `launcher.groups.adapters.merged_state_dict` writes a float32 state dict that loads into
 `build_model(spec.model)`, the model without quantization or adapters. The command then checks
 that both models give the same logits on one batch of random tokens and prints the difference.
 """
@@ -18,9 +18,9 @@ import torch
 from rich.console import Console
 from torch import nn
 
-from launcher import checkpoint, quantization
-from launcher.lora import merged_state_dict
-from launcher.model import build_model
+from launcher.groups import checkpoint, quantization
+from launcher.groups.adapters import merged_state_dict
+from launcher.groups.model.gpt import build_model
 from launcher.parallel.registry import STRATEGIES
 from launcher.spec import RunSpec, load_spec
 

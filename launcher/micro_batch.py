@@ -29,8 +29,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from launcher.model import lm_loss
-from launcher.precision import autocast, train_dtype
+from launcher.groups.model.gpt import lm_loss
+from launcher.groups.precision import autocast, train_dtype
 from launcher.spec import RunSpec
 
 RECORD = "auto_micro_batch.json"

@@ -7,7 +7,7 @@ from collections.abc import Iterator
 
 import torch
 
-from launcher.optimizers_extra import BNB_OPTIMIZERS
+from launcher.groups.optimizer_8bit import BNB_OPTIMIZERS
 from launcher.rules import Hardware, rule
 from launcher.spec import RunSpec, SpecError
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from launcher.batching import BATCHING
-from launcher.compile import MODES
+from launcher.groups.batching import BATCHING
+from launcher.groups.compile import MODES
 from launcher.rules import Hardware, rule
 from launcher.spec import RunSpec, SpecError, did_you_mean
 

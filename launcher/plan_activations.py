@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from launcher.model import ModelConfig, _ff_width
+from launcher.groups.model.gpt import ModelConfig, _ff_width
 
 FP32 = 4
 INDEX = 8  # int64 token ids and labels

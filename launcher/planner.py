@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from launcher import plan_activations as acts
-from launcher.model import ModelConfig, _config_num_params, _ff_width
+from launcher.groups.model.gpt import ModelConfig, _config_num_params, _ff_width
 from launcher.spec import RunSpec
 
 if TYPE_CHECKING:
@@ -273,7 +273,7 @@ def model_states(spec: RunSpec, n: int) -> _States:
 
 def plan(spec: RunSpec, world: int | None = None, device_type: str | None = None) -> MemoryPlan:
     """The per-device memory of one rank of `spec` on `world` ranks (default: the spec's own)."""
-    from launcher.device import resolve_device
+    from launcher.groups.device import resolve_device
 
     n = world or world_size(spec)
     kind = device_type or resolve_device(spec.launcher.device)

@@ -5,11 +5,11 @@ from __future__ import annotations
 import importlib.util
 from collections.abc import Iterator
 
-from launcher.hf_model import PRESET_LINEARS, is_preset
+from launcher.groups.model.hf import PRESET_LINEARS, is_preset
 from launcher.rules import Hardware, rule
 from launcher.spec import RunSpec, SpecError
 
-# The linear layers of the built-in GPT's blocks (launcher.model), by name suffix.
+# The linear layers of the built-in GPT's blocks (launcher.groups.model.gpt), by name suffix.
 GPT_LINEARS = ("q_proj", "k_proj", "v_proj", "o_proj", "up", "down")
 # Strategies that shard or re-lay out the weights themselves, which bitsandbytes layers do not support.
 WEIGHT_SHARDING = ("fsdp", "tp")

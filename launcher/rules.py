@@ -8,15 +8,15 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from launcher import checkpoint, device
-from launcher.data import DataConfig
+from launcher.groups import checkpoint, device
+from launcher.groups.data import DataConfig
+from launcher.groups.memory import ACTIVATION_CHECKPOINTING
+from launcher.groups.optimizer import OPTIMIZERS
+from launcher.groups.precision import DTYPES
+from launcher.groups.quantization import METHODS
+from launcher.groups.scheduler import SCHEDULES
 from launcher.launch import BACKENDS
-from launcher.memory import ACTIVATION_CHECKPOINTING
-from launcher.optimizer import OPTIMIZERS
 from launcher.parallel.registry import STRATEGIES
-from launcher.precision import DTYPES
-from launcher.quantization import METHODS
-from launcher.scheduler import SCHEDULES
 from launcher.spec import RunSpec, SpecError, did_you_mean
 
 DATA_KINDS = ("stdlib", "text", "jsonl")

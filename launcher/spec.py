@@ -16,19 +16,19 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from launcher.checkpoint import CheckpointConfig
-from launcher.compile import CompileConfig
-from launcher.data import DataConfig
+from launcher.groups.checkpoint import CheckpointConfig
+from launcher.groups.compile import CompileConfig
+from launcher.groups.data import DataConfig
+from launcher.groups.memory import MemoryConfig
+from launcher.groups.metrics import LogConfig
+from launcher.groups.model.gpt import ModelConfig
+from launcher.groups.optimizer import OptimizerConfig
+from launcher.groups.precision import PrecisionConfig
+from launcher.groups.profiling import ProfilerConfig
+from launcher.groups.quantization import QuantizationConfig
+from launcher.groups.scheduler import SchedulerConfig
 from launcher.launch import LauncherConfig
-from launcher.memory import MemoryConfig
-from launcher.metrics import LogConfig
-from launcher.model import ModelConfig
-from launcher.optimizer import OptimizerConfig
 from launcher.parallel import ParallelConfig
-from launcher.precision import PrecisionConfig
-from launcher.profiling import ProfilerConfig
-from launcher.quantization import QuantizationConfig
-from launcher.scheduler import SchedulerConfig
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -100,7 +100,7 @@ def prepare_point(cfg: DictConfig) -> int | None:
     if job is not None:
         print(f"{label}: SLURM job {job} is still queued or running, not submitted again")
         return 0
-    from launcher import checkpoint
+    from launcher.groups import checkpoint
 
     if cfg.get("resume") is None and checkpoint.good_checkpoints(point_dir, warn=False):
         cfg.resume = "auto"

@@ -111,8 +111,8 @@ def _launch(cfg: DictConfig, console: Console) -> int:
 
 def run(cfg: DictConfig, spec: RunSpec, run_dir: Path) -> int:
     """Run the check under `run_dir` and print the verdict; 0 when the curves agree."""
-    from launcher.device import resolve_device
-    from launcher.metrics import read_metrics
+    from launcher.groups.device import resolve_device
+    from launcher.groups.metrics import read_metrics
 
     console = Console(highlight=False)
     n = spec.train.max_steps

@@ -10,10 +10,11 @@ from pathlib import Path
 
 from rich.console import Console
 
-from launcher import checkpoint, distributed, metrics, preemption, preflight
+from launcher import distributed, preemption, preflight
 from launcher.build import build
-from launcher.device import resolve_device
 from launcher.engine import Engine, NonFiniteStop
+from launcher.groups import checkpoint, metrics
+from launcher.groups.device import resolve_device
 from launcher.spec import RunSpec, load_spec
 
 EXIT_OK, EXIT_FAILED, EXIT_NONFINITE = 0, 1, 3

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from launcher import compose
-from launcher.metrics import read_metrics
+from launcher.groups.metrics import read_metrics
 from launcher.spec import register_schemas
 
 # A run small enough for tests: ~1-2 s of training on 2 CPU cores.
@@ -99,7 +99,7 @@ def assert_same_logits(state: dict, run_dir: Path, reference_dir: Path, step: in
     """A consolidated state dict loads strictly at world size 1 and matches a one-process run's model."""
     import torch
 
-    from launcher.model import build_model
+    from launcher.groups.model.gpt import build_model
     from launcher.spec import load_spec
 
     spec = load_spec(run_dir / "spec.yaml")

@@ -76,7 +76,7 @@ def describe(spec: RunSpec, run_dir: Path) -> str:
 
 
 def _on_gpu(spec: RunSpec) -> bool:
-    from launcher.device import resolve_device
+    from launcher.groups.device import resolve_device
 
     return resolve_device(spec.launcher.device) == "cuda"
 

@@ -19,10 +19,10 @@ from torch import nn
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_hook
 from torch.nn.parallel import DistributedDataParallel
 
-from launcher.optimizer import build_optimizer
+from launcher.groups.optimizer import build_optimizer
+from launcher.groups.precision import make_grad_scaler
 from launcher.parallel.common import StepResult, guarded_step, load_tensor_file, save_tensor_file
 from launcher.parallel.registry import Setup
-from launcher.precision import make_grad_scaler
 
 _POWERSGD_FIELDS = ("error_dict", "p_memory_dict", "q_memory_dict", "iter")
 

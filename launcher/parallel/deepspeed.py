@@ -23,7 +23,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from launcher.optimizer import build_optimizer, param_groups
+from launcher.groups.optimizer import build_optimizer, param_groups
 from launcher.parallel import ds_config
 from launcher.parallel.common import StepResult
 from launcher.parallel.registry import Setup

@@ -7,7 +7,7 @@ import importlib.util
 from collections.abc import Iterator
 from pathlib import Path
 
-from launcher import checkpoint
+from launcher.groups import checkpoint
 from launcher.parallel import ParallelConfig
 from launcher.parallel.deepspeed import TAG
 from launcher.parallel.ds_config import loss_scale_power, read_user_config, world_size

@@ -34,6 +34,7 @@ from torch.distributed.fsdp import (
     fully_shard,
 )
 
+from launcher.groups.precision import PrecisionConfig
 from launcher.parallel import ParallelConfig
 from launcher.parallel.registry import Setup
 from launcher.parallel.sharded import (
@@ -45,7 +46,6 @@ from launcher.parallel.sharded import (
     mesh_shape,
 )
 from launcher.parallel.tp import apply_tensor_parallel
-from launcher.precision import PrecisionConfig
 
 __all__ = ["apply_fsdp", "build", "consolidate", "mixed_precision_policy"]
 

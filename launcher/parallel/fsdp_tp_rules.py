@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from pathlib import Path
 
-from launcher import checkpoint
+from launcher.groups import checkpoint
 from launcher.parallel import ParallelConfig
 from launcher.parallel.sharded import is_dcp_checkpoint
 from launcher.rules import Hardware, rule

@@ -26,11 +26,11 @@ from torch.distributed.checkpoint.state_dict import (
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
 from launcher.distributed import DistContext
-from launcher.optimizer import OptimizerConfig, build_optimizer
+from launcher.groups.optimizer import OptimizerConfig, build_optimizer
+from launcher.groups.precision import PrecisionConfig
 from launcher.parallel import ParallelConfig
 from launcher.parallel.common import StepResult, guarded_step, load_tensor_file, save_tensor_file
 from launcher.parallel.registry import Setup
-from launcher.precision import PrecisionConfig
 
 DCP_DIR = "dcp"
 """Subdirectory of a checkpoint that holds the DCP shards of model and optimizer."""
@@ -170,7 +170,7 @@ def consolidate(directory: Path) -> dict[str, torch.Tensor]:
     """The full model state dict of a DCP checkpoint, offline in one process (no process group).
 
     Keys are the unwrapped model's (FSDP2 and tensor parallel keep parameter names), so the result
-    loads into `launcher.model.build_model` with `load_state_dict`.
+    loads into `launcher.groups.model.gpt.build_model` with `load_state_dict`.
     """
     from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 

@@ -8,10 +8,10 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from launcher.optimizer import build_optimizer
+from launcher.groups.optimizer import build_optimizer
+from launcher.groups.precision import make_grad_scaler
 from launcher.parallel.common import StepResult, guarded_step, load_tensor_file, save_tensor_file
 from launcher.parallel.registry import Setup
-from launcher.precision import make_grad_scaler
 
 
 class SingleStrategy:

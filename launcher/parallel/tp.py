@@ -83,7 +83,7 @@ class ReplicateParallel(ParallelStyle):
 
 
 def _block_plan(sequence_parallel: bool) -> dict[str, ParallelStyle]:
-    """The plan of one transformer block (names of launcher.model.Block)."""
+    """The plan of one transformer block (names of launcher.groups.model.gpt.Block)."""
     branch_out = Shard(1) if sequence_parallel else Replicate()
     plan: dict[str, ParallelStyle] = {
         "attn.q_proj": ColwiseParallel(),

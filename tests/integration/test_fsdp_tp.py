@@ -16,8 +16,8 @@ import pytest
 import torch
 
 from conftest import TINY, assert_same_logits, losses, run_inline, run_ranks
-from launcher import checkpoint
-from launcher.metrics import read_metrics
+from launcher.groups import checkpoint
+from launcher.groups.metrics import read_metrics
 from launcher.parallel.sharded import consolidate
 
 RANKS2 = ["launcher=local", "launcher.nproc=2"]

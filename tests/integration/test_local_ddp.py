@@ -150,8 +150,8 @@ def test_verify_resume_gives_a_verdict(tmp_path, backend: list[str]) -> None:
 
 
 def test_export_loads_at_world_size_one_and_gives_the_trained_logits(straight, tmp_path) -> None:
-    from launcher.data import PackedSequences, load_corpus, val_batches
-    from launcher.model import build_model, lm_loss
+    from launcher.groups.data import PackedSequences, load_corpus, val_batches
+    from launcher.groups.model.gpt import build_model, lm_loss
     from launcher.spec import load_spec
 
     out = tmp_path / "model.pt"

@@ -6,11 +6,12 @@ import pytest
 import torch
 
 from conftest import TINY, losses, run_inline
-from launcher import checkpoint, merge, quantization
-from launcher.lora import LoRALinear, merged_state_dict
-from launcher.model import ModelConfig, build_model
-from launcher.precision import PrecisionConfig
-from launcher.quantization import LoRAConfig, QuantizationConfig
+from launcher import merge
+from launcher.groups import checkpoint, quantization
+from launcher.groups.adapters import LoRALinear, merged_state_dict
+from launcher.groups.model.gpt import ModelConfig, build_model
+from launcher.groups.precision import PrecisionConfig
+from launcher.groups.quantization import LoRAConfig, QuantizationConfig
 
 LORA_RUN = [*TINY, "train.eval_every=null"]
 SMALL = ModelConfig(n_layer=2, d_model=64, n_head=2)

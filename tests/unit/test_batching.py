@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import torch
 
-from launcher.batching import Documents, LengthGroupedStream, TokenBudgetStream
-from launcher.data import BatchStream
+from launcher.groups.batching import Documents, LengthGroupedStream, TokenBudgetStream
+from launcher.groups.data import BatchStream
 
 
 def _corpus(num_docs: int = 400, seed: int = 0) -> torch.Tensor:

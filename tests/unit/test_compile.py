@@ -9,9 +9,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from launcher import compile as compiling
-from launcher import memory
-from launcher.model import GPT, ModelConfig, lm_loss
+from launcher.groups import compile as compiling
+from launcher.groups import memory
+from launcher.groups.model.gpt import GPT, ModelConfig, lm_loss
 
 
 def _losses(mode: str) -> tuple[list[float], list[str]]:

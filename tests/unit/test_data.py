@@ -7,7 +7,7 @@ import json
 import pytest
 import torch
 
-from launcher.data import (
+from launcher.groups.data import (
     BatchStream,
     DataConfig,
     PackedSequences,

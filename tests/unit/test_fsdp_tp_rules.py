@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from launcher import checkpoint
 from launcher.cli import precheck
+from launcher.groups import checkpoint
 
 LOCAL2 = ["launcher=local", "launcher.nproc=2"]
 

@@ -10,9 +10,9 @@ import sys
 import pytest
 import torch
 
-from launcher import memory
-from launcher.memory import MemoryConfig
-from launcher.model import GPT, ModelConfig, lm_loss
+from launcher.groups import memory
+from launcher.groups.memory import MemoryConfig
+from launcher.groups.model.gpt import GPT, ModelConfig, lm_loss
 
 SMALL = ModelConfig(n_layer=4, n_head=2, d_model=32, max_seq_len=64, dropout=0.1)
 
@@ -70,8 +70,8 @@ def test_empty_cache_hook_is_cuda_only() -> None:
 
 _MEASURE = """
 import json, re, sys, torch
-from launcher import memory
-from launcher.model import GPT, ModelConfig, lm_loss
+from launcher.groups import memory
+from launcher.groups.model.gpt import GPT, ModelConfig, lm_loss
 torch.set_num_threads(1)
 model = GPT(ModelConfig(n_layer=8, n_head=2, d_model=64, max_seq_len=512))
 model = memory.apply(model, memory.MemoryConfig(activation_checkpointing=sys.argv[1]))
@@ -118,7 +118,7 @@ def test_checkpointing_lowers_peak_memory() -> None:
 
 def test_hugging_face_model_is_checkpointed_through_its_own_switch() -> None:
     pytest.importorskip("transformers")
-    from launcher.hf_model import build_hf_model
+    from launcher.groups.model.hf import build_hf_model
 
     cfg = ModelConfig(kind="hf", hf_config="llama", n_layer=2, n_head=2, d_model=32, d_ff=64)
     ids = torch.randint(0, 256, (2, 17), generator=torch.Generator().manual_seed(1))

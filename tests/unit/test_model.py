@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from launcher.model import GPT, ModelConfig, build_model, flops_per_token, lm_loss, num_params
+from launcher.groups.model.gpt import GPT, ModelConfig, build_model, flops_per_token, lm_loss, num_params
 
 SMALL = ModelConfig(n_layer=2, n_head=2, d_model=32, max_seq_len=16)
 

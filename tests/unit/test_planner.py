@@ -6,7 +6,7 @@ import pytest
 from rich.console import Console
 
 from launcher import compose, planner
-from launcher.model import ModelConfig, build_model, num_params
+from launcher.groups.model.gpt import ModelConfig, build_model, num_params
 from launcher.plan_activations import ActivationShape, activation_bytes
 from launcher.spec import RunSpec, to_spec
 

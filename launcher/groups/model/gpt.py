@@ -150,11 +150,11 @@ class GPT(nn.Module):
 def build_model(cfg: ModelConfig) -> nn.Module:
     """The model the config describes, on the CPU in float32; init depends only on torch's global seed."""
     if cfg.kind == "hf":
-        from launcher.hf_model import build_hf_model
+        from launcher.groups.model.hf import build_hf_model
 
         return build_hf_model(cfg)
     if cfg.kind != "gpt":
-        raise ValueError(f"model.kind={cfg.kind!r} is not built by launcher.model (it builds `gpt`).")
+        raise ValueError(f"model.kind={cfg.kind!r} is not built by launcher.groups.model.gpt (it builds `gpt`).")
     return GPT(cfg)
 
 
@@ -199,7 +199,7 @@ def flops_per_token(cfg: ModelConfig, seq_len: int) -> float:
     embedding counted once; the second term is the attention score and value products.
     """
     if cfg.kind == "hf":
-        from launcher.hf_model import hf_flops_per_token
+        from launcher.groups.model.hf import hf_flops_per_token
 
         return hf_flops_per_token(cfg, seq_len)
     return float(6 * _config_num_params(cfg) + 12 * cfg.n_layer * cfg.d_model * seq_len)

@@ -63,7 +63,7 @@ def _checkpoint_forward(module: nn.Module) -> None:
 def _hf_checkpointing(model: nn.Module) -> Callable[..., bool] | None:
     """The Hugging Face models' own checkpointing switch, where that model option is installed."""
     try:
-        hf = importlib.import_module("launcher.hf_model")
+        hf = importlib.import_module("launcher.groups.model.hf")
     except ImportError:
         return None
     return getattr(hf, "enable_checkpointing", None)

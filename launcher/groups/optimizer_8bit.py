@@ -13,7 +13,7 @@ import warnings
 
 import torch
 
-from launcher.optimizer import OptimizerConfig, register_optimizer
+from launcher.groups.optimizer import OptimizerConfig, register_optimizer
 
 BNB_OPTIMIZERS = ("adamw_8bit", "paged_adamw_8bit", "lion_8bit")
 

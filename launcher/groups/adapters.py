@@ -3,7 +3,7 @@
 A `LoRALinear` wraps a base layer and adds `scale * B(A(dropout(x)))`, with A initialized like a
 linear layer and B at zero, so an adapted model starts exactly where its base model is. Merging
 folds `scale * B @ A` into the base weight, dequantizing int8/nf4 weights to float32 first, and
-returns a state dict with the key names and dtypes of the model `launcher.model.build_model` builds.
+returns a state dict with the key names and dtypes of the model `launcher.groups.model.gpt.build_model` builds.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import torch.nn.functional as F
 from rich.console import Console
 from torch import nn
 
-from launcher.quantization import LoRAConfig, is_quantized, replace_module
+from launcher.groups.quantization import LoRAConfig, is_quantized, replace_module
 
 
 class LoRALinear(nn.Module):

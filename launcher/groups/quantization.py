@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-from launcher.precision import PrecisionConfig
+from launcher.groups.precision import PrecisionConfig
 
 METHODS = ("none", "int8", "nf4")
 # Linear layers that stay full precision whatever the method: the output head (often tied).
@@ -173,7 +173,7 @@ def apply(
     Pure in the sense that matters for resume: the result depends only on `model` and the configs,
     and on torch's global RNG for the adapters' initial A matrices.
     """
-    from launcher import lora
+    from launcher.groups import adapters as lora
 
     if cfg.method == "none" and cfg.lora.rank == 0:
         return model

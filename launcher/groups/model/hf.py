@@ -23,7 +23,7 @@ import torch
 from rich.console import Console
 from torch import nn
 
-from launcher.model import ModelConfig, _ff_width
+from launcher.groups.model.gpt import ModelConfig, _ff_width
 
 PRESETS = ("llama", "gpt2")
 # The linear layers of each preset's blocks, by name suffix (what quantization and LoRA may target).

@@ -90,4 +90,4 @@ def build_optimizer(model: nn.Module, cfg: OptimizerConfig, device_type: str) ->
 
 
 # Builders of the memory-lean optimizers register themselves on import (bitsandbytes loads lazily).
-from launcher import optimizers_extra  # noqa: E402, F401
+from launcher.groups import optimizer_8bit as optimizers_extra  # noqa: E402, F401

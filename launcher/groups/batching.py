@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import torch
 
-from launcher.data import BatchStream, Corpus, PackedSequences, _epoch_seed
+from launcher.groups.data import BatchStream, Corpus, PackedSequences, _epoch_seed
 
 BATCHING = ("fixed", "group_by_length", "token_budget")
 GROUP_SIZE = 32

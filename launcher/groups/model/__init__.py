@@ -1,0 +1,1 @@
+"""The model group: the built-in GPT and Hugging Face causal LMs."""
