@@ -18,7 +18,6 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from launcher.distributed import DistContext
 from launcher.engine import Components
 from launcher.groups import device as devices
 from launcher.groups import memory, quantization
@@ -29,6 +28,7 @@ from launcher.groups.model.gpt import build_model, flops_per_token
 from launcher.groups.precision import apply_backend_flags
 from launcher.groups.scheduler import build_scheduler
 from launcher.micro_batch import fit_micro_batch
+from launcher.parallel.dims import DistContext
 from launcher.parallel.registry import Setup, build_strategy
 from launcher.spec import RunSpec
 

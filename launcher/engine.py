@@ -23,11 +23,11 @@ import torch
 from rich.console import Console
 
 from launcher import preemption
-from launcher.distributed import DistContext
 from launcher.groups import checkpoint, metrics, profiling
 from launcher.groups.data import BatchStream, PackedSequences, val_batches
 from launcher.groups.model.gpt import lm_loss
 from launcher.groups.precision import autocast, eval_dtype, train_dtype
+from launcher.parallel.dims import DistContext
 from launcher.parallel.registry import Strategy
 from launcher.parallel.state_bytes import strategy_state_bytes
 from launcher.spec import RunSpec

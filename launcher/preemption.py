@@ -13,7 +13,7 @@ from types import FrameType
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from launcher.distributed import DistContext
+    from launcher.parallel.dims import DistContext
 
 EXIT_PREEMPTED = 4
 """Process exit status of a run stopped by a preemption signal after writing its checkpoint."""

@@ -17,8 +17,8 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-from launcher import distributed
-from launcher.distributed import DistContext
+from launcher.parallel import dims as distributed
+from launcher.parallel.dims import DistContext
 
 MAX_WAIT_S = 60.0
 

@@ -10,11 +10,12 @@ from pathlib import Path
 
 from rich.console import Console
 
-from launcher import distributed, preemption, preflight
+from launcher import preemption, preflight
 from launcher.build import build
 from launcher.engine import Engine, NonFiniteStop
 from launcher.groups import checkpoint, metrics
 from launcher.groups.device import resolve_device
+from launcher.parallel import dims as distributed
 from launcher.spec import RunSpec, load_spec
 
 EXIT_OK, EXIT_FAILED, EXIT_NONFINITE = 0, 1, 3

@@ -21,7 +21,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from launcher.groups.optimizer import build_optimizer
 from launcher.groups.precision import make_grad_scaler
-from launcher.parallel.common import StepResult, guarded_step, load_tensor_file, save_tensor_file
+from launcher.parallel.guarded_step import StepResult, guarded_step, load_tensor_file, save_tensor_file
 from launcher.parallel.registry import Setup
 
 _POWERSGD_FIELDS = ("error_dict", "p_memory_dict", "q_memory_dict", "iter")

@@ -1,6 +1,6 @@
 """The `deepspeed` strategy: ZeRO stages 0-3 (and CPU offload) through DeepSpeed's engine.
 
-The DeepSpeed config comes from the spec (launcher.parallel.ds_config). The optimizer is the
+The DeepSpeed config comes from the spec (launcher.parallel.deepspeed_config). The optimizer is the
 optimizer group's own torch optimizer (a client optimizer: nothing is JIT-compiled, and it matches
 the single strategy), except with optimizer offload, where AdamW runs as DeepSpeedCPUAdam. The
 training loop keeps driving: it normalizes the loss by the tokens of the whole accumulation cycle
@@ -24,8 +24,8 @@ import torch.distributed as dist
 from torch import nn
 
 from launcher.groups.optimizer import build_optimizer, param_groups
-from launcher.parallel import ds_config
-from launcher.parallel.common import StepResult
+from launcher.parallel import deepspeed_config as ds_config
+from launcher.parallel.guarded_step import StepResult
 from launcher.parallel.registry import Setup
 from launcher.parallel.state_bytes import optimizer_state_bytes
 
@@ -244,7 +244,7 @@ def consolidate(directory: Path) -> dict[str, torch.Tensor]:
     ZeRO 1-3 (and bf16) checkpoints hold fp32 master weights in the optimizer shards, merged by
     DeepSpeed's zero_to_fp32; a fp32 stage 0 checkpoint holds the whole module in one file.
     """
-    from launcher.parallel.common import load_tensor_file
+    from launcher.parallel.guarded_step import load_tensor_file
 
     files = Path(directory) / TAG
     if any(files.glob("*zero_pp_rank_*_optim_states.pt")):

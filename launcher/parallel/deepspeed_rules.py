@@ -10,8 +10,8 @@ from pathlib import Path
 from launcher.groups import checkpoint
 from launcher.parallel import ParallelConfig
 from launcher.parallel.deepspeed import TAG
-from launcher.parallel.ds_config import loss_scale_power, read_user_config, world_size
-from launcher.parallel.ds_config import merge as merge_user_config
+from launcher.parallel.deepspeed_config import loss_scale_power, read_user_config, world_size
+from launcher.parallel.deepspeed_config import merge as merge_user_config
 from launcher.rules import Hardware, rule
 from launcher.spec import RunSpec, SpecError
 

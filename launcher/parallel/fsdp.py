@@ -36,8 +36,7 @@ from torch.distributed.fsdp import (
 
 from launcher.groups.precision import PrecisionConfig
 from launcher.parallel import ParallelConfig
-from launcher.parallel.registry import Setup
-from launcher.parallel.sharded import (
+from launcher.parallel.dtensor import (
     DTensorStrategy,
     MeshShape,
     build_mesh,
@@ -45,7 +44,8 @@ from launcher.parallel.sharded import (
     make_sharded_scaler,
     mesh_shape,
 )
-from launcher.parallel.tp import apply_tensor_parallel
+from launcher.parallel.registry import Setup
+from launcher.parallel.tensor_parallel import apply_tensor_parallel
 
 __all__ = ["apply_fsdp", "build", "consolidate", "mixed_precision_policy"]
 

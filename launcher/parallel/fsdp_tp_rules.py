@@ -9,7 +9,7 @@ from pathlib import Path
 
 from launcher.groups import checkpoint
 from launcher.parallel import ParallelConfig
-from launcher.parallel.sharded import is_dcp_checkpoint
+from launcher.parallel.dtensor import is_dcp_checkpoint
 from launcher.rules import Hardware, rule
 from launcher.spec import RunSpec, SpecError
 

@@ -12,8 +12,8 @@ import torch
 from torch import nn
 
 if TYPE_CHECKING:
-    from launcher.distributed import DistContext
-    from launcher.parallel.common import StepResult
+    from launcher.parallel.dims import DistContext
+    from launcher.parallel.guarded_step import StepResult
     from launcher.spec import RunSpec
 
 # strategy name -> "module:function" building it from (model, Setup)
@@ -22,7 +22,7 @@ STRATEGIES: dict[str, str] = {
     "ddp": "launcher.parallel.ddp:build",
     "deepspeed": "launcher.parallel.deepspeed:build",
     "fsdp": "launcher.parallel.fsdp:build",
-    "tp": "launcher.parallel.tp:build",
+    "tp": "launcher.parallel.tensor_parallel:build",
 }
 
 

@@ -10,7 +10,7 @@ from torch import nn
 
 from launcher.groups.optimizer import build_optimizer
 from launcher.groups.precision import make_grad_scaler
-from launcher.parallel.common import StepResult, guarded_step, load_tensor_file, save_tensor_file
+from launcher.parallel.guarded_step import StepResult, guarded_step, load_tensor_file, save_tensor_file
 from launcher.parallel.registry import Setup
 
 

@@ -11,7 +11,7 @@ import pytest
 from conftest import TINY, run_cli
 from launcher import compose
 from launcher.cli import precheck
-from launcher.parallel import ds_config
+from launcher.parallel import deepspeed_config as ds_config
 
 
 def _spec(*argv: str):

@@ -31,14 +31,14 @@ from torch.distributed.tensor.parallel import (
     parallelize_module,
 )
 
-from launcher.parallel.registry import Setup
-from launcher.parallel.sharded import (
+from launcher.parallel.dtensor import (
     DTensorStrategy,
     build_mesh,
     consolidate,
     make_sharded_scaler,
     mesh_shape,
 )
+from launcher.parallel.registry import Setup
 
 __all__ = ["apply_tensor_parallel", "build", "consolidate"]
 

@@ -25,11 +25,11 @@ from torch.distributed.checkpoint.state_dict import (
 )
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
-from launcher.distributed import DistContext
 from launcher.groups.optimizer import OptimizerConfig, build_optimizer
 from launcher.groups.precision import PrecisionConfig
 from launcher.parallel import ParallelConfig
-from launcher.parallel.common import StepResult, guarded_step, load_tensor_file, save_tensor_file
+from launcher.parallel.dims import DistContext
+from launcher.parallel.guarded_step import StepResult, guarded_step, load_tensor_file, save_tensor_file
 from launcher.parallel.registry import Setup
 
 DCP_DIR = "dcp"
