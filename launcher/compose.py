@@ -196,7 +196,7 @@ def strip_hydra(cfg: DictConfig) -> DictConfig:
 def validate(cfg: DictConfig) -> tuple[RunSpec | None, list[SpecError]]:
     """Schema and cross-field rules on a composed config: the spec, or every violation found."""
     from launcher.launch import resolve_backend
-    from launcher.rules import check, detect_hardware
+    from launcher.rules.core import check, detect_hardware
     from launcher.spec import InvalidSpec
 
     try:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from launcher.parallel.registry import STRATEGIES
-from launcher.rules import Hardware, rule
+from launcher.rules.core import Hardware, rule
 from launcher.spec import RunSpec, SpecError
 
 

@@ -6,7 +6,7 @@ from collections.abc import Iterator
 
 from launcher.groups.batching import BATCHING
 from launcher.groups.compile import MODES
-from launcher.rules import Hardware, rule
+from launcher.rules.core import Hardware, rule
 from launcher.spec import RunSpec, SpecError, did_you_mean
 
 SHARDING_STRATEGIES = ("fsdp", "tp")

@@ -7,7 +7,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from launcher.groups.model.hf import PRESETS, is_preset, read_local_config
-from launcher.rules import Hardware, rule
+from launcher.rules.core import Hardware, rule
 from launcher.spec import RunSpec, SpecError
 
 BYTE_VOCAB = 256

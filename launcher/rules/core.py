@@ -58,7 +58,7 @@ def rule(fn: Rule) -> Rule:
 
 
 # Modules of feature areas whose rules register themselves with @rule when imported.
-RULE_MODULES: tuple[str, ...] = ("launcher.launch.slurm_rules", "launcher.perf_rules", "launcher.parallel.deepspeed_rules", "launcher.quantization_rules", "launcher.optimizer_rules", "launcher.hf_rules", "launcher.launch.local_rules", "launcher.parallel.ddp_rules", "launcher.parallel.fsdp_tp_rules", "launcher.verify")
+RULE_MODULES: tuple[str, ...] = ("launcher.rules.slurm", "launcher.rules.performance", "launcher.rules.deepspeed", "launcher.rules.quantization", "launcher.rules.optimizer", "launcher.rules.hf_model", "launcher.rules.local_launch", "launcher.rules.ddp", "launcher.rules.sharding", "launcher.verify")
 
 
 def check(spec: RunSpec, hw: Hardware) -> list[SpecError]:

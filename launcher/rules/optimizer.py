@@ -8,7 +8,7 @@ from collections.abc import Iterator
 import torch
 
 from launcher.groups.optimizer_8bit import BNB_OPTIMIZERS
-from launcher.rules import Hardware, rule
+from launcher.rules.core import Hardware, rule
 from launcher.spec import RunSpec, SpecError
 
 ADAM_FAMILY = ("adamw", "adamw_8bit", "paged_adamw_8bit", "lion_8bit")

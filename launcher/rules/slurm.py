@@ -6,7 +6,7 @@ import shlex
 import signal
 from collections.abc import Iterator
 
-from launcher.rules import Hardware, rule
+from launcher.rules.core import Hardware, rule
 from launcher.spec import RunSpec, SpecError
 
 _UNCATCHABLE = {"KILL", "STOP"}

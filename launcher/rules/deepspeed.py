@@ -12,12 +12,12 @@ from launcher.parallel import ParallelConfig
 from launcher.parallel.deepspeed import TAG
 from launcher.parallel.deepspeed_config import loss_scale_power, read_user_config, world_size
 from launcher.parallel.deepspeed_config import merge as merge_user_config
-from launcher.rules import Hardware, rule
+from launcher.rules.core import Hardware, rule
 from launcher.spec import RunSpec, SpecError
 
 DEEPSPEED_KEYS = ("zero_stage", "offload_optimizer", "offload_params", "deepspeed_config")
 # Settings of other strategies that a DeepSpeed run would silently ignore.
-# (nf4/int8 weights with ZeRO-3 are refused by launcher.quantization_rules.)
+# (nf4/int8 weights with ZeRO-3 are refused by launcher.rules.quantization.)
 FOREIGN_KEYS = (
     "bucket_mb",
     "static_graph",

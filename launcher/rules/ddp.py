@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from launcher.rules import Hardware, rule
+from launcher.rules.core import Hardware, rule
 from launcher.spec import RunSpec, SpecError
 
 COMM_HOOKS = ("none", "fp16", "bf16", "powersgd")

@@ -10,7 +10,7 @@ from pathlib import Path
 from launcher.groups import checkpoint
 from launcher.parallel import ParallelConfig
 from launcher.parallel.dtensor import is_dcp_checkpoint
-from launcher.rules import Hardware, rule
+from launcher.rules.core import Hardware, rule
 from launcher.spec import RunSpec, SpecError
 
 DTENSOR_STRATEGIES = ("fsdp", "tp")

@@ -6,7 +6,7 @@ import importlib.util
 from collections.abc import Iterator
 
 from launcher.groups.model.hf import PRESET_LINEARS, is_preset
-from launcher.rules import Hardware, rule
+from launcher.rules.core import Hardware, rule
 from launcher.spec import RunSpec, SpecError
 
 # The linear layers of the built-in GPT's blocks (launcher.groups.model.gpt), by name suffix.

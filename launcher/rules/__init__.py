@@ -1,0 +1,1 @@
+"""Every cross-field rule of the run spec, one module per area."""
