@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from launcher import compose
+from launcher.front import compose
 from launcher.groups.metrics import read_metrics
 from launcher.spec import register_schemas
 
@@ -57,7 +57,7 @@ def write_spec(overrides: list[str], run_dir: Path) -> Path:
     """Compose and validate like `train`, create the run directory and write its spec.yaml."""
     from hydra.core.hydra_config import HydraConfig
 
-    from launcher.cli import make_run_dir
+    from launcher.front.cli import make_run_dir
     from launcher.spec import dump_spec
 
     cfg = compose.compose([*overrides, f"run_dir={run_dir}"])
@@ -71,7 +71,7 @@ def write_spec(overrides: list[str], run_dir: Path) -> Path:
 
 def run_inline(overrides: list[str], run_dir: Path) -> int:
     """Run one rank in this process (what `train` does with the inline backend)."""
-    from launcher import worker
+    from launcher.rank import worker
 
     return worker.run(write_spec(overrides, run_dir))
 
@@ -90,7 +90,7 @@ def run_ranks(
     spec = write_spec(overrides, run_dir)
     cmd = [
         sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={nproc}",
-        "--master-addr=127.0.0.1", f"--master-port={free_port()}", "-m", "launcher.worker", str(spec),
+        "--master-addr=127.0.0.1", f"--master-port={free_port()}", "-m", "launcher.rank.worker", str(spec),
     ]  # fmt: skip
     return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
 

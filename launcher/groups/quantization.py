@@ -1,6 +1,6 @@
 """The quantization group: int8 / nf4 weights for the model's linear layers, and LoRA adapters.
 
-`apply` runs between building the model and wrapping it in a strategy (see launcher.build): it
+`apply` runs between building the model and wrapping it in a strategy (see launcher.rank.build): it
 replaces the linear layers of the transformer blocks by bitsandbytes layers (embeddings and the
 output head, tied to the token embedding, stay full precision), then wraps the layers LoRA targets
 and freezes everything but the adapters. Quantized layers keep one weight layout on every device

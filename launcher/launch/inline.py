@@ -14,6 +14,6 @@ def describe(spec: RunSpec, run_dir: Path) -> str:
 
 def launch(spec: RunSpec, run_dir: Path) -> int:
     """Run the single rank here; returns its exit status."""
-    from launcher import worker
+    from launcher.rank import worker
 
     return worker.run(run_dir / "spec.yaml")

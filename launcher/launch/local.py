@@ -71,7 +71,7 @@ def describe(spec: RunSpec, run_dir: Path) -> str:
         f"local: {lc.nproc} rank(s) on this machine under torch's elastic agent "
         f"(rendezvous {rendezvous_endpoint(spec)}, {'nccl' if _on_gpu(spec) else 'gloo'}, "
         f"max_restarts={lc.max_restarts}, timeout {lc.timeout_s:g} s), each running "
-        f"`launcher.worker.run({run_dir / 'spec.yaml'})`; logs in {run_dir / 'logs'}"
+        f"`launcher.rank.worker.run({run_dir / 'spec.yaml'})`; logs in {run_dir / 'logs'}"
     )
 
 
@@ -85,7 +85,7 @@ def rank_main(spec_path: str, num_threads: int) -> int:
     """One rank: the entry the agent starts in each process (module level so that spawn can pickle it)."""
     import torch
 
-    from launcher import worker
+    from launcher.rank import worker
 
     if "OMP_NUM_THREADS" not in os.environ:
         torch.set_num_threads(num_threads)  # share the cores instead of oversubscribing them

@@ -16,8 +16,8 @@ import time
 from collections.abc import Mapping
 from pathlib import Path
 
-from launcher import preemption
 from launcher.launch import slurm_jobs
+from launcher.rank import preemption
 
 BASE_PORT, PORT_RANGE = 20000, 20000
 REQUEUE_GRACE_S = 120.0
@@ -78,7 +78,7 @@ def _after_preemption(code: int, rank: int, job_id: str, max_requeues: int) -> i
 
 def run(spec_path: Path) -> int:
     """Run this task as a rank of the job; returns its exit status."""
-    from launcher import worker
+    from launcher.rank import worker
     from launcher.spec import load_spec
 
     spec = load_spec(spec_path)

@@ -64,7 +64,7 @@ class DistContext:
 def init(device_type: str, timeout_s: float = 600.0, store: dist.Store | None = None) -> DistContext:
     """Join the process group described by torch's launcher variables (RANK, WORLD_SIZE, ...).
 
-    `store` is an already connected job store (see launcher.preflight); without one, env:// is used.
+    `store` is an already connected job store (see launcher.rank.preflight); without one, env:// is used.
     """
     rank = int(os.environ.get("RANK", 0))
     world_size = int(os.environ.get("WORLD_SIZE", 1))

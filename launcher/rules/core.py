@@ -58,7 +58,7 @@ def rule(fn: Rule) -> Rule:
 
 
 # Modules of feature areas whose rules register themselves with @rule when imported.
-RULE_MODULES: tuple[str, ...] = ("launcher.rules.slurm", "launcher.rules.performance", "launcher.rules.deepspeed", "launcher.rules.quantization", "launcher.rules.optimizer", "launcher.rules.hf_model", "launcher.rules.local_launch", "launcher.rules.ddp", "launcher.rules.sharding", "launcher.verify")
+RULE_MODULES: tuple[str, ...] = ("launcher.rules.slurm", "launcher.rules.performance", "launcher.rules.deepspeed", "launcher.rules.quantization", "launcher.rules.optimizer", "launcher.rules.hf_model", "launcher.rules.local_launch", "launcher.rules.ddp", "launcher.rules.sharding", "launcher.front.verify")
 
 
 def check(spec: RunSpec, hw: Hardware) -> list[SpecError]:

@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from conftest import TINY, assert_same_logits, losses, run_cli, run_inline, run_ranks
-from launcher.cli import precheck
+from launcher.front.cli import precheck
 from launcher.groups import checkpoint
 from launcher.groups.metrics import read_metrics
 from launcher.parallel.deepspeed import TAG, consolidate

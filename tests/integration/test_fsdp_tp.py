@@ -169,7 +169,7 @@ def test_nonfinite_steps_are_skipped_by_the_fused_kernel(cached_run) -> None:
 
 
 def test_a_model_that_does_not_split_is_refused_before_launch(tmp_path) -> None:
-    from launcher import compose
+    from launcher.front import compose
 
     cfg = compose.compose([*TINY, *RANKS2, "parallel=tp", "model.n_head=3", "model.d_model=66"])
     _, errors = compose.validate(cfg)

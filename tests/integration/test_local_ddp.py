@@ -117,7 +117,7 @@ def test_a_rank_that_never_starts_is_named_by_preflight(tmp_path) -> None:
     env.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
     started = time.monotonic()
     result = subprocess.run(
-        [sys.executable, "-m", "launcher.worker", str(spec)],
+        [sys.executable, "-m", "launcher.rank.worker", str(spec)],
         env=env,
         capture_output=True,
         text=True,
@@ -156,7 +156,7 @@ def test_export_loads_at_world_size_one_and_gives_the_trained_logits(straight, t
 
     out = tmp_path / "model.pt"
     result = subprocess.run(
-        [sys.executable, "-m", "launcher.export", str(straight), str(out)], capture_output=True, text=True
+        [sys.executable, "-m", "launcher.front.export", str(straight), str(out)], capture_output=True, text=True
     )
     assert result.returncode == 0, result.stderr
     assert "step_20" in result.stdout

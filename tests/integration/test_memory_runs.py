@@ -8,7 +8,7 @@ import random
 import pytest
 
 from conftest import TINY, losses, run_cli, run_inline
-from launcher.micro_batch import RECORD
+from launcher.rank.micro_batch import RECORD
 
 SHORT = [*TINY, "train.max_steps=6", "checkpoint.every=null", "train.eval_every=null"]
 

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from conftest import write_spec
-from launcher import planner
+from launcher.plan import planner
 from launcher.spec import load_spec
 
 # The documented bound (docs/planner.md): estimate / measured within [LOW, HIGH].
@@ -47,7 +47,7 @@ def probe(spec_paths: list[Path]) -> list[int]:
     """Peak live tensor bytes of each run, one after another in this process."""
     from torch.profiler import ProfilerActivity, profile
 
-    from launcher import worker
+    from launcher.rank import worker
 
     peaks = []
     for path in spec_paths:

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from conftest import TINY, losses, run_inline
-from launcher import merge
+from launcher.front import merge
 from launcher.groups import checkpoint, quantization
 from launcher.groups.adapters import LoRALinear, merged_state_dict
 from launcher.groups.model.gpt import ModelConfig, build_model

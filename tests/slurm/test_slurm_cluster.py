@@ -120,7 +120,7 @@ def test_sweep_submits_one_job_per_point_and_collects(tmp_path) -> None:
     assert result.returncode == 0, result.stdout + result.stderr
     jobs = [(sweep_dir / str(n) / "slurm" / "job_id").read_text().strip() for n in (0, 1)]
     assert len(set(jobs)) == 2 and all(f"submitted job {j}" in result.stdout for j in jobs)
-    status = subprocess.run([sys.executable, "-m", "launcher.sweep", str(sweep_dir), "--wait"],
+    status = subprocess.run([sys.executable, "-m", "launcher.front.sweep", str(sweep_dir), "--wait"],
                             capture_output=True, text=True, timeout=JOB_TIMEOUT_S)  # fmt: skip
     assert status.returncode == 0, status.stdout + status.stderr
     table = json.loads((sweep_dir / "sweep_summary.json").read_text())

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from launcher import compose
-from launcher.cli import precheck
+from launcher.front import compose
+from launcher.front.cli import precheck
 from launcher.spec import public_keys
 
 NEEDS_PATH = {("data", "text"), ("data", "jsonl")}

@@ -9,8 +9,8 @@ import sys
 import pytest
 
 from conftest import TINY, run_cli
-from launcher import compose
-from launcher.cli import precheck
+from launcher.front import compose
+from launcher.front.cli import precheck
 from launcher.parallel import deepspeed_config as ds_config
 
 

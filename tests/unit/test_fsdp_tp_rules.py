@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from launcher.cli import precheck
+from launcher.front.cli import precheck
 from launcher.groups import checkpoint
 
 LOCAL2 = ["launcher=local", "launcher.nproc=2"]

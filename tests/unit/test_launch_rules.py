@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from launcher.cli import precheck
-from launcher.verify import compare
+from launcher.front.cli import precheck
+from launcher.front.verify import compare
 
 
 def _errors(*argv: str) -> list[str]:

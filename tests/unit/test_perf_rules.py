@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from launcher import compose
-from launcher.cli import precheck
+from launcher.front import compose
+from launcher.front.cli import precheck
 
 CASES = [
     (["memory.checkpoint_every=0"], ("memory.checkpoint_every",), "must be 1 or more"),

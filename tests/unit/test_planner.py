@@ -5,9 +5,10 @@ from __future__ import annotations
 import pytest
 from rich.console import Console
 
-from launcher import compose, planner
+from launcher.front import compose
 from launcher.groups.model.gpt import ModelConfig, build_model, num_params
-from launcher.plan_activations import ActivationShape, activation_bytes
+from launcher.plan import planner
+from launcher.plan.activations import ActivationShape, activation_bytes
 from launcher.spec import RunSpec, to_spec
 
 

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from launcher.cli import precheck
+from launcher.front.cli import precheck
 
 
 def _errors(*argv: str) -> dict[tuple[str, ...], str]:

@@ -6,8 +6,8 @@ import pytest
 from rich.console import Console
 
 from conftest import run_cli
-from launcher import compose, recipe_auto
-from launcher.recipe_auto import Machine
+from launcher.front import compose, recipe_auto
+from launcher.front.recipe_auto import Machine
 
 RECIPES = compose.group_options()["recipe"]
 # Keys a rule may name when a GPU recipe meets this CPU-only machine.

@@ -7,8 +7,9 @@ import subprocess
 import pytest
 
 from conftest import TINY, run_cli
-from launcher import compose, preemption
+from launcher.front import compose
 from launcher.launch import slurm, slurm_jobs, slurm_rank
+from launcher.rank import preemption
 
 
 def _spec(overrides: list[str]):

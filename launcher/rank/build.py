@@ -18,7 +18,6 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from launcher.engine import Components
 from launcher.groups import device as devices
 from launcher.groups import memory, quantization
 from launcher.groups.batching import build_stream
@@ -27,9 +26,10 @@ from launcher.groups.data import PackedSequences, load_corpus
 from launcher.groups.model.gpt import build_model, flops_per_token
 from launcher.groups.precision import apply_backend_flags
 from launcher.groups.scheduler import build_scheduler
-from launcher.micro_batch import fit_micro_batch
 from launcher.parallel.dims import DistContext
 from launcher.parallel.registry import Setup, build_strategy
+from launcher.rank.engine import Components
+from launcher.rank.micro_batch import fit_micro_batch
 from launcher.spec import RunSpec
 
 

@@ -10,12 +10,12 @@ from pathlib import Path
 
 from rich.console import Console
 
-from launcher import preemption, preflight
-from launcher.build import build
-from launcher.engine import Engine, NonFiniteStop
 from launcher.groups import checkpoint, metrics
 from launcher.groups.device import resolve_device
 from launcher.parallel import dims as distributed
+from launcher.rank import preemption, preflight
+from launcher.rank.build import build
+from launcher.rank.engine import Engine, NonFiniteStop
 from launcher.spec import RunSpec, load_spec
 
 EXIT_OK, EXIT_FAILED, EXIT_NONFINITE = 0, 1, 3
@@ -75,7 +75,7 @@ def run(spec_path: Path) -> int:
 
 
 def main() -> None:
-    """`python -m launcher.worker SPEC_YAML`: how launch backends start a rank."""
+    """`python -m launcher.rank.worker SPEC_YAML`: how launch backends start a rank."""
     sys.exit(run(Path(sys.argv[1])))
 
 

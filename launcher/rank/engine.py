@@ -22,7 +22,6 @@ import numpy as np
 import torch
 from rich.console import Console
 
-from launcher import preemption
 from launcher.groups import checkpoint, metrics, profiling
 from launcher.groups.data import BatchStream, PackedSequences, val_batches
 from launcher.groups.model.gpt import lm_loss
@@ -30,6 +29,7 @@ from launcher.groups.precision import autocast, eval_dtype, train_dtype
 from launcher.parallel.dims import DistContext
 from launcher.parallel.registry import Strategy
 from launcher.parallel.state_bytes import strategy_state_bytes
+from launcher.rank import preemption
 from launcher.spec import RunSpec
 
 
@@ -39,7 +39,7 @@ class NonFiniteStop(RuntimeError):
 
 @dataclass(kw_only=True)
 class Components:
-    """Everything the loop drives, built once per rank by `launcher.build`."""
+    """Everything the loop drives, built once per rank by `launcher.rank.build`."""
 
     strategy: Strategy
     scheduler: torch.optim.lr_scheduler.LRScheduler

@@ -95,8 +95,9 @@ def _phase_cfg(cfg: DictConfig, run_dir: Path, *, stop_after: int | None, resume
 
 def _launch(cfg: DictConfig, console: Console) -> int:
     """Validate, write spec.yaml and launch one phase through the spec's own backend."""
-    from launcher import compose, launch
-    from launcher.cli import make_run_dir, report
+    from launcher import launch
+    from launcher.front import compose
+    from launcher.front.cli import make_run_dir, report
     from launcher.spec import dump_spec
 
     spec, errors = compose.validate(cfg)

@@ -4,7 +4,7 @@ A point's run directory is the sweep's job directory (`SWEEP_DIR/N`). Re-running
 (`hydra.sweep.dir=SWEEP_DIR`) skips points whose summary.json says completed, leaves points whose
 SLURM job is still queued or running alone, and resumes the others from their newest checkpoint.
 At the end (Hydra's `on_multirun_end` callback), or later with `train-sweep-status SWEEP_DIR`
-(`python -m launcher.sweep SWEEP_DIR`), the points are collected into a table, the winner is named
+(`python -m launcher.front.sweep SWEEP_DIR`), the points are collected into a table, the winner is named
 (lowest eval loss, else lowest final loss) and the result is written to SWEEP_DIR/sweep_summary.json.
 """
 
@@ -41,8 +41,8 @@ def _read_json(path: Path) -> dict[str, Any] | None:
 
 def _changed_keys(spec_path: Path, cfg: DictConfig) -> list[str]:
     """Keys whose value differs between a point's existing spec.yaml and the config about to run."""
-    from launcher.compose import strip_hydra
-    from launcher.dryrun import flatten
+    from launcher.front.compose import strip_hydra
+    from launcher.front.dryrun import flatten
     from launcher.spec import redacted_container
 
     old = OmegaConf.to_container(OmegaConf.load(spec_path), resolve=False)
@@ -75,7 +75,7 @@ def prepare_point(cfg: DictConfig) -> int | None:
     """
     from hydra.core.hydra_config import HydraConfig
 
-    from launcher.cli import err_console, make_run_dir
+    from launcher.front.cli import err_console, make_run_dir
 
     if not _in_multirun() or cfg.get("dry_run"):
         return None

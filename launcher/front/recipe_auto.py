@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from rich.console import Console
 
-from launcher.planner import format_bytes
+from launcher.plan.planner import format_bytes
 
 AUTO = "auto"
 CPU_RECIPE = "cpu"
@@ -108,7 +108,8 @@ def _said(tried: tuple[str, int]) -> str:
 
 def planned_bytes(overrides: list[str]) -> Estimate:
     """An Estimate that composes the user's overrides with each recipe and plans it for CUDA."""
-    from launcher import compose, planner
+    from launcher.front import compose
+    from launcher.plan import planner
     from launcher.spec import to_spec
 
     def estimate(recipe: str, ranks: int) -> int:
@@ -127,7 +128,7 @@ def resolve(argv: list[str], machine: Machine | None = None, console: Console | 
     """Replace `recipe=auto` in a normalized command line by the chosen recipe, printing why."""
     if f"recipe={AUTO}" not in argv:
         return argv
-    from launcher.compose import split_argv
+    from launcher.front.compose import split_argv
 
     rest = [arg for arg in argv if arg != f"recipe={AUTO}"]
     _, overrides = split_argv(rest)

@@ -13,7 +13,7 @@ from pathlib import Path
 from omegaconf import DictConfig
 from rich.console import Console
 
-from launcher import compose, recipe_auto
+from launcher.front import compose, recipe_auto
 from launcher.spec import SpecError, dump_spec, redacted_container, register_schemas
 
 EXIT_INVALID = 2
@@ -114,8 +114,9 @@ def run_from_config(cfg: DictConfig) -> int:
     """Validate the composed config, then dry-run or launch it; returns the exit status."""
     from hydra.core.hydra_config import HydraConfig
 
-    from launcher import launch, sweep
-    from launcher.dryrun import print_dry_run
+    from launcher import launch
+    from launcher.front import sweep
+    from launcher.front.dryrun import print_dry_run
 
     hc = HydraConfig.get()
     skipped = sweep.prepare_point(cfg)  # a --multirun point: skip it when done, else resume it
@@ -137,7 +138,7 @@ def run_from_config(cfg: DictConfig) -> int:
     dump_spec(cfg, run_dir / "spec.yaml")
     Console().print(f"run directory: {run_dir}")
     if spec.verify_resume:
-        from launcher import verify
+        from launcher.front import verify
 
         return verify.run(cfg, spec, run_dir)
     return launch.backend(spec.launcher.backend)[1](spec, run_dir)

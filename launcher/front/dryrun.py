@@ -9,8 +9,8 @@ from omegaconf import DictConfig, OmegaConf
 from rich.console import Console
 from rich.table import Table
 
-from launcher.compose import config_dir
-from launcher.planner import print_plan
+from launcher.front.compose import config_dir
+from launcher.plan.planner import print_plan
 from launcher.spec import SpecError, redacted_container, schema_node
 
 

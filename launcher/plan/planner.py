@@ -9,7 +9,7 @@ stage 3 and shard_grad_op (no reshard after forward) keeps whole weights like st
 trainable parameters have gradients and optimizer state (LoRA: the adapters); quantized weights
 take 0.5 (nf4 with double quantization) or 1 (int8) byte per parameter plus their constants;
 offload moves states to host memory; tensor parallelism divides the block weights by tp_size.
-Activations come from `launcher.plan_activations`.
+Activations come from `launcher.plan.activations`.
 """
 
 from __future__ import annotations
@@ -17,8 +17,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from launcher import plan_activations as acts
 from launcher.groups.model.gpt import ModelConfig, _config_num_params, _ff_width
+from launcher.plan import activations as acts
 from launcher.spec import RunSpec
 
 if TYPE_CHECKING:
@@ -349,7 +349,7 @@ def plan_table(memory: MemoryPlan) -> Table:
 
 def print_plan(console: Console, cfg: DictConfig) -> None:
     """Print the memory plan of a composed, valid config (part of the dry run)."""
-    from launcher.compose import strip_hydra
+    from launcher.front.compose import strip_hydra
     from launcher.spec import to_spec
 
     spec = to_spec(strip_hydra(cfg))

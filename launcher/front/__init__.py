@@ -1,0 +1,1 @@
+"""The launching process: the command line, composition, dry run, sweeps and offline commands."""

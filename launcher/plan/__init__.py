@@ -1,0 +1,1 @@
+"""The memory planner: per-device bytes of a run from its spec alone."""
