@@ -1,8 +1,10 @@
 """The run spec: one frozen, typed object holding every decision of a run, and its (de)serialization.
 
-Each config group fills one field of `RunSpec`. The schema is registered in Hydra's ConfigStore so
-a wrong type fails at compose time; `resolve()` then rejects keys the schema does not know (also
-those smuggled in with `+key=value`) and builds the frozen object that everything downstream takes.
+This is the contract that crosses spec.yaml: the launching process composes a config (Hydra, in
+launcher.front), `to_spec` rejects keys the schema does not know (also those smuggled in with
+`+key=value`) and builds the frozen object, `dump_spec` writes it; a rank reads it back with
+`load_spec` (OmegaConf only, never Hydra). Each config group fills one field of `RunSpec`; its
+schema lives with the group (launcher.groups).
 """
 
 from __future__ import annotations
@@ -19,16 +21,16 @@ from omegaconf import DictConfig, OmegaConf
 from launcher.groups.checkpoint import CheckpointConfig
 from launcher.groups.compile import CompileConfig
 from launcher.groups.data import DataConfig
+from launcher.groups.launcher import LauncherConfig
 from launcher.groups.memory import MemoryConfig
 from launcher.groups.metrics import LogConfig
-from launcher.groups.model.gpt import ModelConfig
+from launcher.groups.model.config import ModelConfig
 from launcher.groups.optimizer import OptimizerConfig
+from launcher.groups.parallel import ParallelConfig
 from launcher.groups.precision import PrecisionConfig
 from launcher.groups.profiling import ProfilerConfig
 from launcher.groups.quantization import QuantizationConfig
 from launcher.groups.scheduler import SchedulerConfig
-from launcher.launch import LauncherConfig
-from launcher.parallel import ParallelConfig
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -122,13 +124,6 @@ def _thaw(node: Any) -> Any:
 def schema_node() -> DictConfig:
     """The RunSpec schema as a mutable structured config, defaults filled in."""
     return _thaw(OmegaConf.structured(RunSpec))
-
-
-def register_schemas() -> None:
-    """Register the RunSpec schema with Hydra (`_run_spec` in the primary config's defaults)."""
-    from hydra.core.config_store import ConfigStore
-
-    ConfigStore.instance().store(name="_run_spec", node=schema_node())
 
 
 def schema_fields(schema: type) -> dict[str, Any]:

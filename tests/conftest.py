@@ -10,9 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from launcher.front import compose
+from launcher.front import compose, rundir
 from launcher.groups.metrics import read_metrics
-from launcher.spec import register_schemas
 
 # A run small enough for tests: ~1-2 s of training on 2 CPU cores.
 TINY = [
@@ -35,7 +34,7 @@ TINY = [
 
 @pytest.fixture(autouse=True, scope="session")
 def _schemas() -> None:
-    register_schemas()
+    compose.register_schemas()
 
 
 def run_cli(
@@ -54,19 +53,8 @@ def run_cli(
 
 
 def write_spec(overrides: list[str], run_dir: Path) -> Path:
-    """Compose and validate like `train`, create the run directory and write its spec.yaml."""
-    from hydra.core.hydra_config import HydraConfig
-
-    from launcher.front.cli import make_run_dir
-    from launcher.spec import dump_spec
-
-    cfg = compose.compose([*overrides, f"run_dir={run_dir}"])
-    _, errors = compose.validate(cfg)
-    assert not errors, errors
-    make_run_dir(run_dir)
-    dump_spec(compose.strip_hydra(cfg), run_dir / "spec.yaml")
-    HydraConfig.instance().cfg = None
-    return run_dir / "spec.yaml"
+    """Compose, validate and write the run directory through `train`'s own launch sequence; its spec.yaml."""
+    return rundir.prepare(overrides, run_dir)
 
 
 def run_inline(overrides: list[str], run_dir: Path) -> int:
@@ -99,7 +87,7 @@ def assert_same_logits(state: dict, run_dir: Path, reference_dir: Path, step: in
     """A consolidated state dict loads strictly at world size 1 and matches a one-process run's model."""
     import torch
 
-    from launcher.groups.model.gpt import build_model
+    from launcher.groups.model.build import build_model
     from launcher.spec import load_spec
 
     spec = load_spec(run_dir / "spec.yaml")

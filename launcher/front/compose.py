@@ -1,9 +1,11 @@
-"""From command-line overrides to a validated spec: group discovery, `+group` rewriting, pre-checks.
+"""From command-line overrides to a validated spec: group discovery, `+group` rewriting, pre-checks,
+composition (Hydra's compose API, the only place a run's config is composed) and validation.
 
 Hydra decides between `group=option` and `+group=option` by whether the group has a default; every
 group here has one, so `+group=option` is rewritten to the bare form and both spellings work.
 Overrides are checked against the schema before composing, so every typo, unknown option and wrong
 type is reported at once (Hydra would stop at the first, and lets `+key=value` bypass the schema).
+Composing sets no global state: Hydra's singletons are released when `compose` returns.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import typing
+from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 
@@ -44,6 +47,86 @@ _VALUE_FLAGS = {
     "-i",
     "--experimental-rerun",
 }
+
+
+# Flags `train` itself handles (others that only print go to Hydra's app: see launcher.front.cli).
+RUN_FLAGS = {
+    "--multirun",
+    "-m",
+    "--run",
+    "-r",
+    "--config-path",
+    "-cp",
+    "--config-name",
+    "-cn",
+    "--config-dir",
+    "-cd",
+}
+
+
+@functools.cache
+def register_schemas() -> None:
+    """Register the RunSpec schema with Hydra (`_run_spec` in the primary config's defaults), once."""
+    from hydra.core.config_store import ConfigStore
+
+    ConfigStore.instance().store(name="_run_spec", node=schema_node())
+
+
+@dataclass(frozen=True, kw_only=True)
+class ConfigSource:
+    """Where the primary config comes from: the shipped conf/, or a directory (`--config-path`, spec.yaml)."""
+
+    config_path: str | None = None
+    """A directory holding the primary config; None: the shipped conf/ (launcher.conf)."""
+    config_name: str = "train"
+    """The primary config's name (spec, to reproduce a run from its spec.yaml)."""
+    config_dir: str | None = None
+    """An extra directory searched for config groups (`--config-dir`)."""
+
+    @classmethod
+    def from_flags(cls, flags: list[str]) -> ConfigSource:
+        """The source Hydra's --config-path / --config-name / --config-dir flags describe."""
+        return cls(
+            config_path=flag_value(flags, "--config-path", "-cp"),
+            config_name=flag_value(flags, "--config-name", "-cn") or PRIMARY,
+            config_dir=flag_value(flags, "--config-dir", "-cd"),
+        )
+
+    @property
+    def shipped(self) -> bool:
+        """Whether the primary config is the shipped one (whose groups the pre-checks know)."""
+        return self.config_path is None
+
+
+def flag_value(flags: list[str], *names: str) -> str | None:
+    """The value of the first of `names` among Hydra flags (`--flag value` or `--flag=value`)."""
+    for i, flag in enumerate(flags):
+        if flag in names and i + 1 < len(flags):
+            return flags[i + 1]
+        for name in names:
+            if flag.startswith(name + "="):
+                return flag.split("=", 1)[1]
+    return None
+
+
+def unknown_flags(flags: list[str]) -> list[SpecError]:
+    """Flags that `train` does not run with (the printing ones are handed to Hydra before this)."""
+    errors, skip_next = [], False
+    for flag in flags:
+        if skip_next:
+            skip_next = False
+            continue
+        name = flag.split("=", 1)[0]
+        skip_next = name in _VALUE_FLAGS and "=" not in flag
+        if name not in RUN_FLAGS:
+            errors.append(
+                SpecError(
+                    ("command line",),
+                    f"{name} is not a flag `train` runs with. Flags: --multirun/-m, --config-path, --config-name, "
+                    "--config-dir, and the ones that only print (--help, --cfg job, --info); see `train --help`.",
+                )
+            )
+    return errors
 
 
 def config_dir() -> Path:
@@ -168,23 +251,33 @@ def _check_value(scratch: DictConfig, key: str, override: typing.Any) -> list[Sp
     return []
 
 
-def compose(
-    overrides: list[str], *, config_path: str | None = None, config_name: str = PRIMARY
-) -> DictConfig:
+def compose(overrides: list[str], source: ConfigSource | None = None) -> DictConfig:
     """Compose the config Hydra would build for these overrides, with the hydra node attached."""
     from hydra import compose as hydra_compose
     from hydra import initialize_config_dir, initialize_config_module
-    from hydra.core.hydra_config import HydraConfig
 
+    register_schemas()
+    source = source or ConfigSource()
     init = (
-        initialize_config_dir(config_dir=str(Path(config_path).resolve()), version_base="1.3")
-        if config_path
+        initialize_config_dir(config_dir=str(Path(source.config_path).resolve()), version_base="1.3")
+        if source.config_path
         else initialize_config_module(config_module=CONFIG_MODULE, version_base="1.3")
     )
+    if source.config_dir:
+        overrides = [*overrides, f"hydra.searchpath=[file://{Path(source.config_dir).resolve()}]"]
     with init:
-        cfg = hydra_compose(config_name=config_name, overrides=overrides, return_hydra_config=True)
-        HydraConfig.instance().set_config(cfg)
-    return cfg
+        return hydra_compose(config_name=source.config_name, overrides=overrides, return_hydra_config=True)
+
+
+def compose_checked(overrides: list[str], source: ConfigSource) -> tuple[DictConfig | None, list[SpecError]]:
+    """Check the overrides against the schema, then compose: the config, or every problem found."""
+    errors = check_overrides(overrides) if source.shipped else []
+    if errors:
+        return None, errors
+    try:
+        return compose(overrides, source), []
+    except Exception as err:  # Hydra's composition errors: a missing option file, a bad interpolation, ...
+        return None, [composition_error(err)]
 
 
 def strip_hydra(cfg: DictConfig) -> DictConfig:
@@ -195,8 +288,8 @@ def strip_hydra(cfg: DictConfig) -> DictConfig:
 
 def validate(cfg: DictConfig) -> tuple[RunSpec | None, list[SpecError]]:
     """Schema and cross-field rules on a composed config: the spec, or every violation found."""
-    from launcher.launch import resolve_backend
-    from launcher.rules.core import check, detect_hardware
+    from launcher.groups.launcher import resolve_backend
+    from launcher.rules import check, detect_hardware
     from launcher.spec import InvalidSpec
 
     try:

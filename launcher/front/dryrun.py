@@ -9,9 +9,10 @@ from omegaconf import DictConfig, OmegaConf
 from rich.console import Console
 from rich.table import Table
 
-from launcher.front.compose import config_dir
-from launcher.plan.planner import print_plan
-from launcher.spec import SpecError, redacted_container, schema_node
+from launcher.front.compose import config_dir, strip_hydra
+from launcher.launch import backend
+from launcher.plan.planner import plan, plan_table
+from launcher.spec import RunSpec, SpecError, redacted_container, schema_node
 
 
 def flatten(tree: Any, prefix: str = "") -> dict[str, Any]:
@@ -53,16 +54,29 @@ def provenance(choices: dict[str, str | None], task_overrides: list[str]) -> dic
     return sources
 
 
-def print_dry_run(
-    console: Console,
-    cfg: DictConfig,
-    choices: dict[str, str | None],
-    task_overrides: list[str],
-    errors: list[SpecError],
-    plan: str | None,
-) -> None:
-    """Print the spec table, the verdict and the launch plan."""
-    values = flatten(redacted_container(cfg))
+def print_plan(console: Console, spec: RunSpec) -> None:
+    """Print the memory plan of a valid spec."""
+    if spec.model.kind != "gpt":
+        console.print(
+            f"memory plan: not available for model.kind={spec.model.kind} (the planner sizes the built-in GPT)."
+        )
+        return
+    memory = plan(spec)
+    console.print(
+        f"memory plan: per {memory.device_type} device, {memory.world_size} rank(s), "
+        f"{memory.num_params / 1e6:,.2f}M parameters"
+    )
+    console.print(plan_table(memory))
+    for note in memory.notes:
+        console.print(f"  [dim]{note}", highlight=False)
+
+
+def show(cfg: DictConfig, spec: RunSpec | None, errors: list[SpecError], run_dir: Path) -> None:
+    """Print the spec table with each value's source, the verdict, the memory plan and the launch plan."""
+    console = Console() if Console().is_terminal else Console(width=160)
+    choices = dict(cfg.hydra.runtime.choices) if "hydra" in cfg else {}
+    task_overrides = list(cfg.hydra.overrides.task) if "hydra" in cfg else []
+    values = flatten(redacted_container(strip_hydra(cfg)))
     defaults = flatten(OmegaConf.to_container(schema_node(), resolve=False))
     sources = provenance(choices, task_overrides)
     table = Table(title="resolved run spec", title_justify="left", box=None, padding=(0, 2, 0, 0))
@@ -83,6 +97,6 @@ def print_dry_run(
             console.print(f"  - {error}", markup=False, highlight=False)
         return
     console.print("[green bold]verdict: valid")
-    print_plan(console, cfg)
-    console.print(f"would launch: {plan}")
+    print_plan(console, spec)
+    console.print(f"would launch: {backend(spec.launcher.backend).describe(spec, run_dir)}")
     console.print("dry run: nothing was started and nothing was written.")

@@ -9,17 +9,15 @@ one process. The result loads at world size 1 into `launcher.groups.model.gpt.bu
 from __future__ import annotations
 
 import argparse
-import importlib
 import sys
 from pathlib import Path
 
 import torch
 
+from launcher.exits import ExitStatus
 from launcher.groups import checkpoint
-from launcher.parallel.registry import STRATEGIES
+from launcher.parallel.registry import strategy_module
 from launcher.spec import RunSpec, load_spec
-
-EXIT_OK, EXIT_FAILED = 0, 1
 
 
 class ExportError(RuntimeError):
@@ -45,9 +43,7 @@ def locate(path: Path) -> tuple[Path, Path]:
 
 def consolidate(step_dir: Path, spec: RunSpec) -> dict[str, torch.Tensor]:
     """The full model state dict of `step_dir`, through its strategy's `consolidate`."""
-    module_name = STRATEGIES[spec.parallel.strategy].split(":")[0]
-    module = importlib.import_module(module_name)
-    return module.consolidate(step_dir)
+    return strategy_module(spec.parallel.strategy).consolidate(step_dir)
 
 
 def export(source: Path, out: Path) -> Path:
@@ -58,7 +54,7 @@ def export(source: Path, out: Path) -> Path:
         raise ExportError(f"{spec_path} is missing: the export reads the run's spec to find its strategy.")
     spec = load_spec(spec_path)
     state = {k: v.detach().to("cpu").contiguous() for k, v in consolidate(step_dir, spec).items()}
-    from launcher.groups.model.gpt import build_model
+    from launcher.groups.model.build import build_model
 
     build_model(spec.model).load_state_dict(state)  # proves it loads at world size 1 before writing
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -81,9 +77,9 @@ def main(argv: list[str] | None = None) -> int:
         used = export(args.checkpoint, args.out)
     except (ExportError, KeyError) as err:
         print(f"error: {err}", file=sys.stderr)
-        return EXIT_FAILED
+        return ExitStatus.INVALID_SPEC
     print(f"exported {used} -> {args.out}")
-    return EXIT_OK
+    return ExitStatus.OK
 
 
 if __name__ == "__main__":

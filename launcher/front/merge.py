@@ -10,7 +10,6 @@ that both models give the same logits on one batch of random tokens and prints t
 from __future__ import annotations
 
 import argparse
-import importlib
 import sys
 from pathlib import Path
 
@@ -18,10 +17,11 @@ import torch
 from rich.console import Console
 from torch import nn
 
+from launcher.exits import ExitStatus
 from launcher.groups import checkpoint, quantization
-from launcher.groups.adapters import merged_state_dict
-from launcher.groups.model.gpt import build_model
-from launcher.parallel.registry import STRATEGIES
+from launcher.groups.model.build import build_model
+from launcher.groups.quantization import merged_state_dict
+from launcher.parallel.registry import strategy_module
 from launcher.spec import RunSpec, load_spec
 
 
@@ -40,8 +40,7 @@ def load_adapted(ckpt: Path) -> tuple[RunSpec, nn.Module]:
     spec = load_spec(ckpt.parent.parent / "spec.yaml")
     torch.manual_seed(spec.train.seed)
     model = quantization.apply(build_model(spec.model), spec.quantization, spec.precision)
-    module_name = STRATEGIES[spec.parallel.strategy].split(":")[0]
-    state = importlib.import_module(module_name).consolidate(ckpt)
+    state = strategy_module(spec.parallel.strategy).consolidate(ckpt)
     model.load_state_dict(state)
     return spec, model.eval()
 
@@ -81,13 +80,13 @@ def main(argv: list[str] | None = None) -> int:
         merged, diff = merge_checkpoint(args.checkpoint)
     except (FileNotFoundError, KeyError) as err:
         Console(stderr=True).print(f"[red]error:[/] {err}")
-        return 2
+        return ExitStatus.INVALID_SPEC
     args.out.parent.mkdir(parents=True, exist_ok=True)
     torch.save(merged, args.out)
     console.print(
         f"wrote {args.out}: {len(merged)} tensors; max |logit difference| against the adapted model {diff:.3g}"
     )
-    return 0
+    return ExitStatus.OK
 
 
 if __name__ == "__main__":

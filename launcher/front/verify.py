@@ -5,23 +5,21 @@ N = train.max_steps steps; `split/` stops after N/2 steps (train.stop_after, wit
 and a second launch resumes it to N. Metrics are logged every step in both, and the per-step
 losses are compared. On a CPU training is deterministic, so they must be bitwise equal; on GPUs
 some kernels reduce in a varying order, so a small relative tolerance is allowed (see
-`tolerance`). Exit status 0 when the curves agree, 1 otherwise.
+`tolerance`). Exit status 0 when the curves agree, 1 otherwise (a phase that fails: its own status).
 """
 
 from __future__ import annotations
 
 import copy
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 from rich.console import Console
 
-from launcher.rules.core import Hardware, rule
-from launcher.spec import RunSpec, SpecError
-
-EXIT_OK, EXIT_FAILED = 0, 1
+from launcher.exits import ExitStatus
+from launcher.front import rundir
+from launcher.spec import RunSpec
 
 
 def tolerance(spec: RunSpec, device_type: str) -> float:
@@ -93,23 +91,6 @@ def _phase_cfg(cfg: DictConfig, run_dir: Path, *, stop_after: int | None, resume
     return sub
 
 
-def _launch(cfg: DictConfig, console: Console) -> int:
-    """Validate, write spec.yaml and launch one phase through the spec's own backend."""
-    from launcher import launch
-    from launcher.front import compose
-    from launcher.front.cli import make_run_dir, report
-    from launcher.spec import dump_spec
-
-    spec, errors = compose.validate(cfg)
-    if errors:
-        report(errors)
-        return 2
-    run_dir = Path(cfg.run_dir)
-    make_run_dir(run_dir)
-    dump_spec(cfg, run_dir / "spec.yaml")
-    return launch.backend(spec.launcher.backend)[1](spec, run_dir)
-
-
 def run(cfg: DictConfig, spec: RunSpec, run_dir: Path) -> int:
     """Run the check under `run_dir` and print the verdict; 0 when the curves agree."""
     from launcher.groups.device import resolve_device
@@ -124,10 +105,10 @@ def run(cfg: DictConfig, spec: RunSpec, run_dir: Path) -> int:
     ]
     for name, phase in phases:
         console.print(f"verify_resume: {name} run in {phase.run_dir}")
-        code = _launch(phase, console)
-        if code != 0:
+        code = rundir.validate_and_start(phase, Path(phase.run_dir))
+        if code != ExitStatus.OK:
             console.print(f"verify_resume: the {name} run failed (exit status {code}); no verdict.")
-            return EXIT_FAILED
+            return ExitStatus.FAILED
 
     def curve(path: Path) -> dict[int, float]:
         return {r["step"]: r["loss"] for r in read_metrics(path / "metrics.jsonl") if "loss" in r}
@@ -140,25 +121,4 @@ def run(cfg: DictConfig, spec: RunSpec, run_dir: Path) -> int:
         f"{'PASS' if good else 'FAIL'}",
         soft_wrap=True,
     )
-    return EXIT_OK if good else EXIT_FAILED
-
-
-@rule
-def _verify_resume(spec: RunSpec, hw: Hardware) -> Iterator[SpecError]:
-    if not spec.verify_resume:
-        return
-    if spec.resume is not None:
-        yield SpecError(
-            ("verify_resume", "resume"),
-            "verify_resume runs the spec from scratch (twice, in fresh subdirectories); drop `resume`.",
-        )
-    if spec.train.stop_after is not None:
-        yield SpecError(
-            ("verify_resume", "train.stop_after"),
-            "verify_resume sets train.stop_after itself (to half of train.max_steps); leave it null.",
-        )
-    if spec.train.max_steps < 2:
-        yield SpecError(
-            ("verify_resume", "train.max_steps"),
-            f"the check stops at max_steps/2 and resumes, which needs train.max_steps >= 2 (got {spec.train.max_steps}).",
-        )
+    return ExitStatus.OK if good else ExitStatus.FAILED

@@ -1,22 +1,41 @@
-"""LoRA adapters for any linear layer (plain or bitsandbytes), and merging them into plain weights.
+"""LoRA adapters for any linear layer (plain or bitsandbytes): the `quantization.lora` schema and its layers.
 
 A `LoRALinear` wraps a base layer and adds `scale * B(A(dropout(x)))`, with A initialized like a
-linear layer and B at zero, so an adapted model starts exactly where its base model is. Merging
-folds `scale * B @ A` into the base weight, dequantizing int8/nf4 weights to float32 first, and
-returns a state dict with the key names and dtypes of the model `launcher.groups.model.gpt.build_model` builds.
+linear layer and B at zero, so an adapted model starts exactly where its base model is. Folding
+adapters back into plain weights is launcher.groups.quantization.merged_state_dict (it also
+dequantizes the int8/nf4 base weights).
 """
 
 from __future__ import annotations
 
 import math
 import os
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from rich.console import Console
 from torch import nn
 
-from launcher.groups.quantization import LoRAConfig, is_quantized, replace_module
+
+@dataclass(frozen=True, kw_only=True)
+class LoRAConfig:
+    """Low-rank adapters added to linear layers; with them only the adapters train."""
+
+    rank: int = 0
+    """Rank r of each adapter (B @ A with A: r x in, B: out x r); 0 adds no adapters."""
+    alpha: float = 16.0
+    """Scale numerator: the adapter's output is multiplied by alpha / rank."""
+    dropout: float = 0.0
+    """Dropout on the adapter's input (training only)."""
+    targets: list[str] | None = None
+    """Module-name suffixes to adapt (e.g. [q_proj, v_proj]); null: every linear layer of the blocks."""
+
+
+def replace_module(model: nn.Module, name: str, new: nn.Module) -> None:
+    """Put `new` where the submodule `name` was."""
+    parent_name, _, leaf = name.rpartition(".")
+    setattr(model.get_submodule(parent_name), leaf, new)
 
 
 class LoRALinear(nn.Module):
@@ -74,56 +93,3 @@ def add_adapters(model: nn.Module, cfg: LoRAConfig, candidates: list[str]) -> nn
             soft_wrap=True,
         )
     return model
-
-
-def dequantized_weight(layer: nn.Module) -> torch.Tensor:
-    """The float32 weight a plain or bitsandbytes linear layer represents."""
-    if not is_quantized(layer):
-        return layer.weight.detach().float()
-    import bitsandbytes.functional as bnbf
-
-    weight = layer.weight
-    if hasattr(weight, "quant_state"):  # nf4
-        return bnbf.dequantize_4bit(weight.data, weight.quant_state).float()
-    codes = weight.CB if weight.CB is not None else layer.state.CB
-    scales = weight.SCB if weight.SCB is not None else layer.state.SCB
-    return bnbf.int8_vectorwise_dequant(codes, scales).float()
-
-
-def _plain_linear_state(layer: nn.Module, prefix: str) -> dict[str, torch.Tensor]:
-    """weight (merged, dequantized) and bias of `layer` under `prefix`, as a plain nn.Linear has them."""
-    base = layer.base if isinstance(layer, LoRALinear) else layer
-    weight = dequantized_weight(base)
-    if isinstance(layer, LoRALinear):
-        weight = weight + layer.delta_weight().to(weight.device)
-    state = {f"{prefix}weight": weight.cpu()}
-    if base.bias is not None:
-        state[f"{prefix}bias"] = base.bias.detach().float().cpu()
-    return state
-
-
-@torch.no_grad()
-def merged_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
-    """A plain float32 state dict of `model` with adapters folded in and quantized weights dequantized.
-
-    It loads into the same architecture built without quantization or adapters.
-    """
-    special = {
-        name: module
-        for name, module in model.named_modules()
-        if isinstance(module, LoRALinear) or (is_quantized(module) and not name.endswith(".base"))
-    }
-    prefixes = tuple(f"{name}." for name in special)
-    state = {
-        key: value.detach().float().cpu() if value.is_floating_point() else value.detach().cpu()
-        for key, value in model.state_dict().items()
-        if not key.startswith(prefixes)
-    }
-    for name, module in special.items():
-        state.update(_plain_linear_state(module, f"{name}."))
-    return state
-
-
-def has_adapters_or_quantization(model: nn.Module) -> bool:
-    """Whether `model` holds LoRA adapters or quantized layers (then export must merge)."""
-    return any(isinstance(m, LoRALinear) or is_quantized(m) for m in model.modules())

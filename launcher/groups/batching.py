@@ -17,11 +17,52 @@ is always grad_accum_steps calls on every rank, so ranks stay in step.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import Protocol
+
 import torch
 
 from launcher.groups.data import BatchStream, Corpus, PackedSequences, _epoch_seed
 
 BATCHING = ("fixed", "group_by_length", "token_budget")
+
+
+@dataclass(frozen=True, kw_only=True)
+class BatchSplit:
+    """How one rank's share of an optimizer step is cut: micro batches of this size, this many of them.
+
+    The spec asks for one (train.micro_batch_size x train.grad_accum_steps); with
+    memory.auto_micro_batch the search chooses another split of the same per-rank batch, and the
+    build passes that choice on (to the data, the loop and DeepSpeed's config) as this value.
+    """
+
+    micro_batch_size: int
+    """Sequences per forward/backward pass on one rank."""
+    grad_accum_steps: int
+    """Micro batches accumulated per optimizer step."""
+
+
+class Batches(Protocol):
+    """A resumable stream of training micro batches (every stream here, packed or not)."""
+
+    @property
+    def epoch(self) -> int:
+        """Epochs begun so far, counting from 0."""
+        ...
+
+    def next_batch(self) -> dict[str, torch.Tensor]:
+        """This rank's part of the next global micro batch: input_ids and labels."""
+        ...
+
+    def state_dict(self) -> dict[str, int]:
+        """The position in the data, identical on every rank."""
+        ...
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        """Continue from a position `state_dict` returned."""
+        ...
+
+
 GROUP_SIZE = 32
 """Global micro batches per length group: sorting happens inside groups of this many, so order stays random."""
 
@@ -177,7 +218,7 @@ def build_stream(
     seed: int,
     rank: int,
     world_size: int,
-) -> BatchStream | TokenBudgetStream:
+) -> Batches:
     """The training batch stream the data settings ask for (packed sequences by default)."""
     common = {"seed": seed, "rank": rank, "world_size": world_size, "grad_accum_steps": grad_accum_steps}
     if packing:

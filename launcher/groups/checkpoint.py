@@ -175,3 +175,17 @@ def prune(run_dir: Path, keep: int) -> None:
         stale_incomplete = path.name.startswith("step_") and path not in good and step_of(path) < newest
         if path.is_dir() and (stale_partial or stale_incomplete):
             shutil.rmtree(path, ignore_errors=True)
+
+
+def save_tensor_file(obj: object, path: Path) -> None:
+    """torch.save to `path` (inside a partial checkpoint directory: `save` makes the whole directory atomic)."""
+    import torch
+
+    torch.save(obj, path)
+
+
+def load_tensor_file(path: Path) -> object:
+    """torch.load with weights_only=True: checkpoints never execute code on load."""
+    import torch
+
+    return torch.load(path, map_location="cpu", weights_only=True)

@@ -35,6 +35,11 @@ def cuda_available() -> bool:
     return torch.cuda.is_available()
 
 
+def num_gpus() -> int:
+    """CUDA devices visible to this process (0 on a CPU-only build or machine)."""
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
 def bf16_supported(device_type: str) -> bool:
     """bf16 autocast works on any CPU; on CUDA it needs Ampere (compute capability 8.0) or newer."""
     if device_type == "cpu":

@@ -10,7 +10,6 @@ offload moves tensors saved for the backward pass to CPU memory between forward 
 from __future__ import annotations
 
 import functools
-import importlib
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -60,15 +59,6 @@ def _checkpoint_forward(module: nn.Module) -> None:
     module.forward = recomputed
 
 
-def _hf_checkpointing(model: nn.Module) -> Callable[..., bool] | None:
-    """The Hugging Face models' own checkpointing switch, where that model option is installed."""
-    try:
-        hf = importlib.import_module("launcher.groups.model.hf")
-    except ImportError:
-        return None
-    return getattr(hf, "enable_checkpointing", None)
-
-
 def apply_checkpointing(model: nn.Module, cfg: MemoryConfig) -> nn.Module:
     """Checkpoint the activations `cfg` asks for, in place; returns the model."""
     if cfg.activation_checkpointing == "none":
@@ -77,9 +67,10 @@ def apply_checkpointing(model: nn.Module, cfg: MemoryConfig) -> nn.Module:
         for module in checkpointed_modules(model, cfg):
             _checkpoint_forward(module)
         return model
-    enable = _hf_checkpointing(model)
+    from launcher.groups.model.hf import enable_checkpointing
+
     # A Hugging Face model checkpoints whole layers through its own switch (rules refuse `attention`).
-    if enable is None or not enable(model, every_n_layers=cfg.checkpoint_every):
+    if not enable_checkpointing(model, every_n_layers=cfg.checkpoint_every):
         raise ValueError(
             f"memory.activation_checkpointing={cfg.activation_checkpointing}: {type(model).__name__} has no "
             "`blocks` list and no checkpointing switch is known for it."

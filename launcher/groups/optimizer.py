@@ -1,7 +1,15 @@
-"""The optimizer group: schema, parameter groups and a registry of optimizer builders."""
+"""The optimizer group: schema, parameter groups and the table of optimizer builders.
+
+Besides torch's AdamW and SGD, the memory-lean options: 8-bit AdamW / Lion (bitsandbytes), paged
+AdamW and torch's Adafactor. They receive the same parameter groups as AdamW (weight decay on
+matrices only). bitsandbytes keeps the Adam moments (Lion's momentum) of every tensor with at
+least 4096 elements in 8 bits, block-wise quantized; smaller tensors keep 32-bit state. A paged
+optimizer needs CUDA unified memory: on a CPU it runs as plain 8-bit AdamW, with a warning.
+"""
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
@@ -14,7 +22,7 @@ class OptimizerConfig:
     """Which optimizer updates the weights, and its hyper-parameters."""
 
     name: str = "adamw"
-    """Registered optimizer name (see OPTIMIZERS)."""
+    """An option of the optimizer group (see OPTIMIZERS)."""
     lr: float = 1e-3
     """Peak learning rate (the scheduler scales it per step)."""
     weight_decay: float = 0.1
@@ -34,17 +42,7 @@ class OptimizerConfig:
 
 
 OptimizerBuilder = Callable[[list[dict], OptimizerConfig, str], torch.optim.Optimizer]
-OPTIMIZERS: dict[str, OptimizerBuilder] = {}
-
-
-def register_optimizer(name: str) -> Callable[[OptimizerBuilder], OptimizerBuilder]:
-    """Add an optimizer builder under `name`; the builder gets param groups, config and device type."""
-
-    def wrap(builder: OptimizerBuilder) -> OptimizerBuilder:
-        OPTIMIZERS[name] = builder
-        return builder
-
-    return wrap
+"""Builds an optimizer from (parameter groups, config, device type)."""
 
 
 def param_groups(named_params: Iterable[tuple[str, nn.Parameter]], cfg: OptimizerConfig) -> list[dict]:
@@ -68,7 +66,6 @@ def _kernel_flags(cfg: OptimizerConfig, device_type: str) -> dict:
     return {"fused": choice == "fused", "foreach": choice == "foreach" or None}
 
 
-@register_optimizer("adamw")
 def _adamw(groups: list[dict], cfg: OptimizerConfig, device_type: str) -> torch.optim.Optimizer:
     flags = _kernel_flags(cfg, device_type)
     if flags["fused"]:
@@ -76,7 +73,6 @@ def _adamw(groups: list[dict], cfg: OptimizerConfig, device_type: str) -> torch.
     return torch.optim.AdamW(groups, lr=cfg.lr, betas=tuple(cfg.betas), eps=cfg.eps, **flags)
 
 
-@register_optimizer("sgd")
 def _sgd(groups: list[dict], cfg: OptimizerConfig, device_type: str) -> torch.optim.Optimizer:
     flags = _kernel_flags(cfg, device_type)
     if flags["fused"]:
@@ -84,10 +80,52 @@ def _sgd(groups: list[dict], cfg: OptimizerConfig, device_type: str) -> torch.op
     return torch.optim.SGD(groups, lr=cfg.lr, momentum=cfg.momentum, nesterov=cfg.nesterov, **flags)
 
 
+BNB_OPTIMIZERS = ("adamw_8bit", "paged_adamw_8bit", "lion_8bit")
+"""The options whose state bitsandbytes keeps in 8 bits (block-wise quantized)."""
+
+
+def _bnb_optim():
+    """bitsandbytes.optim, imported on use so bitsandbytes stays an optional extra."""
+    import bitsandbytes as bnb
+
+    return bnb.optim
+
+
+def _adamw_8bit(groups: list[dict], cfg: OptimizerConfig, device_type: str) -> torch.optim.Optimizer:
+    return _bnb_optim().AdamW8bit(groups, lr=cfg.lr, betas=tuple(cfg.betas), eps=cfg.eps)
+
+
+def _paged_adamw_8bit(groups: list[dict], cfg: OptimizerConfig, device_type: str) -> torch.optim.Optimizer:
+    if device_type != "cuda":
+        warnings.warn(
+            f"optimizer=paged_adamw_8bit: paging needs CUDA unified memory and this run is on {device_type}, "
+            "so it runs as adamw_8bit (the same update, unpaged state).",
+            stacklevel=2,
+        )
+        return _adamw_8bit(groups, cfg, device_type)
+    return _bnb_optim().PagedAdamW8bit(groups, lr=cfg.lr, betas=tuple(cfg.betas), eps=cfg.eps)
+
+
+def _lion_8bit(groups: list[dict], cfg: OptimizerConfig, device_type: str) -> torch.optim.Optimizer:
+    return _bnb_optim().Lion8bit(groups, lr=cfg.lr, betas=tuple(cfg.betas))
+
+
+def _adafactor(groups: list[dict], cfg: OptimizerConfig, device_type: str) -> torch.optim.Optimizer:
+    foreach = {"auto": None, "foreach": True, "for_loop": False}[cfg.implementation]
+    return torch.optim.Adafactor(groups, lr=cfg.lr, foreach=foreach)
+
+
+OPTIMIZERS: dict[str, OptimizerBuilder] = {
+    "adamw": _adamw,
+    "sgd": _sgd,
+    "adamw_8bit": _adamw_8bit,
+    "paged_adamw_8bit": _paged_adamw_8bit,
+    "lion_8bit": _lion_8bit,
+    "adafactor": _adafactor,
+}
+"""Every option of the optimizer group and its builder."""
+
+
 def build_optimizer(model: nn.Module, cfg: OptimizerConfig, device_type: str) -> torch.optim.Optimizer:
     """Build the configured optimizer over `model`'s trainable parameters."""
     return OPTIMIZERS[cfg.name](param_groups(model.named_parameters(), cfg), cfg, device_type)
-
-
-# Builders of the memory-lean optimizers register themselves on import (bitsandbytes loads lazily).
-from launcher.groups import optimizer_8bit as optimizers_extra  # noqa: E402, F401

@@ -5,7 +5,8 @@ replaces the linear layers of the transformer blocks by bitsandbytes layers (emb
 output head, tied to the token embedding, stay full precision), then wraps the layers LoRA targets
 and freezes everything but the adapters. Quantized layers keep one weight layout on every device
 (bitsandbytes' CPU inference repacking is lossy, so it is off) and their state dicts round-trip
-through `load_state_dict`, so a checkpoint restores them bit for bit.
+through `load_state_dict`, so a checkpoint restores them bit for bit. `merged_state_dict` goes the
+other way: adapters folded in, low-bit weights dequantized, a plain float32 state dict.
 """
 
 from __future__ import annotations
@@ -16,25 +17,12 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
+from launcher.groups.adapters import LoRAConfig, LoRALinear, add_adapters, replace_module
 from launcher.groups.precision import PrecisionConfig
 
 METHODS = ("none", "int8", "nf4")
 # Linear layers that stay full precision whatever the method: the output head (often tied).
 KEEP_FULL_PRECISION = ("lm_head",)
-
-
-@dataclass(frozen=True, kw_only=True)
-class LoRAConfig:
-    """Low-rank adapters added to linear layers; with them only the adapters train."""
-
-    rank: int = 0
-    """Rank r of each adapter (B @ A with A: r x in, B: out x r); 0 adds no adapters."""
-    alpha: float = 16.0
-    """Scale numerator: the adapter's output is multiplied by alpha / rank."""
-    dropout: float = 0.0
-    """Dropout on the adapter's input (training only)."""
-    targets: list[str] | None = None
-    """Module-name suffixes to adapt (e.g. [q_proj, v_proj]); null: every linear layer of the blocks."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -155,12 +143,6 @@ def is_quantized(module: nn.Module) -> bool:
     return _LAYER_CLASSES is not None and isinstance(module, _LAYER_CLASSES)
 
 
-def replace_module(model: nn.Module, name: str, new: nn.Module) -> None:
-    """Put `new` where the submodule `name` was."""
-    parent_name, _, leaf = name.rpartition(".")
-    setattr(model.get_submodule(parent_name), leaf, new)
-
-
 def apply(
     model: nn.Module,
     cfg: QuantizationConfig,
@@ -173,8 +155,6 @@ def apply(
     Pure in the sense that matters for resume: the result depends only on `model` and the configs,
     and on torch's global RNG for the adapters' initial A matrices.
     """
-    from launcher.groups import adapters as lora
-
     if cfg.method == "none" and cfg.lora.rank == 0:
         return model
     linears = quantizable_linears(model)
@@ -183,5 +163,58 @@ def apply(
         for name, linear in linears.items():
             replace_module(model, name, quantize_linear(linear, cfg, dtype, str(device)))
     if cfg.lora.rank > 0:
-        lora.add_adapters(model, cfg.lora, list(linears))
+        add_adapters(model, cfg.lora, list(linears))
     return model
+
+
+def dequantized_weight(layer: nn.Module) -> torch.Tensor:
+    """The float32 weight a plain or bitsandbytes linear layer represents."""
+    if not is_quantized(layer):
+        return layer.weight.detach().float()
+    import bitsandbytes.functional as bnbf
+
+    weight = layer.weight
+    if hasattr(weight, "quant_state"):  # nf4
+        return bnbf.dequantize_4bit(weight.data, weight.quant_state).float()
+    codes = weight.CB if weight.CB is not None else layer.state.CB
+    scales = weight.SCB if weight.SCB is not None else layer.state.SCB
+    return bnbf.int8_vectorwise_dequant(codes, scales).float()
+
+
+def _plain_linear_state(layer: nn.Module, prefix: str) -> dict[str, torch.Tensor]:
+    """weight (merged, dequantized) and bias of `layer` under `prefix`, as a plain nn.Linear has them."""
+    base = layer.base if isinstance(layer, LoRALinear) else layer
+    weight = dequantized_weight(base)
+    if isinstance(layer, LoRALinear):
+        weight = weight + layer.delta_weight().to(weight.device)
+    state = {f"{prefix}weight": weight.cpu()}
+    if base.bias is not None:
+        state[f"{prefix}bias"] = base.bias.detach().float().cpu()
+    return state
+
+
+@torch.no_grad()
+def merged_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
+    """A plain float32 state dict of `model` with adapters folded in and quantized weights dequantized.
+
+    It loads into the same architecture built without quantization or adapters.
+    """
+    special = {
+        name: module
+        for name, module in model.named_modules()
+        if isinstance(module, LoRALinear) or (is_quantized(module) and not name.endswith(".base"))
+    }
+    prefixes = tuple(f"{name}." for name in special)
+    state = {
+        key: value.detach().float().cpu() if value.is_floating_point() else value.detach().cpu()
+        for key, value in model.state_dict().items()
+        if not key.startswith(prefixes)
+    }
+    for name, module in special.items():
+        state.update(_plain_linear_state(module, f"{name}."))
+    return state
+
+
+def has_adapters_or_quantization(model: nn.Module) -> bool:
+    """Whether `model` holds LoRA adapters or quantized layers (then export must merge)."""
+    return any(isinstance(m, LoRALinear) or is_quantized(m) for m in model.modules())

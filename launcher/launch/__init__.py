@@ -1,59 +1,40 @@
-"""Where a run goes: the launcher schema and the registry of launch backends."""
+"""Where a run goes: the Backend protocol and the registry of launch backends (inline, local, slurm).
+
+A backend turns a written run directory (its spec.yaml) into running ranks: `describe` says what
+`launch` would do (the dry run prints it; a test can read it without starting anything), `launch`
+does it and returns the run's exit status. How ranks start inside a backend is torch's elastic
+launcher (local) or srun (slurm); every rank then runs launcher.rank.worker on spec.yaml.
+"""
 
 from __future__ import annotations
 
 import importlib
-from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
-
-from launcher.launch.slurm import SlurmConfig
+from typing import TYPE_CHECKING, Protocol, cast
 
 if TYPE_CHECKING:
     from launcher.spec import RunSpec
 
-# backend name -> module with `describe(spec, run_dir) -> str` and `launch(spec, run_dir) -> int`
 BACKENDS: dict[str, str] = {
     "inline": "launcher.launch.inline",
     "local": "launcher.launch.local",
     "slurm": "launcher.launch.slurm",
 }
+"""Backend name -> the module implementing it, imported when chosen."""
 
 
-@dataclass(frozen=True, kw_only=True)
-class LauncherConfig:
-    """Where and how the ranks of a run are started."""
+class Backend(Protocol):
+    """What each backend module offers."""
 
-    backend: str = "auto"
-    """auto (inline for one rank, else local), inline (this process), local (nproc processes here) or slurm."""
-    nproc: int = 1
-    """Processes (ranks) per node."""
-    nnodes: int = 1
-    """Nodes of the job (world size = nnodes x nproc)."""
-    device: str = "auto"
-    """auto (a GPU when one is visible, else the CPU), cpu or cuda."""
-    max_restarts: int = 0
-    """Times a failed job is restarted from its newest checkpoint (needs checkpoints)."""
-    master_addr: str = "127.0.0.1"
-    """Rendezvous host of a single-node job."""
-    master_port: int | None = None
-    """Rendezvous port; null picks a free one."""
-    timeout_s: float = 300.0
-    """Timeout of collectives and of the rendezvous; a rank that does not answer fails the job."""
-    slurm: SlurmConfig = field(default_factory=SlurmConfig)
-    """Resources and preemption settings of the batch job (backend slurm only)."""
+    def describe(self, spec: RunSpec, run_dir: Path) -> str:
+        """What `launch` would do, for the dry run."""
+        ...
+
+    def launch(self, spec: RunSpec, run_dir: Path) -> int:
+        """Start the ranks of the run written in `run_dir` and wait for them; the exit status."""
+        ...
 
 
-def resolve_backend(config: LauncherConfig) -> str:
-    """`auto` becomes inline for a one-rank job without restarts, local otherwise; others pass through."""
-    if config.backend != "auto":
-        return config.backend
-    multi = config.nproc * config.nnodes > 1 or config.max_restarts > 0
-    return "local" if multi else "inline"
-
-
-def backend(name: str) -> tuple[Callable[[RunSpec, Path], str], Callable[[RunSpec, Path], int]]:
-    """The (describe, launch) pair of a backend, imported on demand."""
-    module = importlib.import_module(BACKENDS[name])
-    return module.describe, module.launch
+def backend(name: str) -> Backend:
+    """The backend module registered under `name`, imported on demand."""
+    return cast(Backend, importlib.import_module(BACKENDS[name]))

@@ -15,9 +15,8 @@ from pathlib import Path
 
 from rich.console import Console
 
+from launcher.exits import ExitStatus
 from launcher.spec import RunSpec
-
-EXIT_FAILED = 1
 
 
 def log_paths(run_dir: Path, rank: int, restart: int = 0) -> tuple[Path, Path]:
@@ -127,10 +126,10 @@ def launch(spec: RunSpec, run_dir: Path) -> int:
         codes = elastic_launch(config, rank_main)(str(run_dir / "spec.yaml"), threads)
     except ChildFailedError as err:
         console.print(failure_message(err, run_dir), markup=False, soft_wrap=True)
-        return EXIT_FAILED
+        return ExitStatus.FAILED
     except Exception as err:  # the agent itself failed (rendezvous port taken, interrupted, ...)
         console.print(f"error: the local launch failed: {type(err).__name__}: {err}", markup=False)
-        return EXIT_FAILED
+        return ExitStatus.FAILED
     finally:
         for name, level in levels.items():
             logging.getLogger(name).setLevel(level)

@@ -10,49 +10,16 @@ from __future__ import annotations
 
 import shlex
 import sys
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
+
+from launcher.exits import ExitStatus
 
 if TYPE_CHECKING:
     from launcher.spec import RunSpec
 
 SCRIPT_NAME = "job.sbatch"
 JOB_ID_FILE = "job_id"
-
-
-@dataclass(frozen=True, kw_only=True)
-class SlurmConfig:
-    """Resources and behaviour of the batch job (nodes = launcher.nnodes, tasks per node = launcher.nproc)."""
-
-    partition: str | None = None
-    """Partition to submit to; null: the cluster's default partition."""
-    account: str | None = None
-    """Account charged for the job; null: your default account."""
-    qos: str | None = None
-    """Quality of service; null: the default."""
-    constraint: str | None = None
-    """Node features the job needs (sbatch --constraint), e.g. a100."""
-    time_min: int | None = 60
-    """Time limit in minutes; null: the partition's limit."""
-    gpus_per_node: int = 0
-    """GPUs per node (sbatch --gpus-per-node); with GPUs, launcher.nproc must equal it (one rank per GPU)."""
-    cpus_per_task: int | None = None
-    """CPU cores per rank; null: SLURM's default (1)."""
-    mem_gb: float | None = None
-    """Memory per node in GB; null: the partition's default."""
-    extra_sbatch: list[str] = field(default_factory=list)
-    """More sbatch options, one per entry, e.g. ["--mail-type=END", "--exclusive"]."""
-    signal: str = "USR2"
-    """Signal SLURM sends the ranks before the time limit; the run checkpoints and requeues on it."""
-    signal_lead_s: int = 120
-    """Seconds before the time limit that signal comes (must exceed a step plus a checkpoint)."""
-    max_requeues: int = 3
-    """Times a preempted job requeues itself (SLURM_RESTART_COUNT counts them); 0 never."""
-    port: int | None = None
-    """Rendezvous port on the first node; null: derived from the job id (jobs sharing a node differ)."""
-    wait: bool = True
-    """Wait for the job to end and return its exit status; a --multirun sweep never waits per point."""
 
 
 def _sbatch_lines(spec: RunSpec, run_dir: Path) -> list[str]:
@@ -130,16 +97,8 @@ def write_script(spec: RunSpec, run_dir: Path) -> Path:
     return path
 
 
-def in_sweep() -> bool:
-    """Whether this process runs a point of a Hydra --multirun (then a job is never waited for)."""
-    from hydra.core.hydra_config import HydraConfig
-    from hydra.types import RunMode
-
-    return HydraConfig.initialized() and HydraConfig.get().mode == RunMode.MULTIRUN
-
-
 def launch(spec: RunSpec, run_dir: Path) -> int:
-    """Submit the job; print its id and logs; wait for it unless told not to (or in a sweep)."""
+    """Submit the job; print its id and logs; wait for it unless launcher.slurm.wait=false (sweeps set it)."""
     from rich.console import Console
 
     from launcher.launch import slurm_jobs
@@ -154,13 +113,13 @@ def launch(spec: RunSpec, run_dir: Path) -> int:
         err.print(
             f"The script is in {script}; fix launcher.slurm.* (see `sinfo` for partitions) and run again."
         )
-        return 2
+        return ExitStatus.SUBMIT_FAILED
     (run_dir / "slurm" / JOB_ID_FILE).write_text(job_id + "\n")
     log = run_dir / "slurm" / f"{job_id}.out"
     console.print(f"submitted job {job_id} ({spec.launcher.nnodes} node(s) x {spec.launcher.nproc} rank(s))")
     console.print(f"  logs:   {log}")
     console.print(f"  follow: tail -f {shlex.quote(str(log))}   |   squeue -j {job_id}")
-    if not spec.launcher.slurm.wait or in_sweep():
+    if not spec.launcher.slurm.wait:
         return 0
     state = slurm_jobs.wait(job_id, poll_s=2.0, on_change=lambda s: console.print(f"job {job_id}: {s.state}"))
     return _final_status(run_dir, state)

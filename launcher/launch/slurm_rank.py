@@ -2,7 +2,7 @@
 
 `srun` starts this once per task: `python -m launcher.launch.slurm_rank RUN_DIR/spec.yaml`.
 On the preemption signal the engine writes a complete checkpoint on every rank and the run ends
-with EXIT_PREEMPTED; then global rank 0 alone requeues the job (`scontrol requeue`, at most
+with exit status 4 (ExitStatus.PREEMPTED); then global rank 0 alone requeues the job (`scontrol requeue`, at most
 launcher.slurm.max_requeues times, counted by SLURM_RESTART_COUNT) and the requeued job resumes
 from that checkpoint. The other ranks wait to be ended by the requeue: a rank that exited first
 with a failure status would make srun kill rank 0 before it could requeue.
@@ -16,8 +16,8 @@ import time
 from collections.abc import Mapping
 from pathlib import Path
 
+from launcher.exits import ExitStatus
 from launcher.launch import slurm_jobs
-from launcher.rank import preemption
 
 BASE_PORT, PORT_RANGE = 20000, 20000
 REQUEUE_GRACE_S = 120.0
@@ -51,14 +51,14 @@ def restart_count(env: Mapping[str, str]) -> int:
 
 def should_requeue(code: int, restarts: int, max_requeues: int) -> bool:
     """A preempted run requeues while it has requeues left."""
-    return code == preemption.EXIT_PREEMPTED and restarts < max_requeues
+    return code == ExitStatus.PREEMPTED and restarts < max_requeues
 
 
 def _after_preemption(code: int, rank: int, job_id: str, max_requeues: int) -> int:
     """Requeue on rank 0 (the others wait to be ended by it); the exit status of this rank."""
     restarts = restart_count(os.environ)
     if not should_requeue(code, restarts, max_requeues):
-        if code == preemption.EXIT_PREEMPTED and rank == 0:
+        if code == ExitStatus.PREEMPTED and rank == 0:
             print(
                 f"preempted after {restarts} requeue(s), launcher.slurm.max_requeues={max_requeues} reached: "
                 "not requeued. The checkpoint is complete; resubmit with `sbatch RUN_DIR/slurm/job.sbatch`.",
@@ -79,6 +79,7 @@ def _after_preemption(code: int, rank: int, job_id: str, max_requeues: int) -> i
 def run(spec_path: Path) -> int:
     """Run this task as a rank of the job; returns its exit status."""
     from launcher.rank import worker
+    from launcher.rank.preemption import StopSignal
     from launcher.spec import load_spec
 
     spec = load_spec(spec_path)
@@ -88,8 +89,7 @@ def run(spec_path: Path) -> int:
     master = slurm_jobs.hostnames(nodes)[0]
     env = torch_environment(os.environ, master_addr=master, port=settings.port)
     os.environ.update(env)
-    preemption.install(settings.signal)
-    code = worker.run(Path(spec_path))
+    code = worker.run(Path(spec_path), stop=StopSignal(settings.signal))
     return _after_preemption(code, int(env["RANK"]), job_id, settings.max_requeues)
 
 

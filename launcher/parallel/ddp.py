@@ -14,24 +14,18 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import torch.distributed as dist
 from torch import nn
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_hook
 from torch.nn.parallel import DistributedDataParallel
 
+from launcher.groups.checkpoint import load_tensor_file, save_tensor_file
 from launcher.groups.optimizer import build_optimizer
 from launcher.groups.precision import make_grad_scaler
-from launcher.parallel.guarded_step import StepResult, guarded_step, load_tensor_file, save_tensor_file
-from launcher.parallel.registry import Setup
+from launcher.parallel.guarded_step import guarded_step
+from launcher.parallel.state_bytes import state_bytes
+from launcher.parallel.strategy import Setup, StepResult
 
 _POWERSGD_FIELDS = ("error_dict", "p_memory_dict", "q_memory_dict", "iter")
-
-
-def ensure_process_group(device_type: str) -> None:
-    """A one-rank group when the job has a single process (DDP needs a group even then)."""
-    if not dist.is_initialized():
-        backend = "nccl" if device_type == "cuda" else "gloo"
-        dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1)
 
 
 class DDPStrategy:
@@ -39,7 +33,6 @@ class DDPStrategy:
 
     def __init__(self, model: nn.Module, setup: Setup) -> None:
         device, p = setup.dist.device, setup.spec.parallel
-        ensure_process_group(device.type)
         self.rank = setup.dist.rank
         self.model = DistributedDataParallel(
             model.to(device),
@@ -52,6 +45,7 @@ class DDPStrategy:
         self.powersgd = self._register_hook(p.comm_hook, p.powersgd_rank, p.powersgd_start_iter)
         self.optimizer = build_optimizer(self.model.module, setup.spec.optimizer, device.type)
         self.scaler = make_grad_scaler(setup.spec.precision, device.type)
+        self.max_grad_norm = setup.spec.train.max_grad_norm
 
     def _register_hook(self, name: str, rank: int, start_iter: int) -> powerSGD_hook.PowerSGDState | None:
         """Install the gradient communication hook; returns PowerSGD's state (it is checkpointed)."""
@@ -75,15 +69,23 @@ class DDPStrategy:
         """Backward through the (fp16-scaled) loss; DDP all-reduces gradient buckets as they fill."""
         (self.scaler.scale(loss) if self.scaler else loss).backward()
 
-    def step(self, *, max_grad_norm: float | None, loss_ok: torch.Tensor) -> StepResult:
+    def step(self, *, loss_ok: torch.Tensor) -> StepResult:
         """Clip and step on the averaged gradients (identical on every rank), never with non-finite values."""
         return guarded_step(
-            self.model.parameters(), self.optimizer, self.scaler, max_grad_norm=max_grad_norm, loss_ok=loss_ok
+            self.model.parameters(),
+            self.optimizer,
+            self.scaler,
+            max_grad_norm=self.max_grad_norm,
+            loss_ok=loss_ok,
         )
 
     def loss_scale(self) -> float | None:
         """The fp16 loss scale (reads it back from the device)."""
         return float(self.scaler.get_scale()) if self.scaler else None
+
+    def state_bytes(self) -> dict[str, int]:
+        """This rank's full replica of parameters, gradients and optimizer state."""
+        return state_bytes(self.model.module, self.optimizer)
 
     def save(self, directory: Path) -> None:
         """Rank 0 writes the replicated state once; PowerSGD state is written by every rank."""

@@ -25,24 +25,27 @@ from torch import nn
 
 from launcher.groups.optimizer import build_optimizer, param_groups
 from launcher.parallel import deepspeed_config as ds_config
-from launcher.parallel.guarded_step import StepResult
-from launcher.parallel.registry import Setup
 from launcher.parallel.state_bytes import optimizer_state_bytes
+from launcher.parallel.strategy import Setup, StepResult
 
 TAG = "deepspeed"
 """Sub-directory of a checkpoint holding DeepSpeed's files (its `tag`)."""
 
 
-def _import_deepspeed(device_type: str | None):  # noqa: ANN202 - the deepspeed module
-    """Import DeepSpeed with the accelerator this rank computes on, minus the CPU inference op.
+def accelerator_env(device_type: str) -> dict[str, str]:
+    """The environment a rank sets before DeepSpeed is imported: DeepSpeed picks its accelerator once,
+    at import, from DS_ACCELERATOR, so naming it keeps a CPU run on a GPU machine on the CPU.
+    (launcher.rank.worker applies it when the process starts; the strategy changes no variable.)"""
+    return {"DS_ACCELERATOR": "cuda" if device_type == "cuda" else "cpu"}
 
-    DeepSpeed picks its accelerator once, at import; naming it (for a rank: `device_type`; None
-    leaves DeepSpeed's own choice) keeps a CPU run on a GPU machine on the CPU. Its shared-memory all-reduce op (`deepspeed_shm_comm`) serves only the inference
-    kernels (training reduces through the torch process group), yet would be JIT-compiled at every
-    init on a CPU (26-28 s the first time): marking it incompatible skips that build.
+
+def _import_deepspeed():  # noqa: ANN202 - the deepspeed module
+    """Import DeepSpeed minus the CPU inference op, quiet.
+
+    Its shared-memory all-reduce op (`deepspeed_shm_comm`) serves only the inference kernels
+    (training reduces through the torch process group), yet would be JIT-compiled at every init on
+    a CPU (26-28 s the first time): marking it incompatible skips that build.
     """
-    if device_type is not None:
-        os.environ["DS_ACCELERATOR"] = "cuda" if device_type == "cuda" else "cpu"
     import deepspeed
     import deepspeed.ops
 
@@ -55,15 +58,6 @@ def _import_deepspeed(device_type: str | None):  # noqa: ANN202 - the deepspeed 
         "ignore", message=".*all_gather_into_tensor` is deprecated", category=FutureWarning
     )
     return deepspeed
-
-
-def _ensure_process_group(device_type: str) -> None:
-    """A one-rank group for a single-process job: DeepSpeed always needs one (and its rank variables)."""
-    if not dist.is_initialized():
-        for name, value in (("RANK", "0"), ("LOCAL_RANK", "0"), ("WORLD_SIZE", "1")):
-            os.environ.setdefault(name, value)
-        backend = "nccl" if device_type == "cuda" else "gloo"
-        dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1)
 
 
 def client_optimizer(model: nn.Module, setup: Setup) -> torch.optim.Optimizer:
@@ -113,10 +107,10 @@ class DeepSpeedStrategy:
 
     def __init__(self, model: nn.Module, setup: Setup) -> None:
         device, spec = setup.dist.device, setup.spec
-        self.deepspeed = _import_deepspeed(device.type)
-        _ensure_process_group(device.type)
+        self.deepspeed = _import_deepspeed()
+        # The process group exists already (launcher.parallel.dims): DeepSpeed adopts it.
         self.deepspeed.init_distributed(dist_backend=dist.get_backend(), auto_mpi_discovery=False)
-        self.config, errors = ds_config.resolve(spec, setup.dist.world_size)
+        self.config, errors = ds_config.resolve(spec, setup.dist.world_size, batch=setup.batch)
         if errors:  # checked before launch; a file edited since then is caught here
             raise ValueError("; ".join(str(e) for e in errors))
         if setup.dist.is_main and spec.run_dir:
@@ -164,8 +158,10 @@ class DeepSpeedStrategy:
             loss = loss * torch.where(self._loss_ok, 1.0, float("nan")).to(loss.dtype)
         self.engine.backward(loss, scale_wrt_gas=False)
 
-    def step(self, *, max_grad_norm: float | None, loss_ok: torch.Tensor) -> StepResult:
-        """DeepSpeed's step (clipping by gradient_clipping), skipped when the gradients are not finite."""
+    def step(self, *, loss_ok: torch.Tensor) -> StepResult:
+        """DeepSpeed's step, clipping to train.max_grad_norm (its `gradient_clipping`, set from the spec),
+        skipped on every rank when a loss or a gradient is not finite (train.on_nonfinite then applies
+        exactly as for the other strategies)."""
         norm = None
         if self.guard_here:  # gradients are all-reduced on every rank by now
             grads = [p.grad for p in self.engine.module.parameters() if p.grad is not None]
@@ -173,7 +169,7 @@ class DeepSpeedStrategy:
             if not bool(torch.isfinite(norm)):
                 self.engine.zero_grad()  # no gradients: the optimizer step leaves every weight as is
         self.engine.step()
-        loss_ok_all = self._loss_ok
+        loss_ok_all = self._loss_ok & loss_ok.to(self._loss_ok.device)
         self._loss_ok = torch.ones_like(self._loss_ok)
         skipped = not self.engine.was_step_applied() or (norm is not None and not bool(torch.isfinite(norm)))
         if norm is None:
@@ -244,11 +240,11 @@ def consolidate(directory: Path) -> dict[str, torch.Tensor]:
     ZeRO 1-3 (and bf16) checkpoints hold fp32 master weights in the optimizer shards, merged by
     DeepSpeed's zero_to_fp32; a fp32 stage 0 checkpoint holds the whole module in one file.
     """
-    from launcher.parallel.guarded_step import load_tensor_file
+    from launcher.groups.checkpoint import load_tensor_file
 
     files = Path(directory) / TAG
     if any(files.glob("*zero_pp_rank_*_optim_states.pt")):
-        _import_deepspeed(None)  # reads files only: any accelerator will do
+        _import_deepspeed()  # reads files only: any accelerator will do
         from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
 
         with weights_only_loads():

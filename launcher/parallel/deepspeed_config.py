@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from launcher.groups.batching import BatchSplit
 from launcher.spec import RunSpec, SpecError
 
 AUTO = "auto"
@@ -43,11 +44,6 @@ class Derived:
     """The value the spec gives it."""
 
 
-def world_size(spec: RunSpec) -> int:
-    """Ranks of the job as the spec describes it."""
-    return spec.launcher.nproc * spec.launcher.nnodes
-
-
 def loss_scale_power(spec: RunSpec) -> int | None:
     """log2 of precision.loss_scale_init when it is a power of two (DeepSpeed takes the exponent)."""
     init = spec.precision.loss_scale_init
@@ -55,25 +51,30 @@ def loss_scale_power(spec: RunSpec) -> int | None:
     return power if power is not None and 2.0**power == init else None
 
 
-def derived(spec: RunSpec, ranks: int | None = None) -> list[Derived]:
-    """Every DeepSpeed key the spec decides, with its value (`ranks`: the job's actual world size)."""
+def derived(spec: RunSpec, ranks: int | None = None, batch: BatchSplit | None = None) -> list[Derived]:
+    """Every DeepSpeed key the spec decides, with its value.
+
+    `ranks` is the job's actual world size, `batch` the split the build chose (the micro-batch
+    search may choose another split of the spec's per-rank batch); both default to the spec's.
+    """
     t, p, pr, o = spec.train, spec.parallel, spec.precision, spec.optimizer
-    ranks = ranks or world_size(spec)
+    ranks = ranks or spec.launcher.world_size
+    batch = batch or BatchSplit(micro_batch_size=t.micro_batch_size, grad_accum_steps=t.grad_accum_steps)
     keys = [
         Derived(
             json_key="train_micro_batch_size_per_gpu",
             spec_key="train.micro_batch_size",
-            value=t.micro_batch_size,
+            value=batch.micro_batch_size,
         ),
         Derived(
             json_key="gradient_accumulation_steps",
             spec_key="train.grad_accum_steps",
-            value=t.grad_accum_steps,
+            value=batch.grad_accum_steps,
         ),
         Derived(
             json_key="train_batch_size",
             spec_key="train.micro_batch_size x train.grad_accum_steps x launcher.nproc x launcher.nnodes",
-            value=t.micro_batch_size * t.grad_accum_steps * ranks,
+            value=batch.micro_batch_size * batch.grad_accum_steps * ranks,
         ),
         Derived(json_key="gradient_clipping", spec_key="train.max_grad_norm", value=t.max_grad_norm or 0.0),
         Derived(json_key="zero_optimization.stage", spec_key="parallel.zero_stage", value=p.zero_stage),
@@ -117,7 +118,7 @@ def derived(spec: RunSpec, ranks: int | None = None) -> list[Derived]:
     return keys
 
 
-def generate(spec: RunSpec, ranks: int | None = None) -> dict[str, Any]:
+def generate(spec: RunSpec, ranks: int | None = None, batch: BatchSplit | None = None) -> dict[str, Any]:
     """The DeepSpeed config the spec alone describes."""
     p, pr = spec.parallel, spec.precision
     zero: dict[str, Any] = {"stage": p.zero_stage}
@@ -125,7 +126,7 @@ def generate(spec: RunSpec, ranks: int | None = None) -> dict[str, Any]:
         zero["offload_optimizer"] = {"device": "cpu", "pin_memory": False}
     if p.offload_params:
         zero["offload_param"] = {"device": "cpu", "pin_memory": False}
-    values = {d.json_key: d.value for d in derived(spec, ranks)}
+    values = {d.json_key: d.value for d in derived(spec, ranks, batch)}
     config: dict[str, Any] = {
         key: values[key]
         for key in (
@@ -258,7 +259,7 @@ def _check_optimizer(spec: RunSpec, path: str, user: dict[str, Any]) -> list[Spe
 
 
 def merge(
-    spec: RunSpec, path: str, user: dict[str, Any], ranks: int | None = None
+    spec: RunSpec, path: str, user: dict[str, Any], ranks: int | None = None, batch: BatchSplit | None = None
 ) -> tuple[dict[str, Any], list[SpecError]]:
     """Fill the user's "auto" values from the spec and report every value that contradicts it."""
     filled = copy.deepcopy(user)
@@ -266,7 +267,7 @@ def merge(
     for section, why in _REFUSED_SECTIONS.items():
         if section in user:
             errors.append(SpecError((f"deepspeed_config:{section}",), f"{path}: {why}."))
-    for d in derived(spec, ranks):
+    for d in derived(spec, ranks, batch):
         given = _get(user, d.json_key)
         if given is _MISSING:
             continue
@@ -292,16 +293,18 @@ def merge(
     return filled, errors
 
 
-def resolve(spec: RunSpec, ranks: int | None = None) -> tuple[dict[str, Any], list[SpecError]]:
+def resolve(
+    spec: RunSpec, ranks: int | None = None, *, batch: BatchSplit | None = None
+) -> tuple[dict[str, Any], list[SpecError]]:
     """The config DeepSpeed gets: generated from the spec, with the user's file merged over it."""
-    config = generate(spec, ranks)
+    config = generate(spec, ranks, batch)
     path = spec.parallel.deepspeed_config
     if not path:
         return config, []
     user, errors = read_user_config(path)
     if user is None:
         return config, errors
-    filled, errors = merge(spec, path, user, ranks)
+    filled, errors = merge(spec, path, user, ranks, batch)
     merged = _deep_merge(config, filled)
     # These stay the launcher's: the client optimizer is kept and DeepSpeed's console log stays off.
     for key in ("zero_force_ds_cpu_optimizer", "zero_allow_untested_optimizer", "steps_per_print"):

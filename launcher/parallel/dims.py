@@ -1,14 +1,116 @@
-"""The process group of a run: rank facts from the environment, init, collectives, clean shutdown."""
+"""The parallel topology of a run, with one owner: degrees -> device mesh -> ranks, and the process group.
+
+Every fact of the layout lives here: the degrees (replicate x shard x tp) are checked against the
+world size by `degree_errors` (the rules call it before launch, and a rank's `ParallelDims.of`
+refuses what it refuses), the device mesh is built by `ParallelDims.build_mesh` (row-major, tensor
+parallel innermost, so consecutive ranks form a tensor-parallel group), and a rank's data- and
+tensor-parallel ranks are read from the same layout. `init_process_group` is the one place a process
+group is created, a one-rank group for a single-process job included.
+"""
 
 from __future__ import annotations
 
 import gc
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import timedelta
+from typing import TYPE_CHECKING
 
 import torch
 import torch.distributed as dist
+
+from launcher.spec import SpecError
+
+if TYPE_CHECKING:
+    from torch.distributed.device_mesh import DeviceMesh
+
+    from launcher.groups.parallel import ParallelConfig
+
+MESH_DIMS = ("replicate", "shard", "tp")
+"""Names of the mesh dimensions, outermost first."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class ParallelDims:
+    """Degrees of a run's mesh; their product is the world size."""
+
+    replicate: int = 1
+    """Replicas of the sharded group (FSDP2 hybrid sharding); 1 without."""
+    shard: int = 1
+    """Ranks one data-parallel group spans: FSDP2 shards over them, DDP and ZeRO replicate or partition over them."""
+    tp: int = 1
+    """Tensor-parallel degree (innermost: consecutive ranks form a tensor-parallel group)."""
+
+    @classmethod
+    def of(cls, parallel: ParallelConfig, world_size: int) -> ParallelDims:
+        """The degrees the spec asks for on `world_size` ranks (ValueError when they do not fit)."""
+        errors = degree_errors(parallel, world_size)
+        if errors:
+            raise ValueError("; ".join(str(e) for e in errors))
+        tp, replicate = parallel.tp_size, parallel.replicate_degree
+        return cls(replicate=replicate, shard=world_size // (tp * replicate), tp=tp)
+
+    @property
+    def world_size(self) -> int:
+        """Ranks of the mesh."""
+        return self.replicate * self.shard * self.tp
+
+    @property
+    def dp_size(self) -> int:
+        """Data-parallel degree: how many different batches one step reads."""
+        return self.replicate * self.shard
+
+    def dp_rank(self, rank: int) -> int:
+        """Which data shard the tensor-parallel group of `rank` reads."""
+        return rank // self.tp
+
+    def tp_rank(self, rank: int) -> int:
+        """Position of `rank` inside its tensor-parallel group."""
+        return rank % self.tp
+
+    def build_mesh(self, device_type: str) -> DeviceMesh:
+        """The named mesh ("replicate", "shard", "tp") over the process group, laid out row-major."""
+        from torch.distributed.device_mesh import init_device_mesh
+
+        return init_device_mesh(device_type, (self.replicate, self.shard, self.tp), mesh_dim_names=MESH_DIMS)
+
+
+def degree_errors(parallel: ParallelConfig, world_size: int) -> list[SpecError]:
+    """Why the spec's degrees do not fit `world_size` ranks (empty when they do)."""
+    p = parallel
+    if p.tp_size < 1 or p.replicate_degree < 1:
+        return [
+            SpecError(
+                ("parallel.tp_size", "parallel.replicate_degree"),
+                f"tp_size ({p.tp_size}) and replicate_degree ({p.replicate_degree}) must be at least 1.",
+            )
+        ]
+    errors = []
+    group = p.tp_size * p.replicate_degree
+    if world_size % group:
+        errors.append(
+            SpecError(
+                ("launcher.nproc", "launcher.nnodes", "parallel.tp_size", "parallel.replicate_degree"),
+                f"the world size ({world_size} = launcher.nnodes x launcher.nproc) must be a multiple of "
+                f"parallel.tp_size x parallel.replicate_degree ({p.tp_size} x {p.replicate_degree}). "
+                "Change launcher.nproc or the degrees.",
+            )
+        )
+    if p.strategy == "tp" and (p.tp_size < 2 or world_size != p.tp_size):
+        fix = (
+            f"Set `parallel.tp_size={world_size}`"
+            if world_size >= 2
+            else "Run it on several ranks (`launcher=local launcher.nproc=2`)"
+        )
+        errors.append(
+            SpecError(
+                ("parallel.strategy", "parallel.tp_size", "launcher.nproc"),
+                f"strategy tp splits every layer over all ranks, so it needs tp_size = world size >= 2 (got "
+                f"tp_size {p.tp_size}, world size {world_size}). {fix}, or use `parallel=tp_fsdp` to add "
+                "data parallelism on top.",
+            )
+        )
+    return errors
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -23,24 +125,18 @@ class DistContext:
     """Rank on this node (selects the GPU)."""
     device: torch.device
     """The device this rank computes on."""
-    tp_size: int = 1
-    """Ranks of one tensor-parallel group: consecutive ranks that compute on the same data."""
+    dims: ParallelDims = field(default_factory=ParallelDims)
+    """The run's parallel degrees; data- and tensor-parallel ranks come from them."""
 
     @property
     def dp_rank(self) -> int:
         """Data-parallel rank: which shard of the data this rank's tensor-parallel group reads."""
-        return self.rank // self.tp_size
+        return self.dims.dp_rank(self.rank)
 
     @property
     def dp_size(self) -> int:
-        """Data-parallel degree: world size over the tensor-parallel size."""
-        return self.world_size // self.tp_size
-
-    def data_sum(self, values: list[float]) -> list[float]:
-        """Sum numbers over data-parallel groups, each counted once (tensor-parallel peers hold the same)."""
-        if self.tp_size == 1:
-            return self.sum(values)
-        return self.sum([v if self.rank % self.tp_size == 0 else 0.0 for v in values])
+        """Data-parallel degree."""
+        return self.dims.dp_size
 
     @property
     def is_main(self) -> bool:
@@ -60,11 +156,35 @@ class DistContext:
         dist.all_reduce(tensor)
         return tensor.tolist()
 
+    def data_sum(self, values: list[float]) -> list[float]:
+        """Sum numbers over data-parallel groups, each counted once (tensor-parallel peers hold the same)."""
+        if self.dims.tp == 1:
+            return self.sum(values)
+        return self.sum([v if self.dims.tp_rank(self.rank) == 0 else 0.0 for v in values])
 
-def init(device_type: str, timeout_s: float = 600.0, store: dist.Store | None = None) -> DistContext:
-    """Join the process group described by torch's launcher variables (RANK, WORLD_SIZE, ...).
 
-    `store` is an already connected job store (see launcher.rank.preflight); without one, env:// is used.
+def backend_name(device_type: str) -> str:
+    """The process group's backend: NCCL for CUDA tensors plus gloo for CPU ones, gloo on a CPU.
+
+    FSDP2 CPU offload keeps sharded gradients, and so the pieces of the clipping norm, on the CPU
+    even in a GPU job (torchtitan pairs the two backends the same way).
+    """
+    return "cuda:nccl,cpu:gloo" if device_type == "cuda" else "gloo"
+
+
+def init_process_group(
+    device_type: str,
+    *,
+    timeout_s: float = 600.0,
+    store: dist.Store | None = None,
+    dims: ParallelDims | None = None,
+    one_rank_group: bool = False,
+) -> DistContext:
+    """Join the job described by torch's launcher variables (RANK, WORLD_SIZE, ...): the one place a group is made.
+
+    Several ranks join through `store` (an already connected job store, see launcher.rank.preflight)
+    or env://. A single process gets a one-rank group of its own (no rendezvous) when
+    `one_rank_group` is set: DDP, DeepSpeed and DTensor strategies need a group even then.
     """
     rank = int(os.environ.get("RANK", 0))
     world_size = int(os.environ.get("WORLD_SIZE", 1))
@@ -74,17 +194,23 @@ def init(device_type: str, timeout_s: float = 600.0, store: dist.Store | None = 
         device = torch.device("cuda", local_rank)
     else:
         device = torch.device("cpu")
-    if world_size > 1 and not dist.is_initialized():
-        # NCCL for CUDA tensors plus gloo for CPU tensors (FSDP2 CPU offload keeps sharded gradients,
-        # and so the pieces of the clipping norm, on the CPU; torchtitan does the same).
-        backend = "cuda:nccl,cpu:gloo" if device_type == "cuda" else "gloo"
-        dist.init_process_group(
-            backend=backend,
-            timeout=timedelta(seconds=timeout_s),
-            device_id=device if device_type == "cuda" else None,
-            **({"store": store, "rank": rank, "world_size": world_size} if store is not None else {}),
-        )
-    return DistContext(rank=rank, world_size=world_size, local_rank=local_rank, device=device)
+    if not dist.is_initialized():
+        options = {"backend": backend_name(device_type), "timeout": timedelta(seconds=timeout_s)}
+        if device_type == "cuda":
+            options["device_id"] = device
+        if world_size > 1:
+            if store is not None:
+                options |= {"store": store, "rank": rank, "world_size": world_size}
+            dist.init_process_group(**options)
+        elif one_rank_group:
+            dist.init_process_group(**options, store=dist.HashStore(), rank=0, world_size=1)
+    return DistContext(
+        rank=rank,
+        world_size=world_size,
+        local_rank=local_rank,
+        device=device,
+        dims=dims or ParallelDims(shard=world_size),
+    )
 
 
 def shutdown() -> None:

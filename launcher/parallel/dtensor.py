@@ -1,4 +1,4 @@
-"""What the DTensor strategies (fsdp, tp) share: the device mesh, the loop's verbs and DCP checkpoints.
+"""What the DTensor strategies (fsdp, tp) share: the loop's verbs over DTensor parameters and DCP checkpoints.
 
 Both strategies leave every parameter a DTensor, so one optimizer, one clip over DTensors and one
 checkpoint format serve them. Checkpoints are written sharded with torch.distributed.checkpoint
@@ -23,58 +23,18 @@ from torch.distributed.checkpoint.state_dict import (
     get_state_dict,
     set_state_dict,
 )
-from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
+from launcher.groups.checkpoint import load_tensor_file, save_tensor_file
 from launcher.groups.optimizer import OptimizerConfig, build_optimizer
 from launcher.groups.precision import PrecisionConfig
-from launcher.parallel import ParallelConfig
 from launcher.parallel.dims import DistContext
-from launcher.parallel.guarded_step import StepResult, guarded_step, load_tensor_file, save_tensor_file
-from launcher.parallel.registry import Setup
+from launcher.parallel.guarded_step import guarded_step
+from launcher.parallel.state_bytes import state_bytes
+from launcher.parallel.strategy import Setup, StepResult
 
 DCP_DIR = "dcp"
 """Subdirectory of a checkpoint that holds the DCP shards of model and optimizer."""
 SCALER_FILE = "scaler.pt"
-
-
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class MeshShape:
-    """Degrees of a run's device mesh; their product is the world size."""
-
-    replicate: int
-    """Replicas of the sharded group (FSDP2 hybrid sharding); 1 without."""
-    shard: int
-    """Ranks one FSDP2 group shards parameters, gradients and optimizer state over."""
-    tp: int
-    """Tensor-parallel degree (innermost: consecutive ranks form a tensor-parallel group)."""
-
-
-def mesh_shape(parallel: ParallelConfig, world_size: int) -> MeshShape:
-    """Split `world_size` into replicate x shard x tp degrees as the spec asks."""
-    tp = parallel.tp_size
-    replicate = parallel.replicate_degree if parallel.strategy == "fsdp" else 1
-    if world_size % (tp * replicate):
-        raise ValueError(
-            f"world size {world_size} is not divisible by parallel.tp_size ({tp}) x "
-            f"parallel.replicate_degree ({replicate})."
-        )
-    return MeshShape(replicate=replicate, shard=world_size // (tp * replicate), tp=tp)
-
-
-def build_mesh(shape: MeshShape, device_type: str) -> DeviceMesh:
-    """A named mesh ("replicate", "shard", "tp") laid out row-major over the ranks.
-
-    A one-rank run gets a one-rank process group of its own (no rendezvous), so a sharded checkpoint
-    can be resumed on one process.
-    """
-    if not torch.distributed.is_initialized():
-        backend = "cuda:nccl,cpu:gloo" if device_type == "cuda" else "gloo"
-        torch.distributed.init_process_group(
-            backend, store=torch.distributed.HashStore(), rank=0, world_size=1
-        )
-    return init_device_mesh(
-        device_type, (shape.replicate, shape.shard, shape.tp), mesh_dim_names=("replicate", "shard", "tp")
-    )
 
 
 class DTensorStrategy:
@@ -100,6 +60,7 @@ class DTensorStrategy:
         self.scaler = scaler
         self._optimizer_device = optimizer_device
         self.optimizer = build_optimizer(model, _optimizer_config(setup, scaler), optimizer_device)
+        self.max_grad_norm = setup.spec.train.max_grad_norm
 
     def no_sync(self) -> contextlib.AbstractContextManager:
         """Skip gradient communication for a non-final micro batch."""
@@ -109,17 +70,25 @@ class DTensorStrategy:
         """Backward through the (fp16-scaled) loss; FSDP2 reduce-scatters in its hooks."""
         (self.scaler.scale(loss) if self.scaler else loss).backward()
 
-    def step(self, *, max_grad_norm: float | None, loss_ok: torch.Tensor) -> StepResult:
+    def step(self, *, loss_ok: torch.Tensor) -> StepResult:
         """Clip over all shards and step, never with non-finite values."""
         if loss_ok.device.type != self._optimizer_device:  # parameters offloaded to the CPU
             loss_ok = loss_ok.to(self._optimizer_device)
         return guarded_step(
-            self.model.parameters(), self.optimizer, self.scaler, max_grad_norm=max_grad_norm, loss_ok=loss_ok
+            self.model.parameters(),
+            self.optimizer,
+            self.scaler,
+            max_grad_norm=self.max_grad_norm,
+            loss_ok=loss_ok,
         )
 
     def loss_scale(self) -> float | None:
         """The fp16 loss scale (identical on all ranks: overflow flags are all-reduced)."""
         return float(self.scaler.get_scale()) if self.scaler else None
+
+    def state_bytes(self) -> dict[str, int]:
+        """This rank's local shards of parameters, gradients and optimizer state."""
+        return state_bytes(self.model, self.optimizer)
 
     def save(self, directory: Path) -> None:
         """Every rank writes its shards of model and optimizer state into `directory/dcp`."""

@@ -12,7 +12,8 @@ final norm and the tied LM head. Options:
 - cpu_offload: sharded parameters, gradients and optimizer state live on the CPU (pinned memory on
   CUDA); the optimizer steps there.
 - prefetch_layers: blocks whose all-gather is issued ahead of use, forward and backward.
-- tp_size > 1: tensor parallel inside each data-parallel group first (a 2-D mesh dp x tp).
+- tp_size > 1: tensor parallel inside each data-parallel group (a 2-D mesh dp x tp), applied before
+  activation checkpointing, compile and this wrap by launcher.rank.build.
 
 Precision comes from the precision group: bf16 gathers parameters in bf16 and reduces gradients in
 fp32; fp16 likewise with fp16 parameters and a loss scaler whose overflow flag is all-reduced.
@@ -34,18 +35,10 @@ from torch.distributed.fsdp import (
     fully_shard,
 )
 
+from launcher.groups.parallel import ParallelConfig
 from launcher.groups.precision import PrecisionConfig
-from launcher.parallel import ParallelConfig
-from launcher.parallel.dtensor import (
-    DTensorStrategy,
-    MeshShape,
-    build_mesh,
-    consolidate,
-    make_sharded_scaler,
-    mesh_shape,
-)
-from launcher.parallel.registry import Setup
-from launcher.parallel.tensor_parallel import apply_tensor_parallel
+from launcher.parallel.dtensor import DTensorStrategy, consolidate, make_sharded_scaler
+from launcher.parallel.strategy import Setup
 
 __all__ = ["apply_fsdp", "build", "consolidate", "mixed_precision_policy"]
 
@@ -59,9 +52,9 @@ def mixed_precision_policy(precision: PrecisionConfig) -> MixedPrecisionPolicy |
     return None
 
 
-def _data_mesh(mesh: DeviceMesh, shape: MeshShape) -> DeviceMesh:
+def _data_mesh(mesh: DeviceMesh, replicate: int) -> DeviceMesh:
     """The mesh FSDP2 shards over: 1-D (shard) or 2-D (replicate, shard) for hybrid sharding."""
-    return mesh["replicate", "shard"] if shape.replicate > 1 else mesh["shard"]
+    return mesh["replicate", "shard"] if replicate > 1 else mesh["shard"]
 
 
 def _set_prefetch(blocks: list[FSDPModule], num_layers: int) -> None:
@@ -111,16 +104,21 @@ def _deferred_reduction(model: FSDPModule) -> Iterator[None]:
 
 
 def build(model: nn.Module, setup: Setup) -> DTensorStrategy:
-    """Registry entry point: FSDP2 over the data-parallel ranks, tensor parallel inside when tp_size > 1."""
+    """Registry entry point: FSDP2 over the data-parallel ranks of the run's mesh.
+
+    With tp_size > 1 the blocks arrive already split by tensor parallelism (launcher.rank.build
+    applies it first, then checkpointing and compile), so FSDP2 shards DTensors on a 2-D mesh.
+    """
     dist, spec = setup.dist, setup.spec
-    shape = mesh_shape(spec.parallel, dist.world_size)
-    mesh = build_mesh(shape, dist.device.type)
-    model = model.to(dist.device)
-    if shape.tp > 1:
-        model = apply_tensor_parallel(model, mesh["tp"], sequence_parallel=spec.parallel.sequence_parallel)
+    if setup.mesh is None:
+        raise ValueError("strategy fsdp needs the run's device mesh (launcher.parallel.dims builds it).")
     on_cuda = dist.device.type == "cuda"
     model = apply_fsdp(
-        model, _data_mesh(mesh, shape), parallel=spec.parallel, precision=spec.precision, pin_memory=on_cuda
+        model.to(dist.device),
+        _data_mesh(setup.mesh, dist.dims.replicate),
+        parallel=spec.parallel,
+        precision=spec.precision,
+        pin_memory=on_cuda,
     )
     return DTensorStrategy(
         model,

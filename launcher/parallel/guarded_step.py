@@ -1,26 +1,14 @@
-"""Verbs shared by the torch-native strategies: the guarded optimizer step and state files."""
+"""The guarded optimizer step the torch-native strategies share: unscale, clip, and step only when finite."""
 
 from __future__ import annotations
 
 import math
 from collections.abc import Iterable
-from dataclasses import dataclass
-from pathlib import Path
 
 import torch
 from torch.distributed.tensor import DTensor
 
-
-@dataclass(frozen=True)
-class StepResult:
-    """What happened at one optimizer step; flags may stay on the device until a log step reads them."""
-
-    grad_norm: torch.Tensor
-    """Global gradient norm before clipping (on the device; read it on log steps only)."""
-    nonfinite: torch.Tensor | bool
-    """The loss or the gradients were NaN/inf outside fp16 loss scaling; the weights were not touched."""
-    overflow: torch.Tensor | bool
-    """fp16 gradients overflowed; the loss scaler skipped the step and lowered its scale."""
+from launcher.parallel.strategy import StepResult
 
 
 def guarded_step(
@@ -59,13 +47,3 @@ def guarded_step(
         result = StepResult(norm, nonfinite=~ok, overflow=False)
     optimizer.zero_grad(set_to_none=True)
     return result
-
-
-def save_tensor_file(obj: object, path: Path) -> None:
-    """torch.save to `path`; the checkpoint module makes the directory atomic."""
-    torch.save(obj, path)
-
-
-def load_tensor_file(path: Path) -> object:
-    """torch.load with weights_only=True: checkpoints never execute code on load."""
-    return torch.load(path, map_location="cpu", weights_only=True)

@@ -1,61 +1,44 @@
-"""Strategies are peers behind one small registry, imported only when chosen (DeepSpeed is heavy)."""
+"""Strategies are peers in a plain registry, each module imported only when chosen (DeepSpeed is heavy)."""
 
 from __future__ import annotations
 
-import contextlib
 import importlib
 from dataclasses import dataclass
-from pathlib import Path
-from typing import TYPE_CHECKING, Protocol
-
-import torch
-from torch import nn
+from typing import TYPE_CHECKING, cast
 
 if TYPE_CHECKING:
-    from launcher.parallel.dims import DistContext
-    from launcher.parallel.guarded_step import StepResult
-    from launcher.spec import RunSpec
+    from torch import nn
 
-# strategy name -> "module:function" building it from (model, Setup)
-STRATEGIES: dict[str, str] = {
-    "single": "launcher.parallel.single:build",
-    "ddp": "launcher.parallel.ddp:build",
-    "deepspeed": "launcher.parallel.deepspeed:build",
-    "fsdp": "launcher.parallel.fsdp:build",
-    "tp": "launcher.parallel.tensor_parallel:build",
-}
+    from launcher.parallel.strategy import Setup, Strategy, StrategyModule
 
 
 @dataclass(frozen=True, kw_only=True)
-class Setup:
-    """What a strategy needs to wrap a model: the spec and where this rank sits."""
+class StrategyEntry:
+    """One strategy: where it lives and what the build must prepare for it."""
 
-    spec: RunSpec
-    dist: DistContext
+    module: str
+    """Module offering `build(model, setup)` and `consolidate(directory)` (the StrategyModule protocol)."""
+    process_group: bool
+    """Needs a process group even when the job has one rank (DDP, DeepSpeed and the DTensor strategies)."""
+    device_mesh: bool
+    """Shards with DTensors over the run's device mesh, which the topology owner builds once."""
 
 
-class Strategy(Protocol):
-    """The loop's verbs, adapted to one parallel backend. The loop never forks per strategy."""
+STRATEGIES: dict[str, StrategyEntry] = {
+    "single": StrategyEntry(module="launcher.parallel.single", process_group=False, device_mesh=False),
+    "ddp": StrategyEntry(module="launcher.parallel.ddp", process_group=True, device_mesh=False),
+    "deepspeed": StrategyEntry(module="launcher.parallel.deepspeed", process_group=True, device_mesh=False),
+    "fsdp": StrategyEntry(module="launcher.parallel.fsdp", process_group=True, device_mesh=True),
+    "tp": StrategyEntry(module="launcher.parallel.tensor_parallel", process_group=True, device_mesh=True),
+}
+"""Every option of parallel.strategy."""
 
-    model: nn.Module
-    optimizer: torch.optim.Optimizer
 
-    def no_sync(self) -> contextlib.AbstractContextManager: ...
-
-    def backward(self, loss: torch.Tensor) -> None: ...
-
-    def step(self, *, max_grad_norm: float | None, loss_ok: torch.Tensor) -> StepResult: ...
-
-    def loss_scale(self) -> float | None: ...
-
-    def save(self, directory: Path) -> None: ...
-
-    def load(self, directory: Path) -> None: ...
-
-    def export_state_dict(self) -> dict[str, torch.Tensor] | None: ...
+def strategy_module(name: str) -> StrategyModule:
+    """The module of strategy `name`, imported on demand."""
+    return cast("StrategyModule", importlib.import_module(STRATEGIES[name].module))
 
 
 def build_strategy(model: nn.Module, setup: Setup) -> Strategy:
     """Wrap `model` with the strategy the spec names."""
-    module_name, function = STRATEGIES[setup.spec.parallel.strategy].split(":")
-    return getattr(importlib.import_module(module_name), function)(model, setup)
+    return strategy_module(setup.spec.parallel.strategy).build(model, setup)

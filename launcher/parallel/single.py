@@ -8,10 +8,12 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from launcher.groups.checkpoint import load_tensor_file, save_tensor_file
 from launcher.groups.optimizer import build_optimizer
 from launcher.groups.precision import make_grad_scaler
-from launcher.parallel.guarded_step import StepResult, guarded_step, load_tensor_file, save_tensor_file
-from launcher.parallel.registry import Setup
+from launcher.parallel.guarded_step import guarded_step
+from launcher.parallel.state_bytes import state_bytes
+from launcher.parallel.strategy import Setup, StepResult
 
 
 class SingleStrategy:
@@ -22,6 +24,7 @@ class SingleStrategy:
         self.model = model.to(device)
         self.optimizer = build_optimizer(self.model, setup.spec.optimizer, device.type)
         self.scaler = make_grad_scaler(setup.spec.precision, device.type)
+        self.max_grad_norm = setup.spec.train.max_grad_norm
 
     def no_sync(self) -> contextlib.AbstractContextManager:
         """Nothing to synchronize with one rank."""
@@ -31,15 +34,23 @@ class SingleStrategy:
         """Backward through the (fp16-scaled) loss."""
         (self.scaler.scale(loss) if self.scaler else loss).backward()
 
-    def step(self, *, max_grad_norm: float | None, loss_ok: torch.Tensor) -> StepResult:
+    def step(self, *, loss_ok: torch.Tensor) -> StepResult:
         """Clip and step, never with non-finite values."""
         return guarded_step(
-            self.model.parameters(), self.optimizer, self.scaler, max_grad_norm=max_grad_norm, loss_ok=loss_ok
+            self.model.parameters(),
+            self.optimizer,
+            self.scaler,
+            max_grad_norm=self.max_grad_norm,
+            loss_ok=loss_ok,
         )
 
     def loss_scale(self) -> float | None:
         """The fp16 loss scale (reads it back from the device)."""
         return float(self.scaler.get_scale()) if self.scaler else None
+
+    def state_bytes(self) -> dict[str, int]:
+        """Parameters, gradients and optimizer state of the one replica."""
+        return state_bytes(self.model, self.optimizer)
 
     def save(self, directory: Path) -> None:
         """Model, optimizer and scaler state as three files."""

@@ -1,15 +1,14 @@
 """Per-rank memory of the training state (parameters, gradients, optimizer state), as sharded.
 
 Sharded strategies hold DTensors: only the local shard counts on this rank, so FSDP2 full_shard
-at N ranks reports about 1/N of one process. A tied matrix counts once. A strategy whose state
-does not live in torch tensors the optimizer holds (e.g. flat ZeRO partitions) can report its
-own numbers through a `state_bytes()` method, which takes precedence.
+at N ranks reports about 1/N of one process. A tied matrix counts once. Every strategy reports
+through its own `state_bytes()` (the Strategy protocol); the torch-native ones call `state_bytes`
+here, DeepSpeed counts its flat ZeRO partitions itself.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Any
 
 import torch
 from torch.distributed.tensor import DTensor
@@ -47,9 +46,3 @@ def state_bytes(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dic
         "grad_bytes": sum(local_bytes(p) for p in params if p.requires_grad),
         "optimizer_bytes": optimizer_state_bytes(optimizer),
     }
-
-
-def strategy_state_bytes(strategy: Any) -> dict[str, int]:
-    """The strategy's own report when it has one, else `state_bytes` of its model and optimizer."""
-    own = getattr(strategy, "state_bytes", None)
-    return own() if callable(own) else state_bytes(strategy.model, strategy.optimizer)

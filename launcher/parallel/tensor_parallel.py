@@ -31,14 +31,8 @@ from torch.distributed.tensor.parallel import (
     parallelize_module,
 )
 
-from launcher.parallel.dtensor import (
-    DTensorStrategy,
-    build_mesh,
-    consolidate,
-    make_sharded_scaler,
-    mesh_shape,
-)
-from launcher.parallel.registry import Setup
+from launcher.parallel.dtensor import DTensorStrategy, consolidate, make_sharded_scaler
+from launcher.parallel.strategy import Setup
 
 __all__ = ["apply_tensor_parallel", "build", "consolidate"]
 
@@ -134,18 +128,9 @@ def apply_tensor_parallel(model: nn.Module, tp_mesh: DeviceMesh, *, sequence_par
 
 
 def build(model: nn.Module, setup: Setup) -> DTensorStrategy:
-    """Registry entry point: tensor parallel over all ranks (world size == parallel.tp_size)."""
+    """Registry entry point of strategy tp: the model is already split (launcher.rank.build applies
+    `apply_tensor_parallel` before checkpointing and compile); no data-parallel wrap follows."""
     dist, spec = setup.dist, setup.spec
-    shape = mesh_shape(spec.parallel, dist.world_size)
-    if shape.shard != 1:
-        raise ValueError(
-            f"strategy tp shards over tp_size={shape.tp} ranks, but the world has {dist.world_size}; "
-            "use parallel.strategy=fsdp with parallel.tp_size for data parallelism on top."
-        )
-    mesh = build_mesh(shape, dist.device.type)
-    model = apply_tensor_parallel(
-        model.to(dist.device), mesh["tp"], sequence_parallel=spec.parallel.sequence_parallel
-    )
     scaler = make_sharded_scaler(spec.precision, dist.device.type)
     return DTensorStrategy(
         model, setup, no_sync=contextlib.nullcontext, scaler=scaler, optimizer_device=dist.device.type

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from launcher.groups.model.gpt import ModelConfig, _ff_width
+from launcher.groups.model.config import ModelConfig, ff_width
 
 FP32 = 4
 INDEX = 8  # int64 token ids and labels
@@ -58,7 +58,7 @@ def _attention_bytes(cfg: ModelConfig, shape: ActivationShape) -> int:
 def _mlp_bytes(cfg: ModelConfig, shape: ActivationShape) -> int:
     """Saved by one block's MLP branch (its input LayerNorm output onwards)."""
     tokens, act = shape.micro_batch * shape.seq_len, shape.act_bytes
-    ff = _ff_width(cfg) // shape.tp_size
+    ff = ff_width(cfg) // shape.tp_size
     up_input = tokens * cfg.d_model * act
     gelu_input, down_input = tokens * ff * act, tokens * ff * act
     mask = tokens * cfg.d_model if cfg.dropout > 0 else 0

@@ -14,16 +14,16 @@ Activations come from `launcher.plan.activations`.
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from launcher.groups.model.gpt import ModelConfig, _config_num_params, _ff_width
+from launcher.groups.model.config import ModelConfig, config_num_params, ff_width
 from launcher.plan import activations as acts
 from launcher.spec import RunSpec
 
 if TYPE_CHECKING:
-    from omegaconf import DictConfig
-    from rich.console import Console
     from rich.table import Table
 
 MiB, GiB = 1024**2, 1024**3
@@ -84,14 +84,9 @@ class MemoryPlan:
         return self.parameters + self.gradients + self.optimizer_states + self.activations + self.buffers
 
 
-def world_size(spec: RunSpec) -> int:
-    """Ranks of the job the spec describes."""
-    return max(spec.launcher.nnodes * spec.launcher.nproc, 1)
-
-
 def _linear_shapes(cfg: ModelConfig) -> dict[str, tuple[int, int]]:
     """Block linear layer name -> (in, out) features."""
-    d, ff = cfg.d_model, _ff_width(cfg)
+    d, ff = cfg.d_model, ff_width(cfg)
     return {
         "q_proj": (d, d),
         "k_proj": (d, d),
@@ -116,7 +111,7 @@ def lora_targets(spec: RunSpec) -> tuple[str, ...]:
 def count_params(spec: RunSpec) -> ParamCounts:
     """Parameters of the spec's model by role, without building it."""
     cfg = spec.model
-    total = _config_num_params(cfg)
+    total = config_num_params(cfg)
     shapes = _linear_shapes(cfg)
     block_linear = cfg.n_layer * sum(i * o for i, o in shapes.values())
     rank, targets = spec.quantization.lora.rank, lora_targets(spec)
@@ -159,6 +154,11 @@ class _States:
     note: str
 
 
+def _mixed(spec: RunSpec) -> bool:
+    """Whether the run autocasts to a 16-bit dtype."""
+    return spec.precision.bf16 or spec.precision.fp16
+
+
 def _weight_bytes(spec: RunSpec, counts: ParamCounts, bytes_16: int) -> float:
     """Bytes of all weights on one replica: base weights at `bytes_16` or in low bits, adapters in float32."""
     method = spec.quantization.method
@@ -169,29 +169,49 @@ def _weight_bytes(spec: RunSpec, counts: ParamCounts, bytes_16: int) -> float:
     return low_bits + (counts.total - counts.block_linear) * bytes_16 + counts.adapters * 4
 
 
-def _torch_native(spec: RunSpec, counts: ParamCounts, shard: int) -> _States:
-    """single, ddp, tp and fsdp: float32 weights and gradients under autocast, states sharded by `shard`."""
-    p, trainable = spec.parallel, counts.trainable
+def _replica(spec: RunSpec, counts: ParamCounts, n: int) -> _States:
+    """single and tp (and DDP's base): float32 weights and gradients under autocast, a full replica per rank.
+
+    (Tensor parallelism has already divided the block weights in `counts`.)
+    """
     weights = _weight_bytes(spec, counts, 4)
-    grads, states = trainable * 4.0, trainable * optimizer_state_bytes(spec)
-    mixed = spec.precision.bf16 or spec.precision.fp16
-    layer = counts.total / max(spec.model.n_layer, 1)
+    grads, states = counts.trainable * 4.0, counts.trainable * optimizer_state_bytes(spec)
     buffers = 0.0
-    if mixed and spec.quantization.method == "none":  # autocast caches a 16-bit copy of each matmul weight
+    if (
+        _mixed(spec) and spec.quantization.method == "none"
+    ):  # autocast caches a 16-bit copy of each matmul weight
         buffers += 2.0 * (counts.block_linear + spec.model.vocab_size * spec.model.d_model)
-    if p.strategy == "ddp" and not p.gradient_as_bucket_view:
-        buffers += grads  # buckets hold a second copy of the gradients
-    if p.strategy != "fsdp" or shard == 1:
-        return _States(
-            parameters=weights,
-            gradients=grads,
-            optimizer_states=states,
-            buffers=buffers,
-            host_bytes=0.0,
-            note="full replica: 4Ψ weights + 4Ψ gradients + optimizer state",
-        )
-    gather = 2 if mixed else 4
-    buffers += (1 + p.prefetch_layers) * layer * gather + layer * 4  # gathered blocks + one unsharded grad
+    return _States(
+        parameters=weights,
+        gradients=grads,
+        optimizer_states=states,
+        buffers=buffers,
+        host_bytes=0.0,
+        note="full replica: 4Ψ weights + 4Ψ gradients + optimizer state",
+    )
+
+
+def _ddp(spec: RunSpec, counts: ParamCounts, n: int) -> _States:
+    """A full replica; without gradient_as_bucket_view DDP's buckets hold a second copy of the gradients."""
+    states = _replica(spec, counts, n)
+    if spec.parallel.gradient_as_bucket_view:
+        return states
+    return dataclasses.replace(states, buffers=states.buffers + states.gradients)
+
+
+def _fsdp(spec: RunSpec, counts: ParamCounts, n: int) -> _States:
+    """FSDP2: weights, gradients and optimizer state sharded over the data-parallel group (full_shard ~ ZeRO-3)."""
+    p = spec.parallel
+    shard = max(n // (max(p.tp_size, 1) * max(p.replicate_degree, 1)), 1)
+    replica = _replica(spec, counts, n)
+    if shard == 1:
+        return replica
+    weights, grads, states = replica.parameters, replica.gradients, replica.optimizer_states
+    gather = 2 if _mixed(spec) else 4
+    layer = counts.total / max(spec.model.n_layer, 1)
+    buffers = (
+        replica.buffers + (1 + p.prefetch_layers) * layer * gather + layer * 4
+    )  # gathered blocks + one grad
     kept = weights / shard if p.reshard_after_forward else weights / shard + counts.total * gather
     note = f"FSDP over {shard} ranks: " + (
         "full_shard ~ ZeRO-3" if p.reshard_after_forward else "shard_grad_op ~ ZeRO-2"
@@ -252,6 +272,16 @@ def _deepspeed(spec: RunSpec, counts: ParamCounts, n: int) -> _States:
     )
 
 
+MODEL_STATES: dict[str, Callable[[RunSpec, ParamCounts, int], _States]] = {
+    "single": _replica,
+    "tp": _replica,
+    "ddp": _ddp,
+    "fsdp": _fsdp,
+    "deepspeed": _deepspeed,
+}
+"""Model-state formulas per parallel strategy (a test holds its keys to the strategy registry's)."""
+
+
 def model_states(spec: RunSpec, n: int) -> _States:
     """Weights, gradients and optimizer state per device for `n` ranks."""
     counts = count_params(spec)
@@ -265,17 +295,14 @@ def model_states(spec: RunSpec, n: int) -> _States:
             adapters=counts.adapters // tp,
             trainable=round(counts.trainable * share),
         )
-    if spec.parallel.strategy == "deepspeed":
-        return _deepspeed(spec, counts, n)
-    shard = max(n // (tp * max(spec.parallel.replicate_degree, 1)), 1)
-    return _torch_native(spec, counts, shard)
+    return MODEL_STATES[spec.parallel.strategy](spec, counts, n)
 
 
 def plan(spec: RunSpec, world: int | None = None, device_type: str | None = None) -> MemoryPlan:
     """The per-device memory of one rank of `spec` on `world` ranks (default: the spec's own)."""
     from launcher.groups.device import resolve_device
 
-    n = world or world_size(spec)
+    n = world or max(spec.launcher.world_size, 1)
     kind = device_type or resolve_device(spec.launcher.device)
     states = model_states(spec, n)
     mem, p = spec.memory, spec.parallel
@@ -345,24 +372,3 @@ def plan_table(memory: MemoryPlan) -> Table:
     if memory.host_bytes:
         table.add_row("[dim]host (offloaded)", f"[dim]{format_bytes(memory.host_bytes)}")
     return table
-
-
-def print_plan(console: Console, cfg: DictConfig) -> None:
-    """Print the memory plan of a composed, valid config (part of the dry run)."""
-    from launcher.front.compose import strip_hydra
-    from launcher.spec import to_spec
-
-    spec = to_spec(strip_hydra(cfg))
-    if spec.model.kind != "gpt":
-        console.print(
-            f"memory plan: not available for model.kind={spec.model.kind} (the planner sizes the built-in GPT)."
-        )
-        return
-    memory = plan(spec)
-    console.print(
-        f"memory plan: per {memory.device_type} device, {memory.world_size} rank(s), "
-        f"{memory.num_params / 1e6:,.2f}M parameters"
-    )
-    console.print(plan_table(memory))
-    for note in memory.notes:
-        console.print(f"  [dim]{note}", highlight=False)

@@ -1,17 +1,22 @@
 """The one place that orders the build steps of a rank, from a frozen spec to the loop's components.
 
-Order matters: weights are created identically on every rank (same seed) before any wrapping;
-quantization and adapters change which parameters exist, so they come before the strategy, which
-may shard them; activation checkpointing and offload wrap the blocks next; the micro-batch search
-(memory.auto_micro_batch) measures that eager model and returns a new spec with the micro batch it
-chose (everything after, data included, uses it); compile traces the checkpointed blocks before the
-strategy wraps them; the strategy builds the optimizer over the parameters it finally owns; the
-scheduler wraps that optimizer; data comes last and is sharded by data-parallel rank.
+The order, and why (it follows torchtitan's parallelize: TP, then checkpointing, then compile, then
+the data-parallel wrap):
+
+1. weights, created identically on every rank (same seed) before anything wraps them;
+2. quantization and adapters, which change which parameters exist;
+3. tensor parallelism, which splits the blocks' projections into DTensors (and needs them on the device);
+4. activation checkpointing and offload, which wrap the (split) blocks' forward;
+5. the micro-batch search (memory.auto_micro_batch), which measures that eager model and chooses a
+   batch split (refused with TP, FSDP and ZeRO-3, whose sharding it cannot see);
+6. compile, which traces each block with its checkpointing and tensor-parallel hooks inside;
+7. the data-parallel wrap (DDP, FSDP2, DeepSpeed), which shards or replicates what it is given and
+   builds the optimizer over the parameters it finally owns; the LR schedule wraps that optimizer;
+8. data, last, sharded by data-parallel rank with the chosen batch split.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import random
 from pathlib import Path
 
@@ -20,14 +25,16 @@ import torch
 
 from launcher.groups import device as devices
 from launcher.groups import memory, quantization
-from launcher.groups.batching import build_stream
+from launcher.groups.batching import BatchSplit, build_stream
 from launcher.groups.compile import apply as compile_model
 from launcher.groups.data import PackedSequences, load_corpus
-from launcher.groups.model.gpt import build_model, flops_per_token
+from launcher.groups.model.build import build_model, flops_per_token
 from launcher.groups.precision import apply_backend_flags
 from launcher.groups.scheduler import build_scheduler
 from launcher.parallel.dims import DistContext
-from launcher.parallel.registry import Setup, build_strategy
+from launcher.parallel.registry import STRATEGIES, build_strategy
+from launcher.parallel.strategy import Setup
+from launcher.parallel.tensor_parallel import apply_tensor_parallel
 from launcher.rank.engine import Components
 from launcher.rank.micro_batch import fit_micro_batch
 from launcher.spec import RunSpec
@@ -44,17 +51,22 @@ def build(spec: RunSpec, dist: DistContext, run_dir: Path | None = None) -> Comp
     """Build model, strategy, optimizer, scheduler and data for this rank."""
     seed_everything(spec.train.seed)
     apply_backend_flags(spec.precision, dist.device.type)
+    device = dist.device
+    mesh = dist.dims.build_mesh(device.type) if STRATEGIES[spec.parallel.strategy].device_mesh else None
     model = build_model(spec.model)
-    model = quantization.apply(model, spec.quantization, spec.precision, device=dist.device)
-    # Memory techniques wrap the blocks that exist after quantization and adapters, and before
-    # compile traces them and the strategy shards them.
+    model = quantization.apply(model, spec.quantization, spec.precision, device=device)
+    if dist.dims.tp > 1:
+        model = apply_tensor_parallel(
+            model.to(device), mesh["tp"], sequence_parallel=spec.parallel.sequence_parallel
+        )
     model = memory.apply(model, spec.memory)
-    if spec.memory.auto_micro_batch:  # measured on the eager model; a new spec, recorded in run_dir
-        spec = fit_micro_batch(model, spec, dist.device, run_dir=run_dir, is_main=dist.is_main)
+    batch = BatchSplit(
+        micro_batch_size=spec.train.micro_batch_size, grad_accum_steps=spec.train.grad_accum_steps
+    )
+    if spec.memory.auto_micro_batch:
+        batch = fit_micro_batch(model, spec, device, run_dir=run_dir, is_main=dist.is_main)
     model = compile_model(model, spec.compile)
-    # Ranks of one tensor-parallel group compute on the same batch: data is split by dp rank.
-    dist = dataclasses.replace(dist, tp_size=spec.parallel.tp_size)
-    strategy = build_strategy(model, Setup(spec=spec, dist=dist))
+    strategy = build_strategy(model, Setup(spec=spec, dist=dist, batch=batch, mesh=mesh))
     scheduler = build_scheduler(strategy.optimizer, spec.scheduler, spec.train.max_steps)
     corpus = load_corpus(spec.data)
     d = spec.data
@@ -64,20 +76,21 @@ def build(spec: RunSpec, dist: DistContext, run_dir: Path | None = None) -> Comp
         packing=d.packing,
         batching=d.batching,
         max_tokens_per_batch=d.max_tokens_per_batch,
-        micro_batch_size=spec.train.micro_batch_size,
+        micro_batch_size=batch.micro_batch_size,
         seed=spec.train.seed,
-        grad_accum_steps=spec.train.grad_accum_steps,
+        grad_accum_steps=batch.grad_accum_steps,
         rank=dist.dp_rank,
         world_size=dist.dp_size,
     )
     return Components(
+        spec=spec,
+        batch=batch,
         strategy=strategy,
         scheduler=scheduler,
         stream=stream,
         val=PackedSequences(corpus.val, spec.data.seq_len),
         dist=dist,
         flops_per_token=flops_per_token(spec.model, spec.data.seq_len),
-        peak_flops=devices.peak_flops(dist.device.type),
-        spec=spec,
-        after_step=[hook for hook in [memory.empty_cache_hook(spec.memory, dist.device.type)] if hook],
+        peak_flops=devices.peak_flops(device.type),
+        after_step=[hook for hook in [memory.empty_cache_hook(spec.memory, device.type)] if hook],
     )

@@ -23,13 +23,13 @@ import torch
 from rich.console import Console
 
 from launcher.groups import checkpoint, metrics, profiling
-from launcher.groups.data import BatchStream, PackedSequences, val_batches
-from launcher.groups.model.gpt import lm_loss
+from launcher.groups.batching import Batches, BatchSplit
+from launcher.groups.data import PackedSequences, val_batches
+from launcher.groups.model.loss import lm_loss
 from launcher.groups.precision import autocast, eval_dtype, train_dtype
 from launcher.parallel.dims import DistContext
-from launcher.parallel.registry import Strategy
-from launcher.parallel.state_bytes import strategy_state_bytes
-from launcher.rank import preemption
+from launcher.parallel.strategy import Strategy
+from launcher.rank.preemption import StopSignal
 from launcher.spec import RunSpec
 
 
@@ -41,15 +41,24 @@ class NonFiniteStop(RuntimeError):
 class Components:
     """Everything the loop drives, built once per rank by `launcher.rank.build`."""
 
+    spec: RunSpec
+    """The spec the components were built for: the only spec the engine reads."""
+    batch: BatchSplit
+    """Micro batch and accumulation steps (the spec's, or the micro-batch search's choice)."""
     strategy: Strategy
+    """The parallel strategy: wrapped model, optimizer and the loop's verbs."""
     scheduler: torch.optim.lr_scheduler.LRScheduler
-    stream: BatchStream
+    """The learning-rate schedule over the strategy's optimizer."""
+    stream: Batches
+    """Training micro batches for this rank."""
     val: PackedSequences
+    """Held-out sequences for evaluation."""
     dist: DistContext
+    """This rank's place in the job."""
     flops_per_token: float
+    """Training FLOPs per token of the model (for MFU)."""
     peak_flops: float | None
-    spec: RunSpec | None = None
-    """The spec the components were built for (the micro-batch search may change the batch split)."""
+    """The device's dense peak FLOP/s, None where unknown (every CPU)."""
     after_step: list[Callable[[int], None]] = field(default_factory=list)
     """Called with the step number after every optimizer step (e.g. memory.empty_cache_steps)."""
 
@@ -81,10 +90,11 @@ class Engine:
     """Runs the loop for one rank; rank 0 also writes metrics, summaries and checkpoint markers."""
 
     def __init__(
-        self, parts: Components, spec: RunSpec, run_dir: Path, console: Console | None = None
+        self, parts: Components, run_dir: Path, console: Console | None = None, stop: StopSignal | None = None
     ) -> None:
-        self.parts, self.spec, self.run_dir = parts, parts.spec or spec, Path(run_dir)
+        self.parts, self.spec, self.run_dir = parts, parts.spec, Path(run_dir)
         self.console = console or Console()
+        self.stop = stop or StopSignal()
         self.device = parts.dist.device
         self.step = 0
         self.nonfinite_skips = 0
@@ -93,7 +103,9 @@ class Engine:
         self.timer = metrics.PhaseTimer(self.device.type)
         self._interval = {"loss": torch.zeros((), device=self.device), "tokens": 0, "samples": 0}
         self._last_result = None
-        self._pending = {k: torch.zeros((), dtype=torch.int64, device=self.device) for k in ("nonfinite", "overflow")}
+        self._pending = {
+            k: torch.zeros((), dtype=torch.int64, device=self.device) for k in ("nonfinite", "overflow")
+        }
         self._history: dict[str, list] = {"tokens_per_s": [], "loss": []}
         self._eval: dict[str, float] = {}
         self._writer: metrics.MetricsFile | None = None
@@ -170,10 +182,12 @@ class Engine:
                     self.evaluate()
                 stopping = self.step == t.stop_after
                 # A preemption signal on any rank stops every rank after this same step (collective).
-                preempted = not last and preemption.stop_agreed(dist)
+                preempted = not last and self.stop.agreed(dist)
                 every = self.spec.checkpoint.every
-                if (every and self.step % every == 0) or preempted or (
-                    (last or stopping) and self.spec.checkpoint.save_final
+                if (
+                    (every and self.step % every == 0)
+                    or preempted
+                    or ((last or stopping) and self.spec.checkpoint.save_final)
                 ):
                     self.save()
                 progress.update(task, completed=self.step)
@@ -187,10 +201,10 @@ class Engine:
 
     def _train_step(self) -> None:
         """One optimizer step over grad_accum_steps micro batches, normalized by their token count."""
-        strategy, t = self.parts.strategy, self.spec.train
+        strategy = self.parts.strategy
         dtype = train_dtype(self.spec.precision)
         self.timer.start("data")
-        batches = [self.parts.stream.next_batch() for _ in range(t.grad_accum_steps)]
+        batches = [self.parts.stream.next_batch() for _ in range(self.parts.batch.grad_accum_steps)]
         num_tokens = sum(int((b["labels"] != -100).sum()) for b in batches)  # CPU tensors: no device sync
         batches = [{k: v.to(self.device, non_blocking=True) for k, v in b.items()} for b in batches]
         loss_sum = torch.zeros((), device=self.device)
@@ -204,7 +218,7 @@ class Engine:
                 strategy.backward(token_loss_sum / num_tokens)
             loss_sum += token_loss_sum.detach()
         self.timer.start("optimizer")
-        result = strategy.step(max_grad_norm=t.max_grad_norm, loss_ok=torch.isfinite(loss_sum))
+        result = strategy.step(loss_ok=torch.isfinite(loss_sum))
         with warnings.catch_warnings():  # a skipped step still advances the schedule, on purpose
             warnings.filterwarnings("ignore", message=re.escape("Detected call of `lr_scheduler.step()`"))
             self.parts.scheduler.step()
@@ -260,7 +274,7 @@ class Engine:
             "samples_per_s": samples / elapsed if elapsed > 0 else 0.0,
             "mfu": (self.parts.flops_per_token * tokens_per_s / dist.world_size / peak) if peak else None,
             "mem_peak_bytes": metrics.peak_memory_bytes(self.device.type),
-            **strategy_state_bytes(strategy),  # this rank's share: local shards only
+            **strategy.state_bytes(),  # this rank's share: local shards only
             "loss_scale": strategy.loss_scale(),
             "nonfinite_skips": self.nonfinite_skips,
             "overflow_skips": self.overflow_skips,
@@ -282,7 +296,7 @@ class Engine:
         dist = self.parts.dist
         batches = val_batches(
             self.parts.val,
-            micro_batch_size=t.micro_batch_size,
+            micro_batch_size=self.parts.batch.micro_batch_size,
             max_batches=t.eval_batches,
             rank=dist.dp_rank,
             world_size=dist.dp_size,

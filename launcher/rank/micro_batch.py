@@ -29,7 +29,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from launcher.groups.model.gpt import lm_loss
+from launcher.groups.batching import BatchSplit
+from launcher.groups.model.loss import lm_loss
 from launcher.groups.precision import autocast, train_dtype
 from launcher.spec import RunSpec
 
@@ -202,8 +203,8 @@ def fit_micro_batch(
     *,
     run_dir: Path | None = None,
     is_main: bool = True,
-) -> RunSpec:
-    """The spec with the micro batch the search chose (a new frozen spec; `spec` is not changed)."""
+) -> BatchSplit:
+    """The micro batch and accumulation the search chose for the spec's per-rank batch."""
     t = spec.train
     search = Search(
         per_rank_batch=t.micro_batch_size * t.grad_accum_steps,
@@ -230,10 +231,7 @@ def fit_micro_batch(
     search.micro_batch_size, search.grad_accum_steps = agreed, search.per_rank_batch // agreed
     if is_main:
         _report(search, run_dir, reused=previous is not None)
-    train = dataclasses.replace(
-        t, micro_batch_size=search.micro_batch_size, grad_accum_steps=search.grad_accum_steps
-    )
-    return dataclasses.replace(spec, train=train)
+    return BatchSplit(micro_batch_size=search.micro_batch_size, grad_accum_steps=search.grad_accum_steps)
 
 
 def _report(search: Search, run_dir: Path | None, *, reused: bool) -> None:

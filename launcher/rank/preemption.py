@@ -1,9 +1,10 @@
 """Graceful stops on a signal: a handler sets a flag, and every rank agrees to stop at the same step.
 
-A scheduler (SLURM's `--signal`, or `scancel --signal`) warns a job before it ends it. The launch
-backend installs `install(signal)` in each rank; the engine calls `stop_agreed(dist)` once per
-optimizer step, writes a complete checkpoint when it returns True and ends the run with exit
-status EXIT_PREEMPTED. Without an installed handler the check costs nothing and never communicates.
+A scheduler (SLURM's `--signal`, or `scancel --signal`) warns a job before it ends it. The rank's
+entry (launcher.launch.slurm_rank) creates a `StopSignal` for that signal and hands it to the
+engine, which calls `agreed(dist)` once per optimizer step, writes a complete checkpoint when it
+returns True and ends the run with exit status 4 (ExitStatus.PREEMPTED). A `StopSignal()` without a
+signal costs nothing and never communicates. The state lives in the object, not in the module.
 """
 
 from __future__ import annotations
@@ -13,68 +14,55 @@ from types import FrameType
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    import torch.distributed
+
     from launcher.parallel.dims import DistContext
 
-EXIT_PREEMPTED = 4
-"""Process exit status of a run stopped by a preemption signal after writing its checkpoint."""
 
-_state: dict[str, object] = {"installed": False, "requested": False, "signal": None, "group": None}
-
-
-def _handle(signum: int, frame: FrameType | None) -> None:
-    _state["requested"] = True
-    _state["signal"] = signal.Signals(signum).name
+def signal_number(name: str) -> signal.Signals:
+    """The signal named USR2 or SIGUSR2."""
+    return signal.Signals[name if name.startswith("SIG") else f"SIG{name}"]
 
 
-def install(signal_name: str) -> None:
-    """Catch `signal_name` (e.g. USR2 or SIGUSR2) in this process and remember that it arrived."""
-    name = signal_name if signal_name.startswith("SIG") else f"SIG{signal_name}"
-    signal.signal(signal.Signals[name], _handle)
-    _state["installed"] = True
+class StopSignal:
+    """A signal that asks the run to stop after the current step, on every rank together."""
 
+    def __init__(self, signal_name: str | None = None) -> None:
+        self.installed = signal_name is not None
+        """Whether a handler is installed (without one, `agreed` never communicates)."""
+        self.received: str | None = None
+        """The name of the signal that arrived, if any."""
+        self._group: torch.distributed.ProcessGroup | None = None
+        if signal_name is not None:
+            signal.signal(signal_number(signal_name), self._handle)
 
-def installed() -> bool:
-    """Whether a preemption handler is active in this process."""
-    return bool(_state["installed"])
+    def _handle(self, signum: int, frame: FrameType | None) -> None:
+        self.received = signal.Signals(signum).name
 
+    @property
+    def requested(self) -> bool:
+        """Whether this process has received the signal."""
+        return self.received is not None
 
-def requested() -> bool:
-    """Whether this process has received the preemption signal."""
-    return bool(_state["requested"])
+    def _control_group(self) -> torch.distributed.ProcessGroup | None:
+        """A gloo group for the per-step flag: a CPU all-reduce never syncs a GPU stream."""
+        import torch.distributed as tdist
 
+        if tdist.get_backend() == "gloo":
+            return None  # the default group
+        if self._group is None:  # created collectively: every rank reaches its first check together
+            self._group = tdist.new_group(backend="gloo")
+        return self._group
 
-def received_signal() -> str | None:
-    """The name of the signal that asked for the stop, if any."""
-    return _state["signal"]  # type: ignore[return-value]
+    def agreed(self, dist: DistContext) -> bool:
+        """True on every rank once any rank received the signal (one tiny CPU all-reduce per step)."""
+        if not self.installed:
+            return False
+        if dist.world_size == 1:
+            return self.requested
+        import torch
+        import torch.distributed as tdist
 
-
-def reset() -> None:
-    """Forget a received signal and uninstall nothing (for a process that runs several jobs)."""
-    _state["requested"] = False
-    _state["signal"] = None
-    _state["group"] = None
-
-
-def _control_group() -> object | None:
-    """A gloo group for the per-step flag: a CPU all-reduce never syncs a GPU stream."""
-    import torch.distributed as tdist
-
-    if tdist.get_backend() == "gloo":
-        return None  # the default group
-    if _state["group"] is None:  # created collectively: every rank reaches its first check together
-        _state["group"] = tdist.new_group(backend="gloo")
-    return _state["group"]
-
-
-def stop_agreed(dist: DistContext) -> bool:
-    """True on every rank once any rank received the signal (one tiny CPU all-reduce per step)."""
-    if not installed():
-        return False
-    if dist.world_size == 1:
-        return requested()
-    import torch
-    import torch.distributed as tdist
-
-    flag = torch.tensor([1 if requested() else 0], dtype=torch.int32)
-    tdist.all_reduce(flag, op=tdist.ReduceOp.MAX, group=_control_group())
-    return bool(flag.item())
+        flag = torch.tensor([1 if self.requested else 0], dtype=torch.int32)
+        tdist.all_reduce(flag, op=tdist.ReduceOp.MAX, group=self._control_group())
+        return bool(flag.item())

@@ -17,8 +17,8 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-from launcher.parallel import dims as distributed
-from launcher.parallel.dims import DistContext
+from launcher.groups.parallel import ParallelConfig
+from launcher.parallel.dims import DistContext, ParallelDims, init_process_group
 
 MAX_WAIT_S = 60.0
 
@@ -101,16 +101,23 @@ def check_collectives(ctx: DistContext, timeout_s: float) -> None:
         )
 
 
-def join(device_type: str, timeout_s: float) -> DistContext:
-    """Join the job like distributed.init, checking first that every rank arrives and can talk."""
+def join(
+    device_type: str, timeout_s: float, *, parallel: ParallelConfig, one_rank_group: bool = False
+) -> DistContext:
+    """Join the job (launcher.parallel.dims.init_process_group), checking first that every rank arrives and can talk.
+
+    `parallel` gives the mesh degrees, laid out over the job's world size; `one_rank_group` asks for
+    a process group even when the job has a single rank (strategies that always need one).
+    """
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
+    dims = ParallelDims.of(parallel, world_size)
     if world_size == 1:
-        return distributed.init(device_type, timeout_s)
+        return init_process_group(device_type, timeout_s=timeout_s, dims=dims, one_rank_group=one_rank_group)
     rank = int(os.environ["RANK"])
     set_comm_env(device_type, timeout_s)
     short = wait_s(timeout_s)
     store = job_store(rank, world_size, short)
     check_arrival(store, rank, world_size, short)
-    ctx = distributed.init(device_type, timeout_s, store=dist.PrefixStore("pg", store))
+    ctx = init_process_group(device_type, timeout_s=timeout_s, store=dist.PrefixStore("pg", store), dims=dims)
     check_collectives(ctx, short)
     return ctx

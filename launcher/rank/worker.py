@@ -10,21 +10,24 @@ from pathlib import Path
 
 from rich.console import Console
 
+from launcher.exits import ExitStatus
 from launcher.groups import checkpoint, metrics
 from launcher.groups.device import resolve_device
-from launcher.parallel import dims as distributed
-from launcher.rank import preemption, preflight
+from launcher.parallel.deepspeed import accelerator_env
+from launcher.parallel.dims import shutdown
+from launcher.parallel.registry import STRATEGIES
+from launcher.rank import preflight
 from launcher.rank.build import build
 from launcher.rank.engine import Engine, NonFiniteStop
+from launcher.rank.preemption import StopSignal
 from launcher.spec import RunSpec, load_spec
-
-EXIT_OK, EXIT_FAILED, EXIT_NONFINITE = 0, 1, 3
 
 
 def resume_candidates(spec: RunSpec, run_dir: Path) -> list[Path]:
     """Checkpoints to try, newest first: what `resume` names, or this run's own after a restart."""
     restarted = any(  # an elastic restart, or a SLURM requeue of the job
-        int(os.environ.get(var, "0") or 0) > 0 for var in ("TORCHELASTIC_RESTART_COUNT", "SLURM_RESTART_COUNT")
+        int(os.environ.get(var, "0") or 0) > 0
+        for var in ("TORCHELASTIC_RESTART_COUNT", "SLURM_RESTART_COUNT")
     )
     resume = "auto" if restarted and spec.resume is None else spec.resume
     if resume is None:
@@ -45,33 +48,56 @@ def restore_newest(engine: Engine, candidates: list[Path], console: Console) -> 
         return
 
 
-def run(spec_path: Path) -> int:
-    """Run this rank of the job described by `spec_path`; returns the process exit status."""
+def configure_process(spec: RunSpec, device_type: str) -> None:
+    """Set the process-wide switches libraries read at import, before any of them is imported.
+
+    The rank's entry owns its process environment; nothing deeper changes it. DeepSpeed picks its
+    accelerator from DS_ACCELERATOR when it is first imported, and reads LOCAL_RANK even in a
+    one-process job.
+    """
+    if spec.parallel.strategy == "deepspeed":
+        os.environ.update(accelerator_env(device_type))
+    if "WORLD_SIZE" not in os.environ:  # a single process (inline): the variables torchrun would set
+        os.environ.update({"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1"})
+
+
+def run(spec_path: Path, *, stop: StopSignal | None = None) -> int:
+    """Run this rank of the job described by `spec_path`; returns the process exit status.
+
+    `stop` is a signal handler installed by the rank's entry (SLURM preemption), None for none.
+    """
     spec = load_spec(spec_path)
     run_dir = Path(spec.run_dir or spec_path.parent)
     console = Console(stderr=False)
-    dist = preflight.join(resolve_device(spec.launcher.device), spec.launcher.timeout_s)
+    device_type = resolve_device(spec.launcher.device)
+    configure_process(spec, device_type)
+    dist = preflight.join(
+        device_type,
+        spec.launcher.timeout_s,
+        parallel=spec.parallel,
+        one_rank_group=STRATEGIES[spec.parallel.strategy].process_group,
+    )
     started = time.perf_counter()
     engine = None
     try:
-        engine = Engine(build(spec, dist, run_dir), spec, run_dir, console)
+        engine = Engine(build(spec, dist, run_dir), run_dir, console, stop=stop)
         restore_newest(engine, resume_candidates(spec, run_dir), console)
         summary = engine.run()
-        code = preemption.EXIT_PREEMPTED if summary["exit_reason"] == "preempted" else EXIT_OK
+        code = ExitStatus.PREEMPTED if summary["exit_reason"] == "preempted" else ExitStatus.OK
     except NonFiniteStop as err:
         console.print(f"[red]error:[/] {err}")
-        summary, code = engine.summary("nonfinite", time.perf_counter() - started), EXIT_NONFINITE
+        summary, code = engine.summary("nonfinite", time.perf_counter() - started), ExitStatus.NONFINITE
     except checkpoint.CheckpointSaveError as err:
         console.print(f"[red]error:[/] {err}")
-        summary, code = engine.summary("checkpoint_failed", time.perf_counter() - started), EXIT_FAILED
+        summary, code = engine.summary("checkpoint_failed", time.perf_counter() - started), ExitStatus.FAILED
     finally:
         del engine
-        distributed.shutdown()
+        shutdown()
     if dist.is_main:
         metrics.write_summary(run_dir, summary)
         if spec.log.summary_table:
             console.print(metrics.summary_table(summary))
-    return code
+    return int(code)
 
 
 def main() -> None:

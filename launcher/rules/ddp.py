@@ -4,13 +4,13 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from launcher.rules.core import Hardware, rule
+from launcher.rules.hardware import Hardware
+from launcher.rules.values import Rule
 from launcher.spec import RunSpec, SpecError
 
 COMM_HOOKS = ("none", "fp16", "bf16", "powersgd")
 
 
-@rule
 def _ddp(spec: RunSpec, hw: Hardware) -> Iterator[SpecError]:
     p = spec.parallel
     if p.strategy != "ddp":
@@ -42,3 +42,7 @@ def _ddp(spec: RunSpec, hw: Hardware) -> Iterator[SpecError]:
             "DDP's static graph fails on accumulation steps run under no_sync (an internal assertion in "
             "its reducer). Set parallel.static_graph=false, or train.grad_accum_steps=1.",
         )
+
+
+RULES: tuple[Rule, ...] = (_ddp,)
+"""This module's rules, in the order they report."""

@@ -5,14 +5,12 @@ from __future__ import annotations
 
 import importlib.util
 from collections.abc import Iterator
-from pathlib import Path
 
-from launcher.groups import checkpoint
-from launcher.parallel import ParallelConfig
-from launcher.parallel.deepspeed import TAG
-from launcher.parallel.deepspeed_config import loss_scale_power, read_user_config, world_size
+from launcher.groups.parallel import ParallelConfig
+from launcher.parallel.deepspeed_config import loss_scale_power, read_user_config
 from launcher.parallel.deepspeed_config import merge as merge_user_config
-from launcher.rules.core import Hardware, rule
+from launcher.rules.hardware import Hardware
+from launcher.rules.values import Rule
 from launcher.spec import RunSpec, SpecError
 
 DEEPSPEED_KEYS = ("zero_stage", "offload_optimizer", "offload_params", "deepspeed_config")
@@ -48,7 +46,6 @@ def _changed(p: ParallelConfig, names: tuple[str, ...]) -> list[str]:
     return [f"parallel.{n}" for n in names if getattr(p, n) != getattr(_DEFAULTS, n)]
 
 
-@rule
 def _exclusive(spec: RunSpec, hw: Hardware) -> Iterator[SpecError]:
     p = spec.parallel
     if p.strategy != "deepspeed":
@@ -72,7 +69,6 @@ def _exclusive(spec: RunSpec, hw: Hardware) -> Iterator[SpecError]:
         )
 
 
-@rule
 def _installed(spec: RunSpec, hw: Hardware) -> Iterator[SpecError]:
     if spec.parallel.strategy == "deepspeed" and not installed():
         yield SpecError(
@@ -82,7 +78,6 @@ def _installed(spec: RunSpec, hw: Hardware) -> Iterator[SpecError]:
         )
 
 
-@rule
 def _stage_and_offload(spec: RunSpec, hw: Hardware) -> Iterator[SpecError]:
     p = spec.parallel
     if p.strategy != "deepspeed":
@@ -107,7 +102,6 @@ def _stage_and_offload(spec: RunSpec, hw: Hardware) -> Iterator[SpecError]:
         )
 
 
-@rule
 def _precision(spec: RunSpec, hw: Hardware) -> Iterator[SpecError]:
     if spec.parallel.strategy != "deepspeed" or not spec.precision.fp16:
         return
@@ -125,7 +119,6 @@ def _precision(spec: RunSpec, hw: Hardware) -> Iterator[SpecError]:
         )
 
 
-@rule
 def _user_config(spec: RunSpec, hw: Hardware) -> Iterator[SpecError]:
     path = spec.parallel.deepspeed_config
     if spec.parallel.strategy != "deepspeed" or not path:
@@ -136,20 +129,5 @@ def _user_config(spec: RunSpec, hw: Hardware) -> Iterator[SpecError]:
     yield from errors
 
 
-@rule
-def _resume_world_size(spec: RunSpec, hw: Hardware) -> Iterator[SpecError]:
-    if spec.parallel.strategy != "deepspeed" or spec.resume is None:
-        return
-    run_dir = Path(spec.run_dir) if spec.run_dir else None
-    candidates = checkpoint.resolve_resume(spec.resume, run_dir) if spec.resume != "auto" or run_dir else []
-    if not candidates:
-        return
-    shards = len(list((candidates[0] / TAG).glob("*zero_pp_rank_*_mp_rank_00_optim_states.pt")))
-    ranks = world_size(spec)
-    if shards and shards != ranks:
-        yield SpecError(
-            ("resume", "launcher.nproc"),
-            f"{candidates[0]} holds ZeRO state sharded over {shards} ranks, but this run has {ranks}. "
-            f"Resume with launcher.nproc={shards} (x launcher.nnodes), or convert: `train-export "
-            f"{candidates[0]} model.pt` writes the full fp32 weights, which load at any world size.",
-        )
+RULES: tuple[Rule, ...] = (_exclusive, _installed, _stage_and_offload, _precision, _user_config)
+"""This module's rules, in the order they report."""

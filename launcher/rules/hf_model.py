@@ -7,13 +7,13 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from launcher.groups.model.hf import PRESETS, is_preset, read_local_config
-from launcher.rules.core import Hardware, rule
+from launcher.rules.hardware import Hardware
+from launcher.rules.values import Rule
 from launcher.spec import RunSpec, SpecError
 
 BYTE_VOCAB = 256
 
 
-@rule
 def _hf_model(spec: RunSpec, hw: Hardware) -> Iterator[SpecError]:
     m = spec.model
     if m.kind != "hf":
@@ -65,3 +65,7 @@ def _local_config(spec: RunSpec) -> Iterator[SpecError]:
             f"sequences of {spec.data.seq_len} tokens exceed the context of the model in '{path}' "
             f"({positions} positions). Lower data.seq_len to {positions} or less.",
         )
+
+
+RULES: tuple[Rule, ...] = (_hf_model,)
+"""This module's rules, in the order they report."""

@@ -7,14 +7,14 @@ from collections.abc import Iterator
 
 import torch
 
-from launcher.groups.optimizer_8bit import BNB_OPTIMIZERS
-from launcher.rules.core import Hardware, rule
+from launcher.groups.optimizer import BNB_OPTIMIZERS
+from launcher.rules.hardware import Hardware
+from launcher.rules.values import Rule
 from launcher.spec import RunSpec, SpecError
 
 ADAM_FAMILY = ("adamw", "adamw_8bit", "paged_adamw_8bit", "lion_8bit")
 
 
-@rule
 def _bitsandbytes(spec: RunSpec, hw: Hardware) -> Iterator[SpecError]:
     o = spec.optimizer
     if o.name not in BNB_OPTIMIZERS:
@@ -33,7 +33,6 @@ def _bitsandbytes(spec: RunSpec, hw: Hardware) -> Iterator[SpecError]:
         )
 
 
-@rule
 def _adafactor(spec: RunSpec, hw: Hardware) -> Iterator[SpecError]:
     o = spec.optimizer
     if o.name != "adafactor":
@@ -51,7 +50,6 @@ def _adafactor(spec: RunSpec, hw: Hardware) -> Iterator[SpecError]:
         )
 
 
-@rule
 def _betas(spec: RunSpec, hw: Hardware) -> Iterator[SpecError]:
     o = spec.optimizer
     if o.name not in ADAM_FAMILY:
@@ -62,3 +60,7 @@ def _betas(spec: RunSpec, hw: Hardware) -> Iterator[SpecError]:
             f"{o.name} takes two coefficients in [0, 1), got {list(o.betas)}. A usual choice is "
             "[0.9, 0.95] (Adam) or [0.9, 0.99] (Lion).",
         )
+
+
+RULES: tuple[Rule, ...] = (_bitsandbytes, _adafactor, _betas)
+"""This module's rules, in the order they report."""

@@ -6,7 +6,8 @@ import importlib.util
 from collections.abc import Iterator
 
 from launcher.groups.model.hf import PRESET_LINEARS, is_preset
-from launcher.rules.core import Hardware, rule
+from launcher.rules.hardware import Hardware
+from launcher.rules.values import Rule
 from launcher.spec import RunSpec, SpecError
 
 # The linear layers of the built-in GPT's blocks (launcher.groups.model.gpt), by name suffix.
@@ -25,7 +26,6 @@ def model_linears(spec: RunSpec) -> tuple[str, ...] | None:
     return None
 
 
-@rule
 def _quantized_needs_adapters(spec: RunSpec, hw: Hardware) -> Iterator[SpecError]:
     q = spec.quantization
     if q.method != "none" and q.lora.rank == 0:
@@ -48,7 +48,6 @@ def _quantized_needs_adapters(spec: RunSpec, hw: Hardware) -> Iterator[SpecError
         )
 
 
-@rule
 def _lora_settings(spec: RunSpec, hw: Hardware) -> Iterator[SpecError]:
     lora = spec.quantization.lora
     if lora.rank < 0:
@@ -87,7 +86,6 @@ def _lora_targets(spec: RunSpec) -> Iterator[SpecError]:
         )
 
 
-@rule
 def _strategies(spec: RunSpec, hw: Hardware) -> Iterator[SpecError]:
     q, p = spec.quantization, spec.parallel
     if q.method != "none" and (
@@ -108,3 +106,7 @@ def _strategies(spec: RunSpec, hw: Hardware) -> Iterator[SpecError]:
             "tensor parallelism shards the q/k/v/o and MLP projections that LoRA wraps, so the two do not "
             "combine. Use `parallel=ddp` (or another data-parallel strategy) with LoRA, or drop the adapters.",
         )
+
+
+RULES: tuple[Rule, ...] = (_quantized_needs_adapters, _lora_settings, _strategies)
+"""This module's rules, in the order they report."""

@@ -6,7 +6,8 @@ import shlex
 import signal
 from collections.abc import Iterator
 
-from launcher.rules.core import Hardware, rule
+from launcher.rules.hardware import Hardware
+from launcher.rules.values import Rule
 from launcher.spec import RunSpec, SpecError
 
 _UNCATCHABLE = {"KILL", "STOP"}
@@ -19,7 +20,6 @@ def _slurm(spec: RunSpec) -> bool:
     return spec.launcher.backend == "slurm"
 
 
-@rule
 def _geometry(spec: RunSpec, hw: Hardware) -> Iterator[SpecError]:
     """Tasks per node against GPUs per node; nodes against the world size the parallel group needs."""
     if not _slurm(spec):
@@ -42,14 +42,8 @@ def _geometry(spec: RunSpec, hw: Hardware) -> Iterator[SpecError]:
             "launcher.device=cuda, but the job asks SLURM for no GPUs. Set launcher.slurm.gpus_per_node "
             "(= launcher.nproc), or use launcher.device=auto for CPU ranks.",
         )
-    world = launcher.nnodes * launcher.nproc
-    if world % max(p.tp_size, 1):
-        yield SpecError(
-            ("parallel.tp_size", "launcher.nnodes", "launcher.nproc"),
-            f"tensor parallelism of degree {p.tp_size} needs a world size divisible by it, but the job has "
-            f"{launcher.nnodes} node(s) x {launcher.nproc} rank(s) = {world}. Change launcher.nnodes or parallel.tp_size.",
-        )
-    elif launcher.nnodes > 1 and p.tp_size > launcher.nproc:
+    # Degrees against the world size are launcher.parallel.dims's (launcher.rules.sharding asks it).
+    if launcher.nnodes > 1 and p.tp_size > launcher.nproc:
         yield SpecError(
             ("parallel.tp_size", "launcher.nproc"),
             f"tensor parallelism of degree {p.tp_size} would span nodes (launcher.nproc={launcher.nproc} ranks "
@@ -69,7 +63,6 @@ def _positive_or_null(key: str, value: float | None) -> Iterator[SpecError]:
         yield SpecError((key,), f"must be positive or null (the cluster's default), got {value}.")
 
 
-@rule
 def _resources(spec: RunSpec, hw: Hardware) -> Iterator[SpecError]:
     """Time, memory, CPUs, port and free-form values that must not break the script."""
     if not _slurm(spec):
@@ -107,7 +100,6 @@ def _extra_line(i: int, line: str) -> Iterator[SpecError]:
         )
 
 
-@rule
 def _preemption(spec: RunSpec, hw: Hardware) -> Iterator[SpecError]:
     """The warning signal, its lead time against the time limit, and the requeue cap."""
     if not _slurm(spec):
@@ -130,3 +122,7 @@ def _preemption(spec: RunSpec, hw: Hardware) -> Iterator[SpecError]:
         )
     if s.max_requeues < 0:
         yield SpecError(("launcher.slurm.max_requeues",), "must be 0 (never requeue) or more.")
+
+
+RULES: tuple[Rule, ...] = (_geometry, _resources, _preemption)
+"""This module's rules, in the order they report."""

@@ -13,7 +13,9 @@ from conftest import TINY, losses, run_cli
 
 
 def test_invalid_spec_exits_2_reports_everything_and_starts_nothing(tmp_path) -> None:
-    result = run_cli(["precision=bf61", "+optimizer.lrr=1", "precision.fp16=true", "precision.bf16=true"], tmp_path)
+    result = run_cli(
+        ["precision=bf61", "+optimizer.lrr=1", "precision.fp16=true", "precision.bf16=true"], tmp_path
+    )
     assert result.returncode == 2
     assert "Traceback" not in result.stderr + result.stdout
     assert "nothing was started" in result.stderr
@@ -22,13 +24,17 @@ def test_invalid_spec_exits_2_reports_everything_and_starts_nothing(tmp_path) ->
 
 
 def test_cross_field_violations_are_all_reported(tmp_path) -> None:
-    result = run_cli(["precision.fp16=true", "precision.bf16=true", "train.max_steps=0", "data.seq_len=999"], tmp_path)
+    result = run_cli(
+        ["precision.fp16=true", "precision.bf16=true", "train.max_steps=0", "data.seq_len=999"], tmp_path
+    )
     assert result.returncode == 2
     assert "(3 problems)" in result.stderr, result.stderr
     assert list(tmp_path.iterdir()) == []
 
 
-@pytest.mark.parametrize("argv", [["_target_=os.system"], ["+_target_=os.system"], ["+optimizer._target_=os.system"]])
+@pytest.mark.parametrize(
+    "argv", [["_target_=os.system"], ["+_target_=os.system"], ["+optimizer._target_=os.system"]]
+)
 def test_target_from_the_command_line_is_refused(tmp_path, argv: list[str]) -> None:
     result = run_cli(argv, tmp_path)
     assert result.returncode == 2 and "`_target_` is refused" in result.stderr
@@ -54,13 +60,23 @@ def test_cfg_job_and_help_keep_working(tmp_path) -> None:
 
 def test_secrets_from_env_never_reach_spec_or_console(tmp_path) -> None:
     run_dir = tmp_path / "run"
-    args = [*TINY, "train.max_steps=3", "checkpoint.every=null", "name=${oc.env:LAUNCHER_TEST_TOKEN}", f"run_dir={run_dir}"]
+    args = [
+        *TINY,
+        "train.max_steps=3",
+        "checkpoint.every=null",
+        "name=${oc.env:LAUNCHER_TEST_TOKEN}",
+        f"run_dir={run_dir}",
+    ]
     result = run_cli(args, tmp_path, env={"LAUNCHER_TEST_TOKEN": "s3cr3t-value"})
     assert result.returncode == 0, result.stderr
     assert "s3cr3t-value" not in result.stdout + result.stderr
     spec = (run_dir / "spec.yaml").read_text()
     assert "${oc.env:LAUNCHER_TEST_TOKEN}" in spec and "s3cr3t-value" not in spec
-    dry = run_cli(["dry_run=true", "name=${oc.env:LAUNCHER_TEST_TOKEN}"], tmp_path, env={"LAUNCHER_TEST_TOKEN": "s3cr3t-value"})
+    dry = run_cli(
+        ["dry_run=true", "name=${oc.env:LAUNCHER_TEST_TOKEN}"],
+        tmp_path,
+        env={"LAUNCHER_TEST_TOKEN": "s3cr3t-value"},
+    )
     assert dry.returncode == 0 and "s3cr3t-value" not in dry.stdout
 
 
@@ -90,7 +106,10 @@ def test_plain_install_ships_configs_and_runs_from_anywhere(tmp_path) -> None:
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
     result = subprocess.run(
-        [str(venv / "bin" / "train"), "dry_run=true", "recipe=cpu_smoke"], cwd=elsewhere, capture_output=True, text=True
+        [str(venv / "bin" / "train"), "dry_run=true", "recipe=cpu_smoke"],
+        cwd=elsewhere,
+        capture_output=True,
+        text=True,
     )
     assert result.returncode == 0, result.stderr
     where = subprocess.run(

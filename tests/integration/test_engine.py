@@ -110,7 +110,9 @@ def test_fp16_overflow_skips_steps_and_lowers_the_scale(tmp_path) -> None:
     [("stop", 3, "foreach"), ("skip", 0, "foreach"), ("skip", 0, "fused")],
     ids=["stop", "skip-host-check", "skip-on-device"],
 )
-def test_nonfinite_policy_never_updates_weights_with_nan(tmp_path, policy: str, expected: int, kernel: str) -> None:
+def test_nonfinite_policy_never_updates_weights_with_nan(
+    tmp_path, policy: str, expected: int, kernel: str
+) -> None:
     """lr=1e12 makes the loss explode to inf/NaN within a few steps: a real non-finite, not a mock.
 
     The fused kernel skips on the device (no host read); foreach decides on the host.

@@ -11,7 +11,8 @@ from conftest import TINY, losses, run_cli, run_inline
 
 pytest.importorskip("transformers")
 
-from launcher.groups.model.gpt import ModelConfig, build_model  # noqa: E402
+from launcher.groups.model.build import build_model  # noqa: E402
+from launcher.groups.model.config import ModelConfig
 from launcher.groups.model.hf import HFCausalLM, enable_checkpointing  # noqa: E402
 
 RUN = [*TINY, "train.eval_every=null", "checkpoint.every=null", "train.max_steps=10"]

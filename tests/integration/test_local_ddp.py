@@ -151,12 +151,15 @@ def test_verify_resume_gives_a_verdict(tmp_path, backend: list[str]) -> None:
 
 def test_export_loads_at_world_size_one_and_gives_the_trained_logits(straight, tmp_path) -> None:
     from launcher.groups.data import PackedSequences, load_corpus, val_batches
-    from launcher.groups.model.gpt import build_model, lm_loss
+    from launcher.groups.model.build import build_model
+    from launcher.groups.model.loss import lm_loss
     from launcher.spec import load_spec
 
     out = tmp_path / "model.pt"
     result = subprocess.run(
-        [sys.executable, "-m", "launcher.front.export", str(straight), str(out)], capture_output=True, text=True
+        [sys.executable, "-m", "launcher.front.export", str(straight), str(out)],
+        capture_output=True,
+        text=True,
     )
     assert result.returncode == 0, result.stderr
     assert "step_20" in result.stdout

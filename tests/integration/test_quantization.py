@@ -8,10 +8,11 @@ import torch
 from conftest import TINY, losses, run_inline
 from launcher.front import merge
 from launcher.groups import checkpoint, quantization
-from launcher.groups.adapters import LoRALinear, merged_state_dict
-from launcher.groups.model.gpt import ModelConfig, build_model
+from launcher.groups.adapters import LoRAConfig, LoRALinear
+from launcher.groups.model.build import build_model
+from launcher.groups.model.config import ModelConfig
 from launcher.groups.precision import PrecisionConfig
-from launcher.groups.quantization import LoRAConfig, QuantizationConfig
+from launcher.groups.quantization import QuantizationConfig, merged_state_dict
 
 LORA_RUN = [*TINY, "train.eval_every=null"]
 SMALL = ModelConfig(n_layer=2, d_model=64, n_head=2)

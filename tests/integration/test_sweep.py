@@ -37,7 +37,7 @@ def test_sweep_points_summary_table_and_rerun(tmp_path) -> None:
     assert summary["exit_reason"] == "completed" and summary["resumed_from"].endswith("step_2")
 
     status = subprocess.run(
-        [sys.executable, "-m", "launcher.front.sweep", str(sweep_dir)], capture_output=True, text=True
+        [sys.executable, "-m", "launcher.front.sweep_status", str(sweep_dir)], capture_output=True, text=True
     )
     assert status.returncode == 0 and "completed" in status.stdout, status.stdout + status.stderr
 

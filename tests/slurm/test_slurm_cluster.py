@@ -120,7 +120,7 @@ def test_sweep_submits_one_job_per_point_and_collects(tmp_path) -> None:
     assert result.returncode == 0, result.stdout + result.stderr
     jobs = [(sweep_dir / str(n) / "slurm" / "job_id").read_text().strip() for n in (0, 1)]
     assert len(set(jobs)) == 2 and all(f"submitted job {j}" in result.stdout for j in jobs)
-    status = subprocess.run([sys.executable, "-m", "launcher.front.sweep", str(sweep_dir), "--wait"],
+    status = subprocess.run([sys.executable, "-m", "launcher.front.sweep_status", str(sweep_dir), "--wait"],
                             capture_output=True, text=True, timeout=JOB_TIMEOUT_S)  # fmt: skip
     assert status.returncode == 0, status.stdout + status.stderr
     table = json.loads((sweep_dir / "sweep_summary.json").read_text())
@@ -130,7 +130,7 @@ def test_sweep_submits_one_job_per_point_and_collects(tmp_path) -> None:
     assert again.returncode == 0 and again.stdout.count("already completed") == 2, again.stdout
 
 
-def test_unknown_partition_fails_at_submission_with_slurms_reason(tmp_path) -> None:
+def test_unknown_partition_fails_at_submission_with_slurms_reason_and_status_5(tmp_path) -> None:
     args = [
         *TINY,
         "launcher=slurm",
@@ -138,5 +138,5 @@ def test_unknown_partition_fails_at_submission_with_slurms_reason(tmp_path) -> N
         f"run_dir={tmp_path / 'run'}",
     ]
     result = run_cli(args, tmp_path, timeout=120)
-    assert result.returncode == 2, result.stdout + result.stderr
+    assert result.returncode == 5, result.stdout + result.stderr  # submission failed, not an invalid spec
     assert "sbatch refused the job" in result.stderr and "invalid partition" in result.stderr.lower()

@@ -11,7 +11,9 @@ import torch
 
 from launcher.groups import compile as compiling
 from launcher.groups import memory
-from launcher.groups.model.gpt import GPT, ModelConfig, lm_loss
+from launcher.groups.model.config import ModelConfig
+from launcher.groups.model.gpt import GPT
+from launcher.groups.model.loss import lm_loss
 
 
 def _losses(mode: str) -> tuple[list[float], list[str]]:

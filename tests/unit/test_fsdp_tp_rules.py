@@ -41,7 +41,10 @@ def _messages(*argv: str) -> list[str]:
         (["parallel=ddp", *LOCAL2, "parallel.tp_size=2"], "configure tensor parallelism"),
         (["parallel=fsdp", *LOCAL2, "parallel.zero_stage=2"], "ZeRO and FSDP are exclusive"),
         (["parallel=fsdp", *LOCAL2, "precision=fp16", "optimizer.implementation=fused"], "ShardedGradScaler"),
-        (["parallel=fsdp", *LOCAL2, "parallel.prefetch_layers=-1"], "prefetch_layers (-1) at least 0"),
+        (
+            ["parallel=fsdp", *LOCAL2, "parallel.prefetch_layers=-1"],
+            "parallel.prefetch_layers: must be 0 or more, got -1",
+        ),
         (["parallel=fsdp", *LOCAL2, "quantization.lora.rank=8"], "LoRA-wrapped layers are not supported"),
     ],
     ids=[

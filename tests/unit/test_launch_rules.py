@@ -25,7 +25,10 @@ def _errors(*argv: str) -> list[str]:
             ["launcher=local", "parallel=ddp", "launcher.max_restarts=2", "checkpoint.every=null"],
             "launcher.max_restarts, checkpoint.every: launcher.max_restarts=2 restarts a failed job",
         ),
-        (["launcher=inline", "launcher.max_restarts=1"], "launcher.max_restarts, launcher.backend: the inline backend"),
+        (
+            ["launcher=inline", "launcher.max_restarts=1"],
+            "launcher.max_restarts, launcher.backend: the inline backend",
+        ),
         (["launcher=local", "parallel=ddp", "launcher.nnodes=2"], "Use `launcher=slurm` for several nodes"),
         (["launcher=local", "parallel=ddp", "launcher.timeout_s=0"], "launcher.timeout_s: must be positive"),
         (["launcher=local", "parallel=ddp", "launcher.master_port=70000"], "70000 is not a TCP port"),

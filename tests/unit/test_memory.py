@@ -12,7 +12,9 @@ import torch
 
 from launcher.groups import memory
 from launcher.groups.memory import MemoryConfig
-from launcher.groups.model.gpt import GPT, ModelConfig, lm_loss
+from launcher.groups.model.config import ModelConfig
+from launcher.groups.model.gpt import GPT
+from launcher.groups.model.loss import lm_loss
 
 SMALL = ModelConfig(n_layer=4, n_head=2, d_model=32, max_seq_len=64, dropout=0.1)
 
@@ -71,7 +73,9 @@ def test_empty_cache_hook_is_cuda_only() -> None:
 _MEASURE = """
 import json, re, sys, torch
 from launcher.groups import memory
-from launcher.groups.model.gpt import GPT, ModelConfig, lm_loss
+from launcher.groups.model.gpt import GPT
+from launcher.groups.model.config import ModelConfig
+from launcher.groups.model.loss import lm_loss
 torch.set_num_threads(1)
 model = GPT(ModelConfig(n_layer=8, n_head=2, d_model=64, max_seq_len=512))
 model = memory.apply(model, memory.MemoryConfig(activation_checkpointing=sys.argv[1]))

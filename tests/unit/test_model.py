@@ -7,7 +7,10 @@ import math
 import pytest
 import torch
 
-from launcher.groups.model.gpt import GPT, ModelConfig, build_model, flops_per_token, lm_loss, num_params
+from launcher.groups.model.build import build_model, flops_per_token, num_params
+from launcher.groups.model.config import ModelConfig
+from launcher.groups.model.gpt import GPT
+from launcher.groups.model.loss import lm_loss
 
 SMALL = ModelConfig(n_layer=2, n_head=2, d_model=32, max_seq_len=16)
 

@@ -5,8 +5,9 @@ from __future__ import annotations
 import pytest
 from rich.console import Console
 
-from launcher.front import compose
-from launcher.groups.model.gpt import ModelConfig, build_model, num_params
+from launcher.front import compose, dryrun
+from launcher.groups.model.build import build_model, num_params
+from launcher.groups.model.config import ModelConfig
 from launcher.plan import planner
 from launcher.plan.activations import ActivationShape, activation_bytes
 from launcher.spec import RunSpec, to_spec
@@ -117,7 +118,8 @@ def test_cuda_plans_count_context_and_offloaded_activations() -> None:
 
 def test_plan_prints_as_a_table() -> None:
     console = Console(record=True, width=120)
-    planner.print_plan(console, compose.compose(["model=gpt_125m", "parallel=zero2", "precision=bf16"]))
+    spec, _ = compose.validate(compose.compose(["model=gpt_125m", "parallel=zero2", "precision=bf16"]))
+    dryrun.print_plan(console, spec)
     text = console.export_text()
     for part in ("parameters", "gradients", "optimizer states", "activations", "buffers", "total"):
         assert part in text

@@ -7,9 +7,9 @@ import subprocess
 import pytest
 
 from conftest import TINY, run_cli
+from launcher.exits import ExitStatus
 from launcher.front import compose
 from launcher.launch import slurm, slurm_jobs, slurm_rank
-from launcher.rank import preemption
 
 
 def _spec(overrides: list[str]):
@@ -72,8 +72,8 @@ def test_rank_environment_from_slurm_variables() -> None:
 
 
 def test_requeue_only_when_preempted_and_under_the_cap() -> None:
-    assert slurm_rank.should_requeue(preemption.EXIT_PREEMPTED, restarts=0, max_requeues=1)
-    assert not slurm_rank.should_requeue(preemption.EXIT_PREEMPTED, restarts=1, max_requeues=1)
+    assert slurm_rank.should_requeue(ExitStatus.PREEMPTED, restarts=0, max_requeues=1)
+    assert not slurm_rank.should_requeue(ExitStatus.PREEMPTED, restarts=1, max_requeues=1)
     assert not slurm_rank.should_requeue(0, restarts=0, max_requeues=3)
     assert not slurm_rank.should_requeue(1, restarts=0, max_requeues=3)
     assert slurm_rank.restart_count({"SLURM_RESTART_COUNT": "2"}) == 2
@@ -90,8 +90,8 @@ def _errors(argv: list[str]) -> list[str]:
     [
         (["launcher.nproc=2", "parallel=ddp", "launcher.slurm.gpus_per_node=4"], "launcher.nproc, launcher.slurm.gpus_per_node",
          "one rank per GPU"),
-        (["launcher.nproc=3", "parallel.tp_size=2"], "parallel.tp_size, launcher.nnodes, launcher.nproc",
-         "divisible"),
+        (["launcher.nproc=3", "parallel=tp_fsdp"],
+         "launcher.nproc, launcher.nnodes, parallel.tp_size, parallel.replicate_degree", "must be a multiple of"),
         (["launcher.nnodes=2", "launcher.nproc=2", "parallel.tp_size=4"], "parallel.tp_size, launcher.nproc",
          "span nodes"),
         (["launcher.slurm.signal=KILL"], "launcher.slurm.signal", "not a signal a rank can catch"),
@@ -117,11 +117,12 @@ def test_dry_run_prints_the_script_and_submits_nothing(tmp_path) -> None:
     assert list(tmp_path.iterdir()) == []  # nothing written, nothing submitted
 
 
-def test_failed_submission_exits_2_with_slurms_reason(tmp_path) -> None:
-    # Without sbatch on PATH (or with a partition SLURM refuses) the launcher says why, never hangs.
+def test_failed_submission_exits_5_with_slurms_reason(tmp_path) -> None:
+    # Without sbatch on PATH (or with a partition SLURM refuses) the launcher says why, never hangs,
+    # and its exit status (5: submission failed) differs from an invalid spec's (2).
     result = run_cli(
         [*TINY, "launcher=slurm", f"run_dir={tmp_path / 'run'}"], tmp_path, env={"PATH": "/nonexistent"}
     )
-    assert result.returncode == 2, result.stdout + result.stderr
+    assert result.returncode == ExitStatus.SUBMIT_FAILED == 5, result.stdout + result.stderr
     assert "`sbatch` is not installed here" in result.stderr
     assert (tmp_path / "run" / "slurm" / "job.sbatch").is_file()  # kept for a look and a manual sbatch

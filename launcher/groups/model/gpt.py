@@ -1,4 +1,4 @@
-"""The model group: the built-in GPT decoder, its schema, its loss and its size and cost formulas.
+"""The built-in GPT decoder: pre-norm blocks, SDPA attention, learned positions, tied embeddings.
 
 The module layout is kept stable and tensor-parallel friendly (separate q/k/v/o and up/down
 projections, head count derived from the local projection width) because parallel strategies
@@ -8,44 +8,12 @@ refer to these names when they shard the model.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-
-@dataclass(frozen=True, kw_only=True)
-class ModelConfig:
-    """Which model to train and its shape."""
-
-    kind: str = "gpt"
-    """Model family: `gpt` (the built-in decoder of this module) or `hf` (a Hugging Face causal LM)."""
-    hf_config: str | None = None
-    """kind=hf: a preset (llama, gpt2: random weights shaped by this group's keys) or a local directory with config.json."""
-    n_layer: int = 4
-    """Number of transformer blocks."""
-    n_head: int = 4
-    """Attention heads per block (d_model must be a multiple of it)."""
-    d_model: int = 128
-    """Width of the residual stream."""
-    d_ff: int | None = None
-    """Hidden width of the MLP; null means 4 * d_model."""
-    vocab_size: int = 256
-    """Token ids the embedding holds; byte-level data needs 256."""
-    max_seq_len: int = 256
-    """Context length (the learned positional embedding has this many rows)."""
-    dropout: float = 0.0
-    """Dropout on embeddings, attention probabilities and residual branches."""
-    tie_embeddings: bool = True
-    """Share one matrix between the token embedding and the output projection."""
-    bias: bool = False
-    """Give linear layers and LayerNorms a bias."""
-
-
-def _ff_width(cfg: ModelConfig) -> int:
-    """The MLP hidden width the config asks for."""
-    return cfg.d_ff if cfg.d_ff is not None else 4 * cfg.d_model
+from launcher.groups.model.config import ModelConfig, ff_width
 
 
 class CausalSelfAttention(nn.Module):
@@ -81,9 +49,9 @@ class MLP(nn.Module):
 
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
-        self.up = nn.Linear(cfg.d_model, _ff_width(cfg), bias=cfg.bias)
+        self.up = nn.Linear(cfg.d_model, ff_width(cfg), bias=cfg.bias)
         self.act = nn.GELU(approximate="tanh")
-        self.down = nn.Linear(_ff_width(cfg), cfg.d_model, bias=cfg.bias)
+        self.down = nn.Linear(ff_width(cfg), cfg.d_model, bias=cfg.bias)
         self.dropout = nn.Dropout(cfg.dropout)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -145,61 +113,3 @@ class GPT(nn.Module):
         for block in self.blocks:
             x = block(x)
         return self.lm_head(self.norm_f(x))
-
-
-def build_model(cfg: ModelConfig) -> nn.Module:
-    """The model the config describes, on the CPU in float32; init depends only on torch's global seed."""
-    if cfg.kind == "hf":
-        from launcher.groups.model.hf import build_hf_model
-
-        return build_hf_model(cfg)
-    if cfg.kind != "gpt":
-        raise ValueError(f"model.kind={cfg.kind!r} is not built by launcher.groups.model.gpt (it builds `gpt`).")
-    return GPT(cfg)
-
-
-def lm_loss(
-    logits: torch.Tensor, labels: torch.Tensor, ignore_index: int = -100
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """(summed token cross-entropy in float32, number of counted tokens): callers divide by a global count.
-
-    Returning the sum rather than the mean lets accumulation and data parallelism normalize by the
-    tokens of the whole optimizer step, so that the loss does not depend on how a batch is split.
-    """
-    loss_sum = F.cross_entropy(
-        logits.reshape(-1, logits.shape[-1]).float(),
-        labels.reshape(-1),
-        ignore_index=ignore_index,
-        reduction="sum",
-    )
-    return loss_sum, (labels != ignore_index).sum()
-
-
-def num_params(model: nn.Module) -> int:
-    """Parameters of `model`, a tied matrix counted once."""
-    return sum(p.numel() for p in model.parameters())
-
-
-def _config_num_params(cfg: ModelConfig) -> int:
-    """Parameters of the GPT the config describes, computed without building it (tied matrix once)."""
-    d, ff, bias = cfg.d_model, _ff_width(cfg), int(cfg.bias)
-    norm = d * (1 + bias)
-    attn = 4 * d * d + 4 * d * bias
-    mlp = 2 * d * ff + (ff + d) * bias
-    block = 2 * norm + attn + mlp
-    embeddings = cfg.vocab_size * d + cfg.max_seq_len * d
-    head = 0 if cfg.tie_embeddings else cfg.vocab_size * d
-    return embeddings + cfg.n_layer * block + norm + head
-
-
-def flops_per_token(cfg: ModelConfig, seq_len: int) -> float:
-    """Training FLOPs per token, 6 * N + 12 * n_layer * d_model * seq_len (forward + backward).
-
-    N counts the parameters from the config alone, without building the model, with a tied
-    embedding counted once; the second term is the attention score and value products.
-    """
-    if cfg.kind == "hf":
-        from launcher.groups.model.hf import hf_flops_per_token
-
-        return hf_flops_per_token(cfg, seq_len)
-    return float(6 * _config_num_params(cfg) + 12 * cfg.n_layer * cfg.d_model * seq_len)

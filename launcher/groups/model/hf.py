@@ -23,7 +23,7 @@ import torch
 from rich.console import Console
 from torch import nn
 
-from launcher.groups.model.gpt import ModelConfig, _ff_width
+from launcher.groups.model.config import ModelConfig, ff_width
 
 PRESETS = ("llama", "gpt2")
 # The linear layers of each preset's blocks, by name suffix (what quantization and LoRA may target).
@@ -47,13 +47,13 @@ def _preset_config(cfg: ModelConfig) -> Any:
     common |= {"bos_token_id": None, "eos_token_id": None, "pad_token_id": None}
     if cfg.hf_config == "llama":
         return LlamaConfig(
-            hidden_size=cfg.d_model, intermediate_size=_ff_width(cfg), num_hidden_layers=cfg.n_layer,
+            hidden_size=cfg.d_model, intermediate_size=ff_width(cfg), num_hidden_layers=cfg.n_layer,
             num_attention_heads=cfg.n_head, num_key_value_heads=cfg.n_head,
             max_position_embeddings=cfg.max_seq_len, attention_bias=cfg.bias, mlp_bias=cfg.bias,
             attention_dropout=cfg.dropout, **common,
         )  # fmt: skip
     return GPT2Config(
-        n_embd=cfg.d_model, n_layer=cfg.n_layer, n_head=cfg.n_head, n_inner=_ff_width(cfg),
+        n_embd=cfg.d_model, n_layer=cfg.n_layer, n_head=cfg.n_head, n_inner=ff_width(cfg),
         n_positions=cfg.max_seq_len, resid_pdrop=cfg.dropout, embd_pdrop=cfg.dropout,
         attn_pdrop=cfg.dropout, **common,
     )  # fmt: skip

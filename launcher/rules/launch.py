@@ -1,22 +1,33 @@
-"""Rules for multi-process jobs: world size against strategy and devices, restarts, rendezvous."""
+"""Rules of the launcher group: devices, ranks against strategy and GPUs, restarts, rendezvous settings."""
 
 from __future__ import annotations
 
 from collections.abc import Iterator
 
 from launcher.parallel.registry import STRATEGIES
-from launcher.rules.core import Hardware, rule
+from launcher.rules.hardware import Hardware
+from launcher.rules.values import Rule, positive
 from launcher.spec import RunSpec, SpecError
 
 
-def world_size(spec: RunSpec) -> int:
-    """Ranks of the job: nodes x processes per node."""
-    return spec.launcher.nnodes * spec.launcher.nproc
+def _hardware(spec: RunSpec, hw: Hardware) -> Iterator[SpecError]:
+    if spec.launcher.device == "cuda" and hw.num_gpus == 0:
+        yield SpecError(
+            ("launcher.device",),
+            "launcher.device=cuda but no CUDA GPU is visible to this process. Use `launcher.device=auto` "
+            "or `cpu`, or run on a machine with a GPU.",
+        )
+    yield from positive("launcher.nproc", spec.launcher.nproc)
+    if spec.launcher.backend == "inline" and spec.launcher.nproc > 1:
+        yield SpecError(
+            ("launcher.backend", "launcher.nproc"),
+            f"the inline backend runs one process, but launcher.nproc={spec.launcher.nproc}. "
+            "Use `launcher=local` for several processes on this machine, or launcher.nproc=1.",
+        )
 
 
-@rule
 def _strategy_fits_world(spec: RunSpec, hw: Hardware) -> Iterator[SpecError]:
-    n = world_size(spec)
+    n = spec.launcher.world_size
     if spec.parallel.strategy == "single" and n > 1:
         others = ", ".join(f"parallel={s}" for s in sorted(STRATEGIES) if s != "single")
         yield SpecError(
@@ -27,7 +38,6 @@ def _strategy_fits_world(spec: RunSpec, hw: Hardware) -> Iterator[SpecError]:
         )
 
 
-@rule
 def _launch_settings(spec: RunSpec, hw: Hardware) -> Iterator[SpecError]:
     lc = spec.launcher
     if lc.nnodes < 1:
@@ -49,7 +59,6 @@ def _launch_settings(spec: RunSpec, hw: Hardware) -> Iterator[SpecError]:
         )
 
 
-@rule
 def _restarts_need_checkpoints(spec: RunSpec, hw: Hardware) -> Iterator[SpecError]:
     lc = spec.launcher
     if lc.max_restarts > 0 and spec.checkpoint.every is None:
@@ -67,7 +76,6 @@ def _restarts_need_checkpoints(spec: RunSpec, hw: Hardware) -> Iterator[SpecErro
         )
 
 
-@rule
 def _ranks_fit_devices(spec: RunSpec, hw: Hardware) -> Iterator[SpecError]:
     nproc = spec.launcher.nproc
     if hw.device_type == "cuda" and spec.launcher.backend != "inline" and nproc > hw.num_gpus:
@@ -76,3 +84,13 @@ def _ranks_fit_devices(spec: RunSpec, hw: Hardware) -> Iterator[SpecError]:
             f"launcher.nproc={nproc} ranks per node need one GPU each, but {hw.num_gpus} are visible "
             f"(CUDA_VISIBLE_DEVICES). Set launcher.nproc={hw.num_gpus} or less, or launcher.device=cpu.",
         )
+
+
+RULES: tuple[Rule, ...] = (
+    _hardware,
+    _strategy_fits_world,
+    _launch_settings,
+    _restarts_need_checkpoints,
+    _ranks_fit_devices,
+)
+"""This module's rules, in the order they report."""

@@ -1,0 +1,96 @@
+"""The one launch sequence of the launching process: validated spec -> run directory -> spec.yaml -> backend.
+
+`train`, `verify_resume`, sweeps and the tests' helper all go through here, so a run directory is
+always made the same way (private to the user), spec.yaml always written the same way (resolved,
+secrets redacted), and problems always reported the same way (one paragraph each, exit status 2).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import time
+from pathlib import Path
+
+from omegaconf import DictConfig
+from rich.console import Console
+
+from launcher.exits import ExitStatus
+from launcher.front import compose
+from launcher.launch import backend
+from launcher.spec import InvalidSpec, RunSpec, SpecError, dump_spec, redacted_container
+
+err_console = Console(stderr=True, highlight=False)
+
+
+def report(errors: list[SpecError]) -> None:
+    """Print every violation as one paragraph, naming keys and fixes."""
+    count = f"{len(errors)} problem{'s' * (len(errors) > 1)}"
+    err_console.print(f"[red bold]error:[/] the run spec is invalid ({count}); nothing was started.")
+    for error in errors:
+        err_console.print(f"  - {error}", markup=False, soft_wrap=True)
+
+
+def safe_name(cfg: DictConfig) -> str:
+    """The run name for a directory, unless it comes from the environment (it might be a secret)."""
+    name = str(redacted_container(compose.strip_hydra(cfg)).get("name", "run"))
+    return "run" if "${" in name else name
+
+
+def default_run_dir(name: str, parent: Path = Path("runs")) -> Path:
+    """parent/<name>-<timestamp>, with a -2, -3, ... suffix when that exists already."""
+    base = parent / f"{name}-{time.strftime('%Y%m%d-%H%M%S')}"
+    path, n = base, 1
+    while path.exists():
+        n += 1
+        path = base.with_name(f"{base.name}-{n}")
+    return path
+
+
+def make_run_dir(path: Path) -> None:
+    """Create the run directory private to the user (0700)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.mkdir(mode=0o700, exist_ok=True)
+    os.chmod(path, 0o700)
+
+
+def write(cfg: DictConfig, spec: RunSpec, run_dir: Path) -> RunSpec:
+    """Make the run directory and write spec.yaml; the spec as the ranks will read it."""
+    cfg.run_dir = str(run_dir)
+    make_run_dir(run_dir)
+    dump_spec(compose.strip_hydra(cfg), run_dir / "spec.yaml")
+    return dataclasses.replace(spec, run_dir=str(run_dir))
+
+
+def launch(spec: RunSpec, run_dir: Path) -> int:
+    """Hand a written run to its launch backend; the run's exit status."""
+    Console().print(f"run directory: {run_dir}")
+    return backend(spec.launcher.backend).launch(spec, run_dir)
+
+
+def start(cfg: DictConfig, spec: RunSpec, run_dir: Path) -> int:
+    """Write the run directory of a validated spec and launch it."""
+    return launch(write(cfg, spec, run_dir), run_dir)
+
+
+def validate_and_start(cfg: DictConfig, run_dir: Path) -> int:
+    """Validate a composed config, then write and launch it; exit status 2 (nothing started) when invalid."""
+    cfg.run_dir = str(run_dir)
+    spec, errors = compose.validate(cfg)
+    if errors:
+        report(errors)
+        return ExitStatus.INVALID_SPEC
+    return start(cfg, spec, run_dir)
+
+
+def prepare(overrides: list[str], run_dir: Path) -> Path:
+    """Compose, validate and write a run without launching it; the path of its spec.yaml.
+
+    For callers that start the ranks themselves (e.g. under torchrun); raises InvalidSpec.
+    """
+    cfg = compose.compose([*overrides, f"run_dir={run_dir}"])
+    spec, errors = compose.validate(cfg)
+    if errors:
+        raise InvalidSpec(errors)
+    write(cfg, spec, run_dir)
+    return run_dir / "spec.yaml"

@@ -1,0 +1,144 @@
+"""The table of a sweep: every point's status and losses, the winner, sweep_summary.json.
+
+`train --multirun` prints it at the end; `train-sweep-status SWEEP_DIR [--wait]`
+(`python -m launcher.front.sweep_status SWEEP_DIR`) prints it later, waiting for queued SLURM jobs
+if asked. The winner is the completed point with the lowest eval loss (else the lowest final loss).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+POINT_FILE = "sweep_point.json"
+"""Written into each point's run directory: its index and overrides."""
+SUMMARY_FILE = "sweep_summary.json"
+"""Written into the sweep directory: every point and the winner."""
+
+
+def _read_json(path: Path) -> dict[str, Any] | None:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def _point_row(point_dir: Path) -> dict[str, Any]:
+    """One point: its overrides, status and results."""
+    record = _read_json(point_dir / POINT_FILE) or {}
+    summary = _read_json(point_dir / "summary.json") or {}
+    job_file = point_dir / "slurm" / "job_id"
+    job_id = job_file.read_text().strip() if job_file.is_file() else None
+    status = summary.get("exit_reason") or "no summary"
+    if job_id is not None and status != "completed":
+        from launcher.launch import slurm_jobs
+
+        try:
+            state = slurm_jobs.job_state(job_id)
+        except (ValueError, slurm_jobs.SlurmError):
+            state = None
+        if state is not None and (state.active or not summary):
+            status = state.state.lower()
+    return {
+        "point": record.get("num", point_dir.name),
+        "run_dir": str(point_dir),
+        "overrides": record.get("overrides", []),
+        "status": status,
+        "job_id": job_id,
+        "steps": summary.get("steps"),
+        "final_loss": summary.get("final_loss"),
+        "eval_loss": summary.get("eval_loss"),
+    }
+
+
+def _order(path: Path) -> tuple[int, str]:
+    return (int(path.name), "") if path.name.isdigit() else (1 << 30, path.name)
+
+
+def collect(sweep_dir: Path) -> dict[str, Any]:
+    """Every point of the sweep with its status and losses, and the winner among completed points."""
+    dirs = [p for p in Path(sweep_dir).iterdir() if p.is_dir() and (p / POINT_FILE).is_file()]
+    rows = [_point_row(p) for p in sorted(dirs, key=_order)]
+    shared = set.intersection(*(set(r["overrides"]) for r in rows)) if len(rows) > 1 else set()
+    for row in rows:  # what tells the points apart (overrides common to all are noise in the table)
+        row["swept"] = [o for o in row["overrides"] if o not in shared]
+    done = [r for r in rows if r["status"] == "completed"]
+    by = "eval_loss" if done and all(r["eval_loss"] is not None for r in done) else "final_loss"
+    ranked = [r for r in done if r[by] is not None]
+    best = min(ranked, key=lambda r: r[by]) if ranked else None
+    return {
+        "sweep_dir": str(sweep_dir),
+        "points": rows,
+        "winner": best
+        and {"point": best["point"], "swept": best["swept"], "run_dir": best["run_dir"], by: best[by]},
+        "ranked_by": by,
+    }
+
+
+def _active(result: dict[str, Any]) -> list[dict[str, Any]]:
+    from launcher.launch.slurm_jobs import ACTIVE_STATES
+
+    return [r for r in result["points"] if r["status"].upper() in ACTIVE_STATES]
+
+
+def report(sweep_dir: Path, *, wait: bool = False, poll_s: float = 2.0) -> dict[str, Any]:
+    """Collect (waiting for queued jobs if asked), print the table and write sweep_summary.json."""
+    from rich.console import Console
+    from rich.table import Table
+
+    result = collect(sweep_dir)
+    while wait and _active(result):
+        time.sleep(poll_s)
+        result = collect(sweep_dir)
+    by, winner = result["ranked_by"], result["winner"]
+    table = Table(title=f"sweep {sweep_dir}", title_justify="left")
+    for column in ("point", "overrides", "status", "steps", "final loss", "eval loss", "job"):
+        table.add_column(column, overflow="fold")
+    for row in result["points"]:
+        mark = " *" if winner and row["point"] == winner["point"] else ""
+        table.add_row(
+            f"{row['point']}{mark}", " ".join(row["swept"]), row["status"], str(row["steps"] or "-"),
+            _num(row["final_loss"]), _num(row["eval_loss"]), row["job_id"] or "-",
+        )  # fmt: skip
+    console = Console(highlight=False) if Console().is_terminal else Console(highlight=False, width=160)
+    console.print(table)
+    if winner:
+        console.print(
+            f"winner (lowest {by.replace('_', ' ')}): point {winner['point']} "
+            f"({' '.join(winner['swept'])}), {winner['run_dir']}"
+        )
+    else:
+        console.print("no point has completed yet")
+    tmp = Path(sweep_dir) / f"{SUMMARY_FILE}.tmp"
+    tmp.write_text(json.dumps(result, indent=2) + "\n")
+    tmp.replace(Path(sweep_dir) / SUMMARY_FILE)
+    return result
+
+
+def _num(value: float | None) -> str:
+    return "-" if value is None else f"{value:.4f}"
+
+
+def failed(result: dict[str, Any]) -> list[dict[str, Any]]:
+    """Points that ended without completing (queued or running ones are not failures)."""
+    return [r for r in result["points"] if r["status"] != "completed" and r not in _active(result)]
+
+
+def main(argv: list[str] | None = None) -> None:
+    """`train-sweep-status SWEEP_DIR [--wait]`: the sweep table; status 0 once every point completed."""
+    parser = argparse.ArgumentParser(prog="train-sweep-status", description=main.__doc__)
+    parser.add_argument("sweep_dir", type=Path, help="the sweep directory (hydra.sweep.dir)")
+    parser.add_argument("--wait", action="store_true", help="wait until no point's job is queued or running")
+    args = parser.parse_args(argv)
+    if not args.sweep_dir.is_dir():
+        parser.error(f"{args.sweep_dir} is not a directory")
+    result = report(args.sweep_dir, wait=args.wait)
+    sys.exit(0 if all(r["status"] == "completed" for r in result["points"]) and result["points"] else 1)
+
+
+if __name__ == "__main__":
+    main()

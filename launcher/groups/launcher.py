@@ -1,0 +1,82 @@
+"""The launcher group's schema: where the ranks of a run start (backend, ranks, nodes, SLURM resources).
+
+The backends themselves are launcher/launch/ (one module each).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+BACKENDS = ("auto", "inline", "local", "slurm")
+"""Options of launcher.backend (auto is decided before the rules run: see resolve_backend)."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class SlurmConfig:
+    """Resources and behaviour of the batch job (nodes = launcher.nnodes, tasks per node = launcher.nproc)."""
+
+    partition: str | None = None
+    """Partition to submit to; null: the cluster's default partition."""
+    account: str | None = None
+    """Account charged for the job; null: your default account."""
+    qos: str | None = None
+    """Quality of service; null: the default."""
+    constraint: str | None = None
+    """Node features the job needs (sbatch --constraint), e.g. a100."""
+    time_min: int | None = 60
+    """Time limit in minutes; null: the partition's limit."""
+    gpus_per_node: int = 0
+    """GPUs per node (sbatch --gpus-per-node); with GPUs, launcher.nproc must equal it (one rank per GPU)."""
+    cpus_per_task: int | None = None
+    """CPU cores per rank; null: SLURM's default (1)."""
+    mem_gb: float | None = None
+    """Memory per node in GB; null: the partition's default."""
+    extra_sbatch: list[str] = field(default_factory=list)
+    """More sbatch options, one per entry, e.g. ["--mail-type=END", "--exclusive"]."""
+    signal: str = "USR2"
+    """Signal SLURM sends the ranks before the time limit; the run checkpoints and requeues on it."""
+    signal_lead_s: int = 120
+    """Seconds before the time limit that signal comes (must exceed a step plus a checkpoint)."""
+    max_requeues: int = 3
+    """Times a preempted job requeues itself (SLURM_RESTART_COUNT counts them); 0 never."""
+    port: int | None = None
+    """Rendezvous port on the first node; null: derived from the job id (jobs sharing a node differ)."""
+    wait: bool = True
+    """Wait for the job to end and return its exit status; a --multirun sweep never waits per point."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class LauncherConfig:
+    """Where and how the ranks of a run are started."""
+
+    backend: str = "auto"
+    """auto (inline for one rank, else local), inline (this process), local (nproc processes here) or slurm."""
+    nproc: int = 1
+    """Processes (ranks) per node."""
+    nnodes: int = 1
+    """Nodes of the job (world size = nnodes x nproc)."""
+    device: str = "auto"
+    """auto (a GPU when one is visible, else the CPU), cpu or cuda."""
+    max_restarts: int = 0
+    """Times a failed job is restarted from its newest checkpoint (needs checkpoints)."""
+    master_addr: str = "127.0.0.1"
+    """Rendezvous host of a single-node job."""
+    master_port: int | None = None
+    """Rendezvous port; null picks a free one."""
+    timeout_s: float = 300.0
+    """Timeout of collectives and of the rendezvous; a rank that does not answer fails the job."""
+    slurm: SlurmConfig = field(default_factory=SlurmConfig)
+    """Resources and preemption settings of the batch job (backend slurm only)."""
+
+    @property
+    def world_size(self) -> int:
+        """Ranks of the job: nnodes x nproc (computed here, and only here)."""
+        return self.nnodes * self.nproc
+
+
+def resolve_backend(config: LauncherConfig) -> str:
+    """`auto` becomes inline for a one-rank job without restarts, local otherwise; others pass through."""
+    if config.backend != "auto":
+        return config.backend
+    multi = config.world_size > 1 or config.max_restarts > 0
+    return "local" if multi else "inline"

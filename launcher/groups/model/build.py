@@ -1,0 +1,40 @@
+"""Build the model the model group describes, and count its size and training cost."""
+
+from __future__ import annotations
+
+from torch import nn
+
+from launcher.groups.model.config import ModelConfig, config_num_params
+
+
+def build_model(cfg: ModelConfig) -> nn.Module:
+    """The model the config describes, on the CPU in float32; init depends only on torch's global seed."""
+    if cfg.kind == "hf":
+        from launcher.groups.model.hf import build_hf_model
+
+        return build_hf_model(cfg)
+    if cfg.kind != "gpt":
+        raise ValueError(
+            f"model.kind={cfg.kind!r} is not a model kind: use gpt (the built-in decoder) or hf."
+        )
+    from launcher.groups.model.gpt import GPT
+
+    return GPT(cfg)
+
+
+def num_params(model: nn.Module) -> int:
+    """Parameters of `model`, a tied matrix counted once."""
+    return sum(p.numel() for p in model.parameters())
+
+
+def flops_per_token(cfg: ModelConfig, seq_len: int) -> float:
+    """Training FLOPs per token, 6 * N + 12 * n_layer * d_model * seq_len (forward + backward).
+
+    N counts the parameters from the config alone, without building the model, with a tied
+    embedding counted once; the second term is the attention score and value products.
+    """
+    if cfg.kind == "hf":
+        from launcher.groups.model.hf import hf_flops_per_token
+
+        return hf_flops_per_token(cfg, seq_len)
+    return float(6 * config_num_params(cfg) + 12 * cfg.n_layer * cfg.d_model * seq_len)

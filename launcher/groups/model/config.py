@@ -1,0 +1,50 @@
+"""The model group's schema, and the size formulas that need only the config (no model is built)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, kw_only=True)
+class ModelConfig:
+    """Which model to train and its shape."""
+
+    kind: str = "gpt"
+    """Model family: `gpt` (the built-in decoder of this module) or `hf` (a Hugging Face causal LM)."""
+    hf_config: str | None = None
+    """kind=hf: a preset (llama, gpt2: random weights shaped by this group's keys) or a local directory with config.json."""
+    n_layer: int = 4
+    """Number of transformer blocks."""
+    n_head: int = 4
+    """Attention heads per block (d_model must be a multiple of it)."""
+    d_model: int = 128
+    """Width of the residual stream."""
+    d_ff: int | None = None
+    """Hidden width of the MLP; null means 4 * d_model."""
+    vocab_size: int = 256
+    """Token ids the embedding holds; byte-level data needs 256."""
+    max_seq_len: int = 256
+    """Context length (the learned positional embedding has this many rows)."""
+    dropout: float = 0.0
+    """Dropout on embeddings, attention probabilities and residual branches."""
+    tie_embeddings: bool = True
+    """Share one matrix between the token embedding and the output projection."""
+    bias: bool = False
+    """Give linear layers and LayerNorms a bias."""
+
+
+def ff_width(cfg: ModelConfig) -> int:
+    """The MLP hidden width the config asks for."""
+    return cfg.d_ff if cfg.d_ff is not None else 4 * cfg.d_model
+
+
+def config_num_params(cfg: ModelConfig) -> int:
+    """Parameters of the GPT the config describes, computed without building it (tied matrix once)."""
+    d, ff, bias = cfg.d_model, ff_width(cfg), int(cfg.bias)
+    norm = d * (1 + bias)
+    attn = 4 * d * d + 4 * d * bias
+    mlp = 2 * d * ff + (ff + d) * bias
+    block = 2 * norm + attn + mlp
+    embeddings = cfg.vocab_size * d + cfg.max_seq_len * d
+    head = 0 if cfg.tie_embeddings else cfg.vocab_size * d
+    return embeddings + cfg.n_layer * block + norm + head

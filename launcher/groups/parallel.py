@@ -1,0 +1,55 @@
+"""The parallel group's schema: which strategy spreads model and state over the ranks, and its settings.
+
+The strategies themselves are launcher/parallel/ (one module each); the mesh degrees are checked
+and laid out by launcher/parallel/dims.py.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, kw_only=True)
+class ParallelConfig:
+    """Strategy choice and every strategy's settings (each strategy reads only its own)."""
+
+    strategy: str = "single"
+    """single, ddp, fsdp, deepspeed or tp (see launcher.parallel.registry.STRATEGIES)."""
+    # --- DDP ---
+    bucket_mb: float = 25.0
+    """DDP gradient bucket size in MiB."""
+    static_graph: bool = False
+    """DDP static graph (the same parameters are used every step)."""
+    gradient_as_bucket_view: bool = True
+    """Let gradients alias DDP's communication buckets (saves one gradient copy)."""
+    find_unused_parameters: bool = False
+    """Let DDP tolerate parameters that get no gradient (slower)."""
+    comm_hook: str = "none"
+    """DDP gradient communication hook: none, fp16, bf16 or powersgd."""
+    powersgd_rank: int = 1
+    """Matrix rank of PowerSGD compression."""
+    powersgd_start_iter: int = 10
+    """Optimizer steps of plain all-reduce before PowerSGD starts compressing (at least 2)."""
+    # --- FSDP2 ---
+    reshard_after_forward: bool = True
+    """FSDP2: free gathered parameters after forward (full_shard); false keeps them (shard_grad_op)."""
+    replicate_degree: int = 1
+    """FSDP2 hybrid sharding: replicas of the sharded group (2-D mesh replicate x shard); 1 shards over all ranks."""
+    cpu_offload: bool = False
+    """FSDP2: keep parameters, gradients and optimizer state on the CPU."""
+    prefetch_layers: int = 1
+    """FSDP2: transformer blocks whose parameters are gathered ahead of use, forward and backward (0: FSDP2's default)."""
+    # --- DeepSpeed ---
+    zero_stage: int = 0
+    """DeepSpeed ZeRO stage 0-3 (0: plain data parallel through DeepSpeed)."""
+    offload_optimizer: bool = False
+    """DeepSpeed: optimizer state to CPU (stage 1-3)."""
+    offload_params: bool = False
+    """DeepSpeed: parameters to CPU (stage 3)."""
+    deepspeed_config: str | None = None
+    """A DeepSpeed JSON file; its `auto` values are filled from the spec, contradictions are refused."""
+    # --- tensor parallel ---
+    tp_size: int = 1
+    """Tensor-parallel degree (column/row-wise attention and MLP); with fsdp, a 2-D mesh dp x tp."""
+    sequence_parallel: bool = False
+    """Run the norms on sequence shards between tensor-parallel regions (needs tp_size > 1)."""

@@ -1,0 +1,42 @@
+"""Every name-valued key of the spec is one of its registered options (did-you-mean when it is not)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from launcher.groups.launcher import BACKENDS
+from launcher.groups.memory import ACTIVATION_CHECKPOINTING
+from launcher.groups.optimizer import OPTIMIZERS
+from launcher.groups.quantization import METHODS
+from launcher.groups.scheduler import SCHEDULES
+from launcher.parallel.registry import STRATEGIES
+from launcher.rules.hardware import Hardware
+from launcher.rules.values import Rule, choice
+from launcher.spec import RunSpec, SpecError
+
+DATA_KINDS = ("stdlib", "text", "jsonl")
+MODEL_KINDS = ("gpt", "hf")
+NONFINITE_POLICIES = ("skip", "stop")
+DEVICES = ("auto", "cpu", "cuda")
+
+
+def _names(spec: RunSpec, hw: Hardware) -> Iterator[SpecError]:
+    yield from choice("parallel.strategy", spec.parallel.strategy, sorted(STRATEGIES), "parallel strategy")
+    yield from choice("optimizer.name", spec.optimizer.name, sorted(OPTIMIZERS), "optimizer")
+    yield from choice("scheduler.name", spec.scheduler.name, SCHEDULES, "schedule")
+    yield from choice("data.kind", spec.data.kind, DATA_KINDS, "data kind")
+    yield from choice("model.kind", spec.model.kind, MODEL_KINDS, "model kind")
+    yield from choice("quantization.method", spec.quantization.method, METHODS, "quantization method")
+    yield from choice(
+        "memory.activation_checkpointing",
+        spec.memory.activation_checkpointing,
+        ACTIVATION_CHECKPOINTING,
+        "activation checkpointing mode",
+    )
+    yield from choice("launcher.backend", spec.launcher.backend, BACKENDS, "launch backend")
+    yield from choice("train.on_nonfinite", spec.train.on_nonfinite, NONFINITE_POLICIES, "policy")
+    yield from choice("launcher.device", spec.launcher.device, DEVICES, "device")
+
+
+RULES: tuple[Rule, ...] = (_names,)
+"""This module's rules, in the order they report."""

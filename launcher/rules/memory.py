@@ -1,0 +1,74 @@
+"""Rules of the memory group: activation checkpointing and the automatic micro-batch search."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from launcher.rules.hardware import Hardware
+from launcher.rules.values import Rule
+from launcher.spec import RunSpec, SpecError
+
+SHARDING_STRATEGIES = ("fsdp", "tp")
+
+
+def _checkpointing(spec: RunSpec, hw: Hardware) -> Iterator[SpecError]:
+    m = spec.memory
+    if m.checkpoint_every < 1:
+        yield SpecError(
+            ("memory.checkpoint_every",), f"must be 1 or more (1: every block), got {m.checkpoint_every}."
+        )
+    elif m.checkpoint_every != 1 and m.activation_checkpointing == "none":
+        yield SpecError(
+            ("memory.checkpoint_every", "memory.activation_checkpointing"),
+            "checkpoint_every picks which blocks are checkpointed, but activation_checkpointing is none. "
+            "Use `memory=checkpoint_every_2` (or activation_checkpointing=blocks), or drop checkpoint_every.",
+        )
+    if spec.model.kind != "gpt" and m.activation_checkpointing == "attention":
+        yield SpecError(
+            ("memory.activation_checkpointing", "model.kind"),
+            f"model.kind={spec.model.kind} is checkpointed through the model's own switch, which recomputes "
+            "whole layers; attention-only checkpointing exists for the built-in GPT only. Use "
+            "`memory=checkpoint_all` (or checkpoint_every_2).",
+        )
+    if m.empty_cache_steps is not None and m.empty_cache_steps <= 0:
+        yield SpecError(
+            ("memory.empty_cache_steps",), "must be positive; use null to never empty the CUDA cache."
+        )
+
+
+def _auto_micro_batch(spec: RunSpec, hw: Hardware) -> Iterator[SpecError]:
+    m = spec.memory
+    if m.max_memory_gb is not None and m.max_memory_gb <= 0:
+        yield SpecError(("memory.max_memory_gb",), f"must be positive, got {m.max_memory_gb}.")
+    if not m.auto_micro_batch:
+        if m.max_memory_gb is not None:
+            yield SpecError(
+                ("memory.max_memory_gb", "memory.auto_micro_batch"),
+                "max_memory_gb is the budget of the micro-batch search, which is off. Use `memory=auto_batch` "
+                "(memory.auto_micro_batch=true), or drop max_memory_gb.",
+            )
+        return
+    if m.max_micro_batch_size < 1:
+        yield SpecError(("memory.max_micro_batch_size",), "must be 1 or more.")
+    p = spec.parallel
+    if (
+        p.strategy in SHARDING_STRATEGIES
+        or p.tp_size > 1
+        or (p.strategy == "deepspeed" and p.zero_stage == 3)
+    ):
+        yield SpecError(
+            ("memory.auto_micro_batch", "parallel.strategy"),
+            f"the search measures the whole, unsharded model on one device, which overstates memory under "
+            f"parallel.strategy={p.strategy} (zero_stage={p.zero_stage}, tp_size={p.tp_size}). Set "
+            "train.micro_batch_size by hand (the dry run's memory plan helps), or search with parallel=ddp.",
+        )
+    if spec.data.batching == "token_budget":
+        yield SpecError(
+            ("memory.auto_micro_batch", "data.batching"),
+            "token_budget batches size themselves by data.max_tokens_per_batch, so there is no micro batch "
+            "to search. Turn one of them off.",
+        )
+
+
+RULES: tuple[Rule, ...] = (_checkpointing, _auto_micro_batch)
+"""This module's rules, in the order they report."""
