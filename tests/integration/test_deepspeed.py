@@ -160,6 +160,48 @@ def test_nonfinite_steps_are_skipped_on_every_rank(tmp_path, option: str) -> Non
     assert all(torch.isfinite(t).all() for t in state.values())
 
 
+def test_max_grad_norm_reaches_deepspeed(cached_run) -> None:
+    """train.max_grad_norm becomes DeepSpeed's gradient_clipping: with a bound that clips every step,
+    ZeRO-2 matches one process that clips the same way, and differs from the unclipped run. SGD,
+    because Adam's update hardly depends on a uniform scale of the gradients (measured: clipping at
+    0.05 vs 1.0 moved AdamW's losses by 3e-5 relative only)."""
+    sgd = ["optimizer=sgd", "optimizer.lr=0.1"]
+    clip = [*sgd, "train.max_grad_norm=0.05"]
+    run_dir = cached_run(["parallel=zero2", *clip])
+    got = losses(run_dir)
+    _assert_close(got, _reference(cached_run, clip), rel=1e-5)
+    norms = [r["grad_norm"] for r in read_metrics(run_dir / "metrics.jsonl") if "grad_norm" in r]
+    assert min(norms) > 0.05  # the global norm before clipping: the bound was active at every step
+    unclipped = losses(cached_run(["parallel=zero2", *sgd, "train.max_grad_norm=null"]))
+    assert max(abs(got[s] - unclipped[s]) / unclipped[s] for s in got) > 1e-2
+
+
+def test_nonfinite_stop_policy_ends_deepspeed_like_one_process(tmp_path) -> None:
+    """train.on_nonfinite=stop: exit status 3 and exit reason nonfinite, at the same step as one
+    process, with no NaN in the last checkpoint (the same policy as every other strategy)."""
+    args = [
+        *TINY,
+        "optimizer.lr=1e12",
+        "scheduler=constant",
+        "scheduler.warmup_steps=0",
+        "train.max_steps=8",
+        "train.on_nonfinite=stop",
+        "train.max_grad_norm=null",
+        "train.eval_every=null",
+        "checkpoint.every=1",
+    ]
+    one = tmp_path / "one"
+    assert run_inline([*args, "train.micro_batch_size=8"], one) == 3
+    ds = tmp_path / "ds"
+    proc = run_cli([*args, *TWO_RANKS, "parallel=zero2", f"run_dir={ds}"], tmp_path, timeout=600)
+    assert proc.returncode == 3, proc.stdout[-2000:] + proc.stderr[-4000:]
+    summaries = [json.loads((d / "summary.json").read_text()) for d in (one, ds)]
+    assert [s["exit_reason"] for s in summaries] == ["nonfinite", "nonfinite"]
+    assert summaries[0]["steps"] == summaries[1]["steps"], summaries
+    newest = checkpoint.good_checkpoints(ds)[0]
+    assert all(torch.isfinite(t).all() for t in consolidate(newest).values())
+
+
 def test_zero3_offload_through_train_matches_one_process(cached_run) -> None:
     """Parameters and optimizer state in CPU memory, AdamW as DeepSpeedCPUAdam (JIT-built once, then
     cached in TORCH_EXTENSIONS_DIR). Run as a user would: `train` with the inline backend, one rank

@@ -73,6 +73,25 @@ def test_fp32_losses_match_one_process(cached_run, name: str) -> None:
     _assert_close(losses(cached_run(PARITY[name])), reference, rel=1e-5)
 
 
+# Compiled blocks under each DTensor strategy: the build applies TP, then checkpointing, then compile,
+# then FSDP2 (launcher/rank/build.py). A cold compile costs ~20 s per process on a CPU, so these runs
+# stop after 6 of the 20 steps (train.stop_after keeps the 20-step schedule, so steps 1-6 compare).
+COMPILED = {
+    "tp": ["parallel=tp", "train.micro_batch_size=8", "compile=default"],
+    "fsdp-checkpointed": ["parallel=fsdp", "compile=default", "memory=checkpoint_all"],
+}
+
+
+@pytest.mark.parametrize("name", list(COMPILED))
+def test_compiled_blocks_match_one_eager_process(cached_run, name: str) -> None:
+    """compile=default traces each block after TP and checkpointing and before FSDP2 wraps it; the
+    losses equal one eager process to fp32 summation order (compile == eager measured at 0.0)."""
+    got = losses(cached_run([*COMPILED[name], "train.stop_after=6", "checkpoint.every=null"]))
+    reference = losses(cached_run(["train.micro_batch_size=8"], ranks=0))
+    assert sorted(got) == list(range(1, 7))
+    _assert_close(got, {s: reference[s] for s in got}, rel=1e-5)
+
+
 def test_bf16_fsdp_is_close_to_one_process_bf16(cached_run) -> None:
     """FSDP2's policy computes with bf16 weights (gathered in bf16) and reduces gradients in fp32,
     while one process autocasts over fp32 weights, so weights are rounded to bf16 once more per

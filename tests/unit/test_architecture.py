@@ -1,0 +1,188 @@
+"""The package's shape, read from the source: no import cycles, imports pointing one way, Hydra only
+in the launching process, every rule module run by `check`, every strategy complete.
+
+docs/architecture.md draws the same map; when a test here fails, either the change or the map is wrong.
+"""
+
+from __future__ import annotations
+
+import ast
+import inspect
+import typing
+from pathlib import Path
+
+import pytest
+
+import launcher
+from launcher import rules
+from launcher.parallel.registry import STRATEGIES, strategy_module
+from launcher.parallel.strategy import Strategy
+from launcher.plan.planner import MODEL_STATES
+
+ROOT = Path(launcher.__file__).parent
+
+# Which top-level parts of the package each part may import (besides itself).
+ALLOWED: dict[str, set[str]] = {
+    "exits": set(),
+    "groups": set(),
+    "spec": {"groups"},
+    "parallel": {"spec", "groups"},
+    "plan": {"spec", "groups"},
+    "rules": {"spec", "groups", "parallel", "plan"},
+    "rank": {"spec", "groups", "parallel", "exits"},
+    "launch": {"spec", "groups", "rank", "exits"},
+    "front": {"spec", "groups", "parallel", "plan", "rules", "launch", "exits"},
+    "__main__": {"front"},
+    "__init__": set(),
+}
+# The only part that may import Hydra: the launching process. Ranks read spec.yaml with OmegaConf.
+HYDRA_ALLOWED = {"front"}
+
+
+def _module_name(path: Path) -> str:
+    parts = list(path.relative_to(ROOT.parent).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def _modules() -> dict[str, Path]:
+    return {_module_name(p): p for p in sorted(ROOT.rglob("*.py"))}
+
+
+def _imports(path: Path, modules: dict[str, Path]) -> set[str]:
+    """Every module `path` imports, anywhere in the file (functions and TYPE_CHECKING blocks too)."""
+    found = set()
+    package = _module_name(path) if path.name == "__init__.py" else _module_name(path).rpartition(".")[0]
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                base = ".".join(
+                    package.split(".")[: len(package.split(".")) - node.level + 1] + [base]
+                ).strip(".")
+            for alias in node.names:
+                full = f"{base}.{alias.name}"
+                found.add(full if full in modules else base)
+    return found
+
+
+def _graph() -> dict[str, set[str]]:
+    modules = _modules()
+    return {
+        name: {m for m in _imports(path, modules) if m in modules and m != name}
+        for name, path in modules.items()
+    }
+
+
+def _part(module: str) -> str:
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else "__init__"
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components with more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        on_stack.add(node)
+        for nxt in sorted(graph[node]):
+            if nxt not in index:
+                visit(nxt)
+                low[node] = min(low[node], low[nxt])
+            elif nxt in on_stack:
+                low[node] = min(low[node], index[nxt])
+        if low[node] == index[node]:
+            component = []
+            while True:
+                member = stack.pop()
+                on_stack.discard(member)
+                component.append(member)
+                if member == node:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    return found
+
+
+def test_the_import_graph_has_no_cycle() -> None:
+    cycles = _cycles(_graph())
+    assert not cycles, "import cycles: " + "; ".join(" <-> ".join(c) for c in cycles)
+
+
+def test_imports_point_one_way() -> None:
+    wrong = [
+        f"{module} imports {target}"
+        for module, targets in _graph().items()
+        for target in sorted(targets)
+        if _part(target) != _part(module) and _part(target) not in ALLOWED[_part(module)]
+    ]
+    assert not wrong, "imports against docs/architecture.md's map:\n" + "\n".join(wrong)
+
+
+def test_hydra_is_imported_only_where_train_is_typed() -> None:
+    modules = _modules()
+    offenders = [
+        f"{name} imports {imported}"
+        for name, path in modules.items()
+        for imported in sorted(_imports(path, modules))
+        if imported.split(".")[0] in ("hydra", "hydra_plugins") and _part(name) not in HYDRA_ALLOWED
+    ]
+    assert not offenders, "Hydra outside launcher/front/:\n" + "\n".join(offenders)
+
+
+def test_the_checker_finds_a_cycle_and_a_wrong_way_import() -> None:
+    """The graph tests can fail: a made-up cycle is found."""
+    assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+    assert _part("launcher.rank.engine") == "rank" and "front" not in ALLOWED["rank"]
+
+
+def _rule_modules() -> list[str]:
+    return sorted(
+        p.stem for p in (ROOT / "rules").glob("*.py") if p.stem not in ("__init__", "hardware", "values")
+    )
+
+
+def test_check_runs_every_rules_module() -> None:
+    run = {module.__name__.rsplit(".", 1)[-1] for module in rules.AREAS}
+    missing = [name for name in _rule_modules() if name not in run]
+    assert not missing, f"rules modules that rules.check never runs (add them to rules.AREAS): {missing}"
+
+
+@pytest.mark.parametrize("area", rules.AREAS, ids=lambda m: m.__name__.rsplit(".", 1)[-1])
+def test_every_rule_function_is_in_its_modules_rules(area) -> None:
+    def is_rule(fn: object) -> bool:
+        return inspect.isfunction(fn) and list(inspect.signature(fn).parameters) == ["spec", "hw"]
+
+    functions = [fn for name, fn in vars(area).items() if is_rule(fn) and fn.__module__ == area.__name__]
+    missing = [fn.__name__ for fn in functions if fn not in area.RULES]
+    assert not missing, f"{area.__name__}: rule functions not listed in RULES: {missing}"
+
+
+def test_the_planner_has_formulas_for_every_strategy() -> None:
+    assert set(MODEL_STATES) == set(STRATEGIES)
+
+
+@pytest.mark.parametrize("name", sorted(STRATEGIES))
+def test_every_strategy_offers_the_whole_protocol(name: str) -> None:
+    module = strategy_module(name)
+    assert callable(module.build) and callable(module.consolidate)
+    built = typing.get_type_hints(module.build)["return"]
+    verbs = [n for n, v in vars(Strategy).items() if callable(v) and not n.startswith("_")]
+    attributes = list(typing.get_type_hints(Strategy))
+    missing = [v for v in verbs if not callable(getattr(built, v, None))]
+    assert not missing, f"{built.__name__} lacks {missing}"
+    assert set(verbs) >= {"step", "save", "load", "state_bytes", "export_state_dict", "no_sync", "backward"}
+    assert attributes == ["model", "optimizer"]
