@@ -41,20 +41,27 @@ def _resume(spec: RunSpec, hw: Hardware) -> Iterator[SpecError]:
         )
 
 
-def _checkpoint_ranks(path: Path) -> int:
+def _num_checkpoint_ranks(path: Path) -> int:
     """Ranks that wrote a checkpoint (each leaves its RNG state file)."""
     return len(list(path.glob("rng_rank*.pt")))
 
 
-def _resume_layout(spec: RunSpec, hw: Hardware) -> Iterator[SpecError]:
-    if spec.resume is None:
-        return
+def _checkpoint_to_resume(spec: RunSpec) -> Path | None:
+    """The newest complete checkpoint `resume` names, None when it names none (or resume is null)."""
     run_dir = Path(spec.run_dir) if spec.run_dir else None
-    found = checkpoint.resolve_resume(spec.resume, run_dir) if spec.resume != "auto" or run_dir else []
-    if not found:
+    if spec.resume is None or (spec.resume == "auto" and run_dir is None):
+        return None
+    found = checkpoint.resolve_resume(spec.resume, run_dir)
+    return found[0] if found else None
+
+
+def _resume_layout(spec: RunSpec, hw: Hardware) -> Iterator[SpecError]:
+    newest = _checkpoint_to_resume(spec)
+    if newest is None:
         return
-    newest, strategy = found[0], spec.parallel.strategy
+    strategy = spec.parallel.strategy
     sharded, world = is_dcp_checkpoint(newest), spec.launcher.world_size
+    num_ranks = _num_checkpoint_ranks(newest)
     if sharded and strategy not in DTENSOR_STRATEGIES:
         yield SpecError(
             ("resume", "parallel.strategy"),
@@ -69,31 +76,28 @@ def _resume_layout(spec: RunSpec, hw: Hardware) -> Iterator[SpecError]:
             "cannot resume it. Resume it with the strategy that wrote it, or convert its weights to a full state "
             f"dict with `train-export {newest} weights.pt`.",
         )
-    elif sharded and world > _checkpoint_ranks(newest) > 0:
+    elif sharded and world > num_ranks > 0:
         yield SpecError(
             ("resume", "launcher.nproc", "launcher.nnodes"),
-            f"{newest} was written by {_checkpoint_ranks(newest)} rank(s) and this run has {world}: DCP reshards the "
+            f"{newest} was written by {num_ranks} rank(s) and this run has {world}: DCP reshards the "
             "model and optimizer to fewer ranks, but the extra ranks would have no RNG state to continue from. "
-            f"Resume with at most {_checkpoint_ranks(newest)} ranks, or convert its weights to a full state dict "
+            f"Resume with at most {num_ranks} ranks, or convert its weights to a full state dict "
             f"with `train-export {newest} weights.pt`.",
         )
 
 
 def _resume_world_size(spec: RunSpec, hw: Hardware) -> Iterator[SpecError]:
-    if spec.parallel.strategy != "deepspeed" or spec.resume is None:
+    newest = _checkpoint_to_resume(spec) if spec.parallel.strategy == "deepspeed" else None
+    if newest is None:
         return
-    run_dir = Path(spec.run_dir) if spec.run_dir else None
-    candidates = checkpoint.resolve_resume(spec.resume, run_dir) if spec.resume != "auto" or run_dir else []
-    if not candidates:
-        return
-    shards = len(list((candidates[0] / TAG).glob("*zero_pp_rank_*_mp_rank_00_optim_states.pt")))
-    ranks = spec.launcher.world_size
-    if shards and shards != ranks:
+    num_shards = len(list((newest / TAG).glob("*zero_pp_rank_*_mp_rank_00_optim_states.pt")))
+    world = spec.launcher.world_size
+    if num_shards and num_shards != world:
         yield SpecError(
             ("resume", "launcher.nproc"),
-            f"{candidates[0]} holds ZeRO state sharded over {shards} ranks, but this run has {ranks}. "
-            f"Resume with launcher.nproc={shards} (x launcher.nnodes), or convert: `train-export "
-            f"{candidates[0]} model.pt` writes the full fp32 weights, which load at any world size.",
+            f"{newest} holds ZeRO state sharded over {num_shards} ranks, but this run has {world}. "
+            f"Resume with launcher.nproc={num_shards} (x launcher.nnodes), or convert: `train-export "
+            f"{newest} model.pt` writes the full fp32 weights, which load at any world size.",
         )
 
 
