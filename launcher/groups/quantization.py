@@ -18,7 +18,7 @@ import torch
 from torch import nn
 
 from launcher.groups.adapters import LoRAConfig, LoRALinear, add_adapters, replace_module
-from launcher.groups.precision import PrecisionConfig
+from launcher.groups.precision import PrecisionConfig, train_dtype
 
 METHODS = ("none", "int8", "nf4")
 # Linear layers that stay full precision whatever the method: the output head (often tied).
@@ -36,15 +36,6 @@ class QuantizationConfig:
     int8_threshold: float = 6.0
     """int8: activation magnitude above which a feature goes through the fp16 outlier path (0: none)."""
     lora: LoRAConfig = field(default_factory=LoRAConfig)
-
-
-def compute_dtype(precision: PrecisionConfig) -> torch.dtype:
-    """The dtype quantized layers compute in: the precision group's autocast dtype, else float32."""
-    if precision.bf16:
-        return torch.bfloat16
-    if precision.fp16:
-        return torch.float16
-    return torch.float32
 
 
 def quantizable_linears(model: nn.Module) -> dict[str, nn.Linear]:
@@ -159,7 +150,7 @@ def apply(
         return model
     linears = quantizable_linears(model)
     if cfg.method != "none":
-        dtype = compute_dtype(precision)
+        dtype = train_dtype(precision)  # quantized layers compute in the autocast dtype
         for name, linear in linears.items():
             replace_module(model, name, quantize_linear(linear, cfg, dtype, str(device)))
     if cfg.lora.rank > 0:
