@@ -20,3 +20,12 @@ class ExitStatus(IntEnum):
     """A scheduler's signal stopped the run after a complete checkpoint; it resumes when requeued."""
     SUBMIT_FAILED = 5
     """The scheduler refused the batch job (e.g. sbatch: no such partition); nothing was started."""
+    INTERRUPTED = 130
+    """Stopped by SIGINT (Ctrl-C) after a complete checkpoint (128 + 2, the shell's convention)."""
+    TERMINATED = 143
+    """Stopped by SIGTERM after a complete checkpoint (128 + 15)."""
+
+
+def for_signal(signum: int) -> ExitStatus:
+    """The exit status of a run that a signal stopped gracefully: 130 for SIGINT, 143 for SIGTERM."""
+    return ExitStatus.TERMINATED if signum == 15 else ExitStatus.INTERRUPTED

@@ -85,4 +85,8 @@ def main() -> None:
     if any(flag in HYDRA_PRINT_FLAGS for flag in compose.split_argv(argv)[0]):
         sys.exit(_hydra_print(argv))
     argv = recipe_auto.resolve(argv, console=Console(stderr=True, highlight=False))
-    sys.exit(run(argv))
+    try:
+        sys.exit(run(argv))
+    except KeyboardInterrupt:  # a second Ctrl-C while a rank ran in this process
+        rundir.err_console.print("stopped at once (a second Ctrl-C); completed checkpoints are intact.")
+        sys.exit(ExitStatus.INTERRUPTED)

@@ -1,61 +1,36 @@
 """The local backend: N ranks on this machine, started and watched by torch's elastic agent.
 
 The agent (torch.distributed.launcher.api) runs in the `train` process: it hosts the rendezvous
-store, starts the ranks, restarts the whole group on a failure up to launcher.max_restarts times
-(each restart resumes from the newest checkpoint, see worker.resume_candidates), and stops every
-rank when one dies, so no process outlives the job. Each rank's output goes to the run directory.
+store (on launcher.master_addr only, 127.0.0.1 by default), starts the ranks, restarts the whole
+group on a failure up to launcher.max_restarts times (each restart resumes from the newest
+checkpoint, see worker.resume_candidates, and says so on the console), and stops every rank when
+one dies. A rank dies with the launching process (no orphans). SIGINT/SIGTERM: see
+launcher.launch.local_agent. Each rank's output goes to the run directory.
 """
 
 from __future__ import annotations
 
-import logging
+import ipaddress
 import os
+import socket
 import traceback
 from pathlib import Path
 
 from rich.console import Console
 
-from launcher.exits import ExitStatus
+from launcher.exits import ExitStatus, for_signal
+from launcher.launch.local_agent import (
+    RestartReporter,
+    StopForwarder,
+    agent_logs,
+    die_with_parent,
+    log_paths,
+    loopback_interface,
+    make_logs_specs,
+    rendezvous_store,
+    rotate_logs,
+)
 from launcher.spec import RunSpec
-
-
-def log_paths(run_dir: Path, rank: int, restart: int = 0) -> tuple[Path, Path]:
-    """(stdout, stderr) log files of `rank` in attempt `restart` (0 is the first start)."""
-    stem = f"rank_{rank}" if restart == 0 else f"rank_{rank}.restart_{restart}"
-    return run_dir / "logs" / f"{stem}.log", run_dir / "logs" / f"{stem}.err"
-
-
-def _make_logs_specs(run_dir: Path):  # -> LogsSpecs (torch imported lazily)
-    """Per-rank log files under run_dir/logs; rank 0's stdout is also shown on this console."""
-    from torch.distributed.elastic.multiprocessing import LogsSpecs
-    from torch.distributed.elastic.multiprocessing.api import LogsDest
-
-    class RunDirLogs(LogsSpecs):
-        """logs/rank_R.log (stdout), logs/rank_R.err (stderr), logs/rank_R.error.json per attempt."""
-
-        def __init__(self) -> None:
-            super().__init__(log_dir=str(run_dir / "logs"))
-
-        @property
-        def root_log_dir(self) -> str:
-            return str(run_dir / "logs")
-
-        def reify(self, envs: dict[int, dict[str, str]]) -> LogsDest:
-            dest = LogsDest()
-            for local_rank, env in envs.items():
-                rank, restart = int(env["RANK"]), int(env.get("TORCHELASTIC_RESTART_COUNT", "0"))
-                out, err = log_paths(run_dir, rank, restart)
-                out.parent.mkdir(parents=True, exist_ok=True)
-                error_file = out.with_suffix(".error.json")
-                error_file.unlink(missing_ok=True)
-                dest.stdouts[local_rank], dest.stderrs[local_rank] = str(out), str(err)
-                dest.error_files[local_rank] = str(error_file)
-                env["TORCHELASTIC_ERROR_FILE"] = str(error_file)
-                if rank == 0:
-                    dest.tee_stdouts[local_rank] = str(out)
-            return dest
-
-    return RunDirLogs()
 
 
 def rendezvous_endpoint(spec: RunSpec) -> str:
@@ -80,12 +55,17 @@ def _on_gpu(spec: RunSpec) -> bool:
     return resolve_device(spec.launcher.device) == "cuda"
 
 
-def rank_main(spec_path: str, num_threads: int) -> int:
+def rank_main(spec_path: str, num_threads: int, parent_pid: int, loopback: bool) -> int:
     """One rank: the entry the agent starts in each process (module level so that spawn can pickle it)."""
     import torch
 
     from launcher.rank import worker
 
+    die_with_parent(parent_pid)  # no rank outlives the launching process
+    os.setpgrp()  # off the terminal's process group: a Ctrl-C reaches the launcher, which passes it on once
+    if loopback and (interface := loopback_interface()):  # one node: collectives stay on loopback too
+        os.environ.setdefault("GLOO_SOCKET_IFNAME", interface)
+        os.environ.setdefault("NCCL_SOCKET_IFNAME", interface)
     if "OMP_NUM_THREADS" not in os.environ:
         torch.set_num_threads(num_threads)  # share the cores instead of oversubscribing them
     logs = Path(spec_path).parent / "logs"
@@ -99,51 +79,54 @@ def rank_main(spec_path: str, num_threads: int) -> int:
 
 
 def launch(spec: RunSpec, run_dir: Path) -> int:
-    """Start the ranks and wait; 0 when every rank finished, the ranks' status or 1 otherwise."""
+    """Start the ranks and wait: 0 when every rank finished, the ranks' own status (3, 4, 130, 143)
+    when they stopped on purpose, 1 when one failed."""
+    from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
     lc, console = spec.launcher, Console(stderr=True, highlight=False)
-    config = LaunchConfig(
-        min_nodes=1,
-        max_nodes=1,
-        nproc_per_node=lc.nproc,
-        run_id=f"train-{os.getpid()}",
-        rdzv_backend="c10d",
-        rdzv_endpoint=rendezvous_endpoint(spec),
-        rdzv_configs={"timeout": int(lc.timeout_s), "join_timeout": int(lc.timeout_s)},
-        max_restarts=lc.max_restarts,
-        monitor_interval=0.1,
-        start_method="spawn",  # the agent's own threads are running: fork could copy a held lock
-        local_addr=lc.master_addr,
-        logs_specs=_make_logs_specs(run_dir),
-        shutdown_timeout=10,
-        log_line_prefix_template="[rank ${rank}] ",
-    )
+    rotated = rotate_logs(run_dir)
+    if rotated is not None:
+        console.print(f"logs of the previous session moved to {rotated}", markup=False)
     threads = max(1, (os.cpu_count() or 1) // lc.nproc)
-    levels = _silence_agent_logs()
+    loopback = ipaddress.ip_address(socket.gethostbyname(lc.master_addr)).is_loopback
+    stops = StopForwarder(run_dir, console)
     try:
-        codes = elastic_launch(config, rank_main)(str(run_dir / "spec.yaml"), threads)
+        with rendezvous_store(lc.master_addr, lc.master_port) as endpoint, stops, agent_logs(
+            RestartReporter(run_dir, console)
+        ):
+            config = LaunchConfig(
+                min_nodes=1,
+                max_nodes=1,
+                nproc_per_node=lc.nproc,
+                run_id=f"train-{os.getpid()}",
+                rdzv_backend="c10d",
+                rdzv_endpoint=endpoint,
+                rdzv_configs={"timeout": int(lc.timeout_s), "join_timeout": int(lc.timeout_s), "is_host": True},
+                max_restarts=lc.max_restarts,
+                monitor_interval=0.1,
+                start_method="spawn",  # the agent's own threads are running: fork could copy a held lock
+                local_addr=lc.master_addr,
+                logs_specs=make_logs_specs(run_dir),
+                shutdown_timeout=10,
+                log_line_prefix_template="[rank ${rank}] ",
+                signals_to_handle="SIGHUP,SIGQUIT",  # SIGINT and SIGTERM are StopForwarder's
+            )
+            codes = elastic_launch(config, rank_main)(str(run_dir / "spec.yaml"), threads, os.getpid(), loopback)
+    except SignalException as err:  # a second SIGINT/SIGTERM: the agent stopped every rank
+        console.print(f"stopped at once ({err}); completed checkpoints are intact.", markup=False)
+        return for_signal(int(err.sigval))
     except ChildFailedError as err:
+        if stops.first is not None:  # a rank interrupted while it could not finish its step
+            console.print(failure_message(err, run_dir), markup=False, soft_wrap=True)
+            return for_signal(int(stops.first))
         console.print(failure_message(err, run_dir), markup=False, soft_wrap=True)
         return ExitStatus.FAILED
-    except Exception as err:  # the agent itself failed (rendezvous port taken, interrupted, ...)
+    except Exception as err:  # the agent itself failed (rendezvous port taken, ...)
         console.print(f"error: the local launch failed: {type(err).__name__}: {err}", markup=False)
         return ExitStatus.FAILED
-    finally:
-        for name, level in levels.items():
-            logging.getLogger(name).setLevel(level)
     return max(codes.values(), default=0)
-
-
-def _silence_agent_logs() -> dict[str, int]:
-    """Mute the agent's and spawn's own logs (a failure is reported once, by `failure_message`)."""
-    prefixes = ("torch.distributed.elastic", "torch.distributed.launcher", "torch.multiprocessing")
-    names = [n for n in logging.root.manager.loggerDict if n.startswith(prefixes)]
-    levels = {n: logging.getLogger(n).level for n in names}
-    for name in names:
-        logging.getLogger(name).setLevel(logging.CRITICAL)
-    return levels
 
 
 def _error_text(failure) -> str:

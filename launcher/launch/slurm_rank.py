@@ -79,7 +79,6 @@ def _after_preemption(code: int, rank: int, job_id: str, max_requeues: int) -> i
 def run(spec_path: Path) -> int:
     """Run this task as a rank of the job; returns its exit status."""
     from launcher.rank import worker
-    from launcher.rank.preemption import StopSignal
     from launcher.spec import load_spec
 
     spec = load_spec(spec_path)
@@ -89,7 +88,7 @@ def run(spec_path: Path) -> int:
     master = slurm_jobs.hostnames(nodes)[0]
     env = torch_environment(os.environ, master_addr=master, port=settings.port)
     os.environ.update(env)
-    code = worker.run(Path(spec_path), stop=StopSignal(settings.signal))
+    code = worker.run(Path(spec_path), preemption=settings.signal)
     return _after_preemption(code, int(env["RANK"]), job_id, settings.max_requeues)
 
 

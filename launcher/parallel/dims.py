@@ -213,15 +213,17 @@ def init_process_group(
     )
 
 
-def shutdown() -> None:
+def shutdown(*, barrier: bool = True) -> None:
     """Leave the process group cleanly: collect garbage, wait for every rank, then destroy it.
 
     Tearing down gloo while its threads still hold references aborts the process at exit in a
-    fraction of runs; releasing objects first and meeting at a barrier avoids that.
+    fraction of runs; releasing objects first and meeting at a barrier avoids that. A process
+    told to stop at once (`barrier=False`) waits for no other rank.
     """
     gc.collect()
     if dist.is_initialized():
         try:
-            dist.barrier()
+            if barrier:
+                dist.barrier()
         finally:
             dist.destroy_process_group()

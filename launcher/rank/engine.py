@@ -10,6 +10,7 @@ import contextlib
 import math
 import random
 import re
+import signal
 import statistics
 import time
 import warnings
@@ -160,7 +161,7 @@ class Engine:
         show = dist.is_main and self.spec.log.progress
         progress, task = metrics.make_progress(self.console, t.max_steps, self.step)
         self._mark = (time.perf_counter(), self.step)
-        preempted = False
+        signum: int | None = None
         profiler = profiling.profile(
             self.spec.profile, self.spec.profiler, self.run_dir, rank=dist.rank, device_type=self.device.type,
             console=self.console,
@@ -181,23 +182,29 @@ class Engine:
                 if t.eval_every and (self.step % t.eval_every == 0 or last):
                     self.evaluate()
                 stopping = self.step == t.stop_after
-                # A preemption signal on any rank stops every rank after this same step (collective).
-                preempted = not last and self.stop.agreed(dist)
+                # A stop signal on any rank stops every rank after this same step (collective).
+                signum = None if last else self.stop.agreed(dist)
                 every = self.spec.checkpoint.every
                 if (
                     (every and self.step % every == 0)
-                    or preempted
+                    or signum
                     or ((last or stopping) and self.spec.checkpoint.save_final)
                 ):
                     self.save()
                 progress.update(task, completed=self.step)
-                if stopping or preempted:
+                if stopping or signum:
                     break
         if writer:
             writer.close()
-        self._settle_skips(self.step)  # a session may end (stop_after, preemption) between log steps
-        reason = "completed" if self.step >= t.max_steps else "preempted" if preempted else "stopped_after"
-        return self.summary(reason, time.perf_counter() - started)
+        self._settle_skips(self.step)  # a session may end (stop_after, a signal) between log steps
+        if self.step >= t.max_steps:
+            reason = "completed"
+        else:
+            reason = self.stop.reason(signum) if signum else "stopped_after"
+        summary = self.summary(reason, time.perf_counter() - started)
+        if signum:
+            summary["signal"] = signal.Signals(signum).name
+        return summary
 
     def _train_step(self) -> None:
         """One optimizer step over grad_accum_steps micro batches, normalized by their token count."""

@@ -42,18 +42,34 @@ def set_comm_env(device_type: str, timeout_s: float) -> None:
     os.environ.setdefault("TORCH_NCCL_HEARTBEAT_TIMEOUT_SEC", str(int(timeout_s) + 60))
 
 
+def listen_fd(host: str, port: int) -> tuple[int, int]:
+    """A TCP socket listening on `host` only (never every interface); (its fd, its port).
+
+    The fd is handed to a TCPStore server (`master_listen_fd`), which then owns it.
+    """
+    family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
+    sock = socket.socket(family, kind, proto)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind(address)
+    sock.listen(1024)
+    bound_port = sock.getsockname()[1]
+    return sock.detach(), bound_port
+
+
 def job_store(rank: int, world_size: int, timeout_s: float) -> dist.Store:
-    """The job's key-value store: the elastic agent's if it shares one, else rank 0 hosts it."""
+    """The job's key-value store: the elastic agent's if it shares one, else rank 0 hosts it on MASTER_ADDR only."""
     addr, port = os.environ.get("MASTER_ADDR", "127.0.0.1"), int(os.environ.get("MASTER_PORT", "29500"))
     agent_hosts = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
+    hosts = rank == 0 and not agent_hosts
     try:
         store = dist.TCPStore(
             addr,
             port,
             world_size,
-            is_master=rank == 0 and not agent_hosts,
+            is_master=hosts,
             timeout=timedelta(seconds=timeout_s),
             wait_for_workers=False,
+            master_listen_fd=listen_fd(addr, port)[0] if hosts else None,
         )
     except Exception as err:
         who = "the launcher's rendezvous store" if agent_hosts or rank == 0 else "rank 0's store"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import sys
 import time
 import warnings
@@ -10,7 +11,7 @@ from pathlib import Path
 
 from rich.console import Console
 
-from launcher.exits import ExitStatus
+from launcher.exits import ExitStatus, for_signal
 from launcher.groups import checkpoint, metrics
 from launcher.groups.device import resolve_device
 from launcher.parallel.deepspeed import accelerator_env
@@ -19,7 +20,7 @@ from launcher.parallel.registry import STRATEGIES
 from launcher.rank import preflight
 from launcher.rank.build import build
 from launcher.rank.engine import Engine, NonFiniteStop
-from launcher.rank.preemption import StopSignal
+from launcher.rank.preemption import INTERRUPT_SIGNALS, StopSignal
 from launcher.spec import RunSpec, load_spec
 
 
@@ -61,11 +62,29 @@ def configure_process(spec: RunSpec, device_type: str) -> None:
         os.environ.update({"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1"})
 
 
-def run(spec_path: Path, *, stop: StopSignal | None = None) -> int:
+def exit_status(summary: dict) -> ExitStatus:
+    """The process's exit status for a run that ended as `summary` says."""
+    if summary["exit_reason"] == "preempted":
+        return ExitStatus.PREEMPTED
+    if summary["exit_reason"] == "interrupted":
+        return for_signal(int(signal.Signals[summary["signal"]]))
+    return ExitStatus.OK
+
+
+def run(spec_path: Path, *, preemption: str | None = None) -> int:
     """Run this rank of the job described by `spec_path`; returns the process exit status.
 
-    `stop` is a signal handler installed by the rank's entry (SLURM preemption), None for none.
+    SIGINT and SIGTERM stop the run after the current step with a checkpoint (130, 143; a second
+    one stops at once); `preemption` names a scheduler's warning signal too (SLURM: exit status 4).
     """
+    stop = StopSignal(INTERRUPT_SIGNALS, preemption=preemption)
+    try:
+        return _run(spec_path, stop)
+    finally:
+        stop.close()
+
+
+def _run(spec_path: Path, stop: StopSignal) -> int:
     spec = load_spec(spec_path)
     run_dir = Path(spec.run_dir or spec_path.parent)
     console = Console(stderr=False)
@@ -78,21 +97,24 @@ def run(spec_path: Path, *, stop: StopSignal | None = None) -> int:
         one_rank_group=STRATEGIES[spec.parallel.strategy].process_group,
     )
     started = time.perf_counter()
-    engine = None
+    engine, at_once = None, False
     try:
         engine = Engine(build(spec, dist, run_dir), run_dir, console, stop=stop)
         restore_newest(engine, resume_candidates(spec, run_dir), console)
         summary = engine.run()
-        code = ExitStatus.PREEMPTED if summary["exit_reason"] == "preempted" else ExitStatus.OK
+        code = exit_status(summary)
     except NonFiniteStop as err:
         console.print(f"[red]error:[/] {err}")
         summary, code = engine.summary("nonfinite", time.perf_counter() - started), ExitStatus.NONFINITE
     except checkpoint.CheckpointSaveError as err:
         console.print(f"[red]error:[/] {err}")
         summary, code = engine.summary("checkpoint_failed", time.perf_counter() - started), ExitStatus.FAILED
+    except KeyboardInterrupt:  # a second Ctrl-C: stop at once, meeting no other rank
+        at_once = True
+        raise
     finally:
         del engine
-        shutdown()
+        shutdown(barrier=not at_once)
     if dist.is_main:
         metrics.write_summary(run_dir, summary)
         if spec.log.summary_table:

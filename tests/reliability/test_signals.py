@@ -1,0 +1,82 @@
+"""Ctrl-C and SIGTERM: the first stops every rank after its step with a complete checkpoint, a
+second stops at once; exit 130 / 143; never an orphan rank. Real processes, real signals."""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+import signal
+import time
+
+import pytest
+from processes import (
+    LONG_DDP,
+    alive,
+    listening_sockets,
+    process_tree,
+    rank_pids,
+    send,
+    start_train,
+    wait_for_steps,
+)
+
+from launcher.groups import checkpoint
+
+
+@pytest.mark.parametrize(("number", "status"), [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
+def test_first_signal_checkpoints_every_rank_and_exits_128_plus_signal(tmp_path, number, status) -> None:
+    run_dir = tmp_path / "run"
+    proc = start_train([*LONG_DDP, f"run_dir={run_dir}"], tmp_path)
+    wait_for_steps(run_dir, 5, proc)
+    pids = rank_pids(run_dir)
+    send(proc, number)
+    assert proc.wait(timeout=120) == status, (tmp_path / "train.err").read_text()[-3000:]
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["exit_reason"] == "interrupted" and summary["signal"] == number.name
+    newest = checkpoint.good_checkpoints(run_dir)[0]
+    assert checkpoint.step_of(newest) == summary["steps"] > 5  # saved at the step both ranks stopped at
+    assert not [p for p in pids if alive(p)]
+
+
+def test_second_sigint_stops_at_once_without_orphans(tmp_path) -> None:
+    run_dir = tmp_path / "run"
+    proc = start_train([*LONG_DDP, "checkpoint.every=20", f"run_dir={run_dir}"], tmp_path)
+    wait_for_steps(run_dir, 25, proc)
+    pids = rank_pids(run_dir)
+    send(proc, signal.SIGINT)
+    send(proc, signal.SIGINT)
+    started = time.monotonic()
+    code = proc.wait(timeout=60)
+    assert code == 130 and time.monotonic() - started < 30, (tmp_path / "train.err").read_text()[-3000:]
+    deadline = time.monotonic() + 15
+    while [p for p in pids if alive(p)] and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not [p for p in pids if alive(p)]
+    assert checkpoint.good_checkpoints(run_dir)  # the checkpoint of step 20 is intact
+
+
+def test_an_inline_run_stops_on_sigint_with_a_checkpoint(tmp_path) -> None:
+    run_dir = tmp_path / "run"
+    args = [a for a in LONG_DDP if not a.startswith(("launcher", "parallel"))]
+    proc = start_train([*args, f"run_dir={run_dir}"], tmp_path)
+    wait_for_steps(run_dir, 5, proc)
+    send(proc, signal.SIGINT)
+    assert proc.wait(timeout=120) == 130, (tmp_path / "train.err").read_text()[-3000:]
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["exit_reason"] == "interrupted"
+    assert checkpoint.step_of(checkpoint.good_checkpoints(run_dir)[0]) == summary["steps"]
+
+
+def test_a_single_node_run_listens_on_loopback_only(tmp_path) -> None:
+    """The launcher's rendezvous store, the ranks' store and gloo's sockets: none on an outside address."""
+    run_dir = tmp_path / "run"
+    proc = start_train([*LONG_DDP, f"run_dir={run_dir}"], tmp_path)
+    try:
+        wait_for_steps(run_dir, 5, proc)
+        found = listening_sockets(process_tree(proc.pid))
+    finally:
+        send(proc, signal.SIGTERM)
+        proc.wait(timeout=120)
+    assert found, "the run should hold listening sockets (its stores); none were found"
+    outside = [s for s in found if not ipaddress.ip_address(s[1]).is_loopback]
+    assert not outside, f"sockets listening beyond loopback: {outside}"
