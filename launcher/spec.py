@@ -57,6 +57,10 @@ class TrainConfig:
     """What a non-finite loss or gradient norm does: skip (the step, counted) or stop (exit status 3)."""
     max_nonfinite_skips: int = 20
     """Skipped non-finite steps after which the run stops anyway (exit status 3)."""
+    max_nonfinite_fraction: float = 0.5
+    """Stop (exit status 3) when more than this share of the last nonfinite_window_steps steps were skipped."""
+    nonfinite_window_steps: int = 20
+    """Optimizer steps the skipped share is measured over (once this session has run that many)."""
     stop_after: int | None = None
     """End this session after this optimizer step, with a checkpoint; the schedule still spans max_steps."""
 

@@ -88,6 +88,20 @@ class MetricsFile:
         self._handle.close()
 
 
+def truncate_after(path: Path, step: int) -> int:
+    """Remove the records of steps after `step` (atomically); how many were removed."""
+    if not Path(path).is_file():
+        return 0
+    lines = [line for line in Path(path).read_text().splitlines() if line.strip()]
+    kept = [line for line in lines if json.loads(line).get("step", 0) <= step]
+    if len(kept) == len(lines):
+        return 0
+    tmp = Path(path).with_suffix(".jsonl.tmp")
+    tmp.write_text("".join(line + "\n" for line in kept))
+    tmp.replace(path)
+    return len(lines) - len(kept)
+
+
 def read_metrics(path: Path) -> list[dict[str, Any]]:
     """All records of a metrics.jsonl file."""
     return [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]

@@ -93,8 +93,10 @@ def launch(spec: RunSpec, run_dir: Path) -> int:
     loopback = ipaddress.ip_address(socket.gethostbyname(lc.master_addr)).is_loopback
     stops = StopForwarder(run_dir, console)
     try:
-        with rendezvous_store(lc.master_addr, lc.master_port) as endpoint, stops, agent_logs(
-            RestartReporter(run_dir, console)
+        with (
+            rendezvous_store(lc.master_addr, lc.master_port) as endpoint,
+            stops,
+            agent_logs(RestartReporter(run_dir, console)),
         ):
             config = LaunchConfig(
                 min_nodes=1,
@@ -103,7 +105,11 @@ def launch(spec: RunSpec, run_dir: Path) -> int:
                 run_id=f"train-{os.getpid()}",
                 rdzv_backend="c10d",
                 rdzv_endpoint=endpoint,
-                rdzv_configs={"timeout": int(lc.timeout_s), "join_timeout": int(lc.timeout_s), "is_host": True},
+                rdzv_configs={
+                    "timeout": int(lc.timeout_s),
+                    "join_timeout": int(lc.timeout_s),
+                    "is_host": True,
+                },
                 max_restarts=lc.max_restarts,
                 monitor_interval=0.1,
                 start_method="spawn",  # the agent's own threads are running: fork could copy a held lock
@@ -113,7 +119,9 @@ def launch(spec: RunSpec, run_dir: Path) -> int:
                 log_line_prefix_template="[rank ${rank}] ",
                 signals_to_handle="SIGHUP,SIGQUIT",  # SIGINT and SIGTERM are StopForwarder's
             )
-            codes = elastic_launch(config, rank_main)(str(run_dir / "spec.yaml"), threads, os.getpid(), loopback)
+            codes = elastic_launch(config, rank_main)(
+                str(run_dir / "spec.yaml"), threads, os.getpid(), loopback
+            )
     except SignalException as err:  # a second SIGINT/SIGTERM: the agent stopped every rank
         console.print(f"stopped at once ({err}); completed checkpoints are intact.", markup=False)
         return for_signal(int(err.sigval))

@@ -179,7 +179,9 @@ class RestartReporter(logging.Handler):
         elif "attempts left" in message and len(args) >= 4:
             remaining, total = int(args[2]), int(args[3])
             good = checkpoint.good_checkpoints(self.run_dir, warn=False)
-            resume = f"resuming from {good[0]} (step {checkpoint.step_of(good[0])})" if good else "starting over"
+            resume = (
+                f"resuming from {good[0]} (step {checkpoint.step_of(good[0])})" if good else "starting over"
+            )
             self.console.print(
                 f"restart {total - remaining + 1} of {total}: {self._failure}; all ranks restart, {resume}.",
                 markup=False,

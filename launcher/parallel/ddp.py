@@ -18,7 +18,8 @@ from torch import nn
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_hook
 from torch.nn.parallel import DistributedDataParallel
 
-from launcher.groups.checkpoint import load_tensor_file, save_tensor_file
+from launcher.groups.checkpoint import load_tensor_file
+from launcher.groups.checkpoint_files import CheckpointFiles
 from launcher.groups.optimizer import build_optimizer
 from launcher.groups.precision import make_grad_scaler
 from launcher.parallel.guarded_step import guarded_step
@@ -87,15 +88,15 @@ class DDPStrategy:
         """This rank's full replica of parameters, gradients and optimizer state."""
         return state_bytes(self.model.module, self.optimizer)
 
-    def save(self, directory: Path) -> None:
+    def save(self, out: CheckpointFiles) -> None:
         """Rank 0 writes the replicated state once; PowerSGD state is written by every rank."""
         if self.rank == 0:
-            save_tensor_file(self.model.module.state_dict(), directory / "model.pt")
-            save_tensor_file(self.optimizer.state_dict(), directory / "optimizer.pt")
+            out.save(self.model.module.state_dict(), "model.pt")
+            out.save(self.optimizer.state_dict(), "optimizer.pt")
             if self.scaler is not None:
-                save_tensor_file(self.scaler.state_dict(), directory / "scaler.pt")
+                out.save(self.scaler.state_dict(), "scaler.pt")
         if self.powersgd is not None:
-            save_tensor_file(powersgd_state(self.powersgd), directory / f"powersgd_rank{self.rank}.pt")
+            out.save(powersgd_state(self.powersgd), f"powersgd_rank{self.rank}.pt")
 
     def load(self, directory: Path) -> None:
         """Every rank loads rank 0's files (and its own PowerSGD state)."""

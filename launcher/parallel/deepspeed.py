@@ -23,6 +23,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from launcher.groups.checkpoint_files import CheckpointFiles
 from launcher.groups.optimizer import build_optimizer, param_groups
 from launcher.parallel import deepspeed_config as ds_config
 from launcher.parallel.state_bytes import optimizer_state_bytes
@@ -125,7 +126,7 @@ class DeepSpeedStrategy:
         # Only fp32 stage 0 steps the bare client optimizer; every other setup steps through a
         # DeepSpeed wrapper that checks the gradient norm and skips a non-finite step itself.
         self.guard_here = self.stage == 0 and not (self.fp16 or self.engine.bfloat16_enabled())
-        self.world_size = setup.dist.world_size
+        self.world_size, self.rank = setup.dist.world_size, setup.dist.rank
         self._boundary = True
         self._loss_ok = torch.ones((), dtype=torch.bool, device=device)
 
@@ -207,9 +208,14 @@ class DeepSpeedStrategy:
             + sum(t.numel() * t.element_size() for t in masters),
         }
 
-    def save(self, directory: Path) -> None:
-        """Every rank writes its part through DeepSpeed (it synchronizes); DeepSpeed's `latest` file is not written."""
-        self.engine.save_checkpoint(str(directory), tag=TAG, client_state={}, save_latest=False)
+    def save(self, out: CheckpointFiles) -> None:
+        """Every rank writes its part through DeepSpeed (it synchronizes); DeepSpeed's `latest` file is not written.
+
+        DeepSpeed names a rank's partitions `*zero_pp_rank_<R>_*`; each rank hashes its own, rank 0's
+        manifest adds the shared files (the module states, DeepSpeed's recovery script).
+        """
+        self.engine.save_checkpoint(str(out.directory), tag=TAG, client_state={}, save_latest=False)
+        out.adopt((out.directory / TAG).glob(f"*pp_rank_{self.rank}_*"))
 
     def load(self, directory: Path) -> None:
         """Restore model, optimizer, loss scaler and DeepSpeed's counters, with weights_only reads."""

@@ -148,6 +148,14 @@ class DistContext:
         if self.world_size > 1:
             dist.barrier()
 
+    def all_true(self, flag: bool) -> bool:
+        """Whether `flag` holds on every rank (a collective AND on the CPU; every rank must call it)."""
+        if self.world_size == 1:
+            return flag
+        tensor = torch.tensor([1 if flag else 0], dtype=torch.int32)
+        dist.all_reduce(tensor, op=dist.ReduceOp.MIN)
+        return bool(tensor.item())
+
     def sum(self, values: list[float]) -> list[float]:
         """Sum plain numbers over ranks (log steps only: it synchronizes)."""
         if self.world_size == 1:

@@ -24,7 +24,8 @@ from torch.distributed.checkpoint.state_dict import (
     set_state_dict,
 )
 
-from launcher.groups.checkpoint import load_tensor_file, save_tensor_file
+from launcher.groups.checkpoint import load_tensor_file
+from launcher.groups.checkpoint_files import CheckpointFiles
 from launcher.groups.optimizer import OptimizerConfig, build_optimizer
 from launcher.groups.precision import PrecisionConfig
 from launcher.parallel.dims import DistContext
@@ -90,12 +91,16 @@ class DTensorStrategy:
         """This rank's local shards of parameters, gradients and optimizer state."""
         return state_bytes(self.model, self.optimizer)
 
-    def save(self, directory: Path) -> None:
-        """Every rank writes its shards of model and optimizer state into `directory/dcp`."""
+    def save(self, out: CheckpointFiles) -> None:
+        """Every rank writes its shards of model and optimizer state into `dcp/` (DCP names them by rank)."""
         model_state, optim_state = get_state_dict(self.model, self.optimizer)
-        dcp.save({"model": model_state, "optim": optim_state}, checkpoint_id=directory / DCP_DIR)
+        dcp_dir = out.directory / DCP_DIR
+        dcp.save({"model": model_state, "optim": optim_state}, checkpoint_id=dcp_dir)
+        out.adopt(
+            dcp_dir.glob(f"__{self.dist.rank}_*.distcp")
+        )  # this rank's shards; rank 0's manifest adds .metadata
         if self.scaler is not None and self.dist.is_main:
-            save_tensor_file(self.scaler.state_dict(), directory / SCALER_FILE)
+            out.save(self.scaler.state_dict(), SCALER_FILE)
 
     def load(self, directory: Path) -> None:
         """Restore what `save` wrote, resharded to this run's mesh (any world size)."""

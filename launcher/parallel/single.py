@@ -8,7 +8,8 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from launcher.groups.checkpoint import load_tensor_file, save_tensor_file
+from launcher.groups.checkpoint import load_tensor_file
+from launcher.groups.checkpoint_files import CheckpointFiles
 from launcher.groups.optimizer import build_optimizer
 from launcher.groups.precision import make_grad_scaler
 from launcher.parallel.guarded_step import guarded_step
@@ -52,12 +53,12 @@ class SingleStrategy:
         """Parameters, gradients and optimizer state of the one replica."""
         return state_bytes(self.model, self.optimizer)
 
-    def save(self, directory: Path) -> None:
+    def save(self, out: CheckpointFiles) -> None:
         """Model, optimizer and scaler state as three files."""
-        save_tensor_file(self.model.state_dict(), directory / "model.pt")
-        save_tensor_file(self.optimizer.state_dict(), directory / "optimizer.pt")
+        out.save(self.model.state_dict(), "model.pt")
+        out.save(self.optimizer.state_dict(), "optimizer.pt")
         if self.scaler is not None:
-            save_tensor_file(self.scaler.state_dict(), directory / "scaler.pt")
+            out.save(self.scaler.state_dict(), "scaler.pt")
 
     def load(self, directory: Path) -> None:
         """Restore what `save` wrote."""

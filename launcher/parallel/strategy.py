@@ -19,6 +19,7 @@ if TYPE_CHECKING:
     from torch.distributed.device_mesh import DeviceMesh
 
     from launcher.groups.batching import BatchSplit
+    from launcher.groups.checkpoint_files import CheckpointFiles
     from launcher.parallel.dims import DistContext
     from launcher.spec import RunSpec
 
@@ -77,8 +78,8 @@ class Strategy(Protocol):
         """This rank's param_bytes, grad_bytes and optimizer_bytes, as the strategy shards them."""
         ...
 
-    def save(self, directory: Path) -> None:
-        """Write this rank's part of a checkpoint into `directory` (every rank calls it)."""
+    def save(self, out: CheckpointFiles) -> None:
+        """Write this rank's part of a checkpoint through `out` (every rank calls it; each file gets its SHA-256)."""
         ...
 
     def load(self, directory: Path) -> None:

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import contextlib
 import math
-import random
 import re
 import signal
 import statistics
@@ -19,23 +18,22 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 from rich.console import Console
+from torch.distributed.tensor import DTensor
 
 from launcher.groups import checkpoint, metrics, profiling
 from launcher.groups.batching import Batches, BatchSplit
+from launcher.groups.checkpoint_files import CheckpointFiles
 from launcher.groups.data import PackedSequences, val_batches
 from launcher.groups.model.loss import lm_loss
 from launcher.groups.precision import autocast, eval_dtype, train_dtype
 from launcher.parallel.dims import DistContext
 from launcher.parallel.strategy import Strategy
+from launcher.rank.nonfinite import ADVICE, NonFiniteGuard, NonFiniteStop
 from launcher.rank.preemption import StopSignal
+from launcher.rank.rng import rng_state, set_rng_state
 from launcher.spec import RunSpec
-
-
-class NonFiniteStop(RuntimeError):
-    """The run stopped on a non-finite loss or gradient norm (exit status 3)."""
 
 
 @dataclass(kw_only=True)
@@ -64,29 +62,6 @@ class Components:
     """Called with the step number after every optimizer step (e.g. memory.empty_cache_steps)."""
 
 
-def rng_state() -> dict[str, Any]:
-    """Python, NumPy and torch RNG states of this process, in weights_only-loadable types."""
-    np_state = np.random.get_state()
-    state = {
-        "python": random.getstate(),
-        "numpy": [np_state[0], torch.from_numpy(np_state[1].copy()), *np_state[2:]],
-        "torch": torch.get_rng_state(),
-    }
-    if torch.cuda.is_available():
-        state["cuda"] = torch.cuda.get_rng_state_all()
-    return state
-
-
-def set_rng_state(state: dict[str, Any]) -> None:
-    """Restore what `rng_state` captured."""
-    random.setstate(tuple(x if not isinstance(x, list) else tuple(x) for x in state["python"]))
-    kind, key, *rest = state["numpy"]
-    np.random.set_state((kind, key.numpy(), *rest))
-    torch.set_rng_state(state["torch"])
-    if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
-
-
 class Engine:
     """Runs the loop for one rank; rank 0 also writes metrics, summaries and checkpoint markers."""
 
@@ -98,15 +73,13 @@ class Engine:
         self.stop = stop or StopSignal()
         self.device = parts.dist.device
         self.step = 0
-        self.nonfinite_skips = 0
-        self.overflow_skips = 0
+        self.session = 0
+        """Sessions before this one in the run directory (resumes and restarts), recorded in every metrics record."""
+        self.guard = NonFiniteGuard(self.spec.train, self.device, self.console, is_main=parts.dist.is_main)
         self.resumed_from: str | None = None
         self.timer = metrics.PhaseTimer(self.device.type)
         self._interval = {"loss": torch.zeros((), device=self.device), "tokens": 0, "samples": 0}
         self._last_result = None
-        self._pending = {
-            k: torch.zeros((), dtype=torch.int64, device=self.device) for k in ("nonfinite", "overflow")
-        }
         self._history: dict[str, list] = {"tokens_per_s": [], "loss": []}
         self._eval: dict[str, float] = {}
         self._writer: metrics.MetricsFile | None = None
@@ -116,17 +89,24 @@ class Engine:
         """Loop state shared by all ranks (the data position is rank-independent)."""
         return {
             "step": self.step,
+            "session": self.session,
             "scheduler": self.parts.scheduler.state_dict(),
             "data": self.parts.stream.state_dict(),
-            "nonfinite_skips": self.nonfinite_skips,
-            "overflow_skips": self.overflow_skips,
+            **self.guard.state_dict(),
         }
 
-    def _write_checkpoint(self, directory: Path) -> None:
-        self.parts.strategy.save(directory)
+    def _write_checkpoint(self, out: CheckpointFiles) -> None:
+        self.parts.strategy.save(out)
         if self.parts.dist.is_main:
-            torch.save(self.state_dict(), directory / "trainer.pt")
-        torch.save(rng_state(), directory / f"rng_rank{self.parts.dist.rank}.pt")
+            out.save(self.state_dict(), "trainer.pt")
+        out.save(rng_state(), f"rng_rank{self.parts.dist.rank}.pt")
+
+    def weights_finite(self) -> bool:
+        """Whether every rank's parameters (its local shards) hold finite values (collective)."""
+        local = [getattr(p, "ds_tensor", p) for p in self.parts.strategy.model.parameters()]
+        local = [t.to_local() if isinstance(t, DTensor) else t for t in local]
+        ok = all(bool(torch.isfinite(t).all()) for t in local if t.is_floating_point() and t.numel())
+        return self.parts.dist.all_true(ok)
 
     def restore(self, directory: Path) -> None:
         """Continue exactly where the checkpoint in `directory` left off."""
@@ -135,21 +115,35 @@ class Engine:
         self.parts.scheduler.load_state_dict(state["scheduler"])
         self.parts.stream.load_state_dict(state["data"])
         self.step = state["step"]
-        self.nonfinite_skips = state["nonfinite_skips"]
-        self.overflow_skips = state["overflow_skips"]
+        self.session = int(state.get("session", 0)) + 1
+        self.guard.load_state_dict(state)
+        self.guard.start_session(self.step)
         set_rng_state(torch.load(directory / f"rng_rank{self.parts.dist.rank}.pt", weights_only=True))
         self.resumed_from = str(directory)
 
     def save(self) -> Path:
-        """Write a complete checkpoint of the current step (every rank takes part)."""
-        self._settle_skips(self.step)  # the saved skip counters must include steps not yet logged
+        """Write a complete checkpoint of the current step (every rank takes part).
+
+        Weights that are no longer finite are never saved: the run stops (exit status 3) and the
+        newest checkpoint stays the last good one.
+        """
+        dist = self.parts.dist
+        self.guard.settle(self.step)  # the saved skip counters must include steps not yet logged
+        if not self.weights_finite():
+            raise NonFiniteStop(
+                f"the weights hold NaN or inf at step {self.step} (an update too large for its values?), so no "
+                f"checkpoint was written for it; the newest checkpoint holds the last good weights. {ADVICE}"
+            )
+        if dist.is_main and (warning := checkpoint.space_warning(self.run_dir)):
+            self.console.print(f"[yellow]warning:[/] {warning}")
         return checkpoint.save(
             self.run_dir,
             self.step,
             self._write_checkpoint,
             keep=self.spec.checkpoint.keep,
-            is_main=self.parts.dist.is_main,
-            barrier=self.parts.dist.barrier,
+            rank=dist.rank,
+            agree=dist.all_true,
+            info={"nonfinite_skips": self.guard.nonfinite_skips},
         )
 
     # ----- the loop --------------------------------------------------------------------------------
@@ -178,6 +172,7 @@ class Engine:
                     record = self._log_record()
                     if writer:
                         writer.write(record)
+                    self.guard.check_loss_scale(record["loss_scale"], self.step)
                     progress.update(task, loss=f"{record['loss']:.4f}", tps=f"{record['tokens_per_s']:,.0f}")
                 if t.eval_every and (self.step % t.eval_every == 0 or last):
                     self.evaluate()
@@ -196,7 +191,8 @@ class Engine:
                     break
         if writer:
             writer.close()
-        self._settle_skips(self.step)  # a session may end (stop_after, a signal) between log steps
+        self.guard.settle(self.step)  # a session may end (stop_after, a signal) between log steps
+        self.guard.check_final_loss(self._history["loss"][-1] if self._history["loss"] else None, self.step)
         if self.step >= t.max_steps:
             reason = "completed"
         else:
@@ -210,6 +206,7 @@ class Engine:
         """One optimizer step over grad_accum_steps micro batches, normalized by their token count."""
         strategy = self.parts.strategy
         dtype = train_dtype(self.spec.precision)
+        self.guard.check_learning_rate(self.parts.scheduler.get_last_lr()[0], self.step)
         self.timer.start("data")
         batches = [self.parts.stream.next_batch() for _ in range(self.parts.batch.grad_accum_steps)]
         num_tokens = sum(int((b["labels"] != -100).sum()) for b in batches)  # CPU tensors: no device sync
@@ -234,36 +231,12 @@ class Engine:
         self._interval["tokens"] += num_tokens
         self._interval["samples"] += sum(len(b["input_ids"]) for b in batches)
         self._last_result = result
-        self._pending["nonfinite"] += result.nonfinite
-        self._pending["overflow"] += result.overflow
-        if result.nonfinite is True:  # already known on the host: act now
-            self._settle_skips(self.step + 1)
-
-    def _settle_skips(self, step: int) -> None:
-        """Count skipped steps (a device read: log steps only) and apply train.on_nonfinite.
-
-        The strategy has already left the weights untouched on every non-finite step.
-        """
-        t = self.spec.train
-        nonfinite, overflow = (int(v) for v in self._pending.values())
-        self._pending = {k: torch.zeros((), dtype=torch.int64, device=self.device) for k in self._pending}
-        self.overflow_skips += overflow
-        if not nonfinite:
-            return
-        self.nonfinite_skips += nonfinite
-        if self.parts.dist.is_main:
-            self.console.print(f"[yellow]up to step {step}: {nonfinite} non-finite step(s) skipped")
-        if t.on_nonfinite == "stop" or self.nonfinite_skips > t.max_nonfinite_skips:
-            raise NonFiniteStop(
-                f"stopped at step {step} after {self.nonfinite_skips} non-finite step(s) "
-                f"(train.on_nonfinite={t.on_nonfinite}, train.max_nonfinite_skips={t.max_nonfinite_skips}). "
-                "The weights hold no NaN; lower optimizer.lr or check the data, then resume from the last checkpoint."
-            )
+        self.guard.record(result, self.step + 1)
 
     def _log_record(self) -> dict[str, Any]:
         """Read the interval's numbers back from the device (the one sync of a log step)."""
         dist, strategy = self.parts.dist, self.parts.strategy
-        self._settle_skips(self.step)
+        self.guard.settle(self.step)
         now = time.perf_counter()
         elapsed = now - self._mark[0]
         loss_sum, tokens, samples = dist.data_sum(
@@ -283,8 +256,9 @@ class Engine:
             "mem_peak_bytes": metrics.peak_memory_bytes(self.device.type),
             **strategy.state_bytes(),  # this rank's share: local shards only
             "loss_scale": strategy.loss_scale(),
-            "nonfinite_skips": self.nonfinite_skips,
-            "overflow_skips": self.overflow_skips,
+            "nonfinite_skips": self.guard.nonfinite_skips,
+            "overflow_skips": self.guard.overflow_skips,
+            "session": self.session,
             **{f"time_{name}_s": round(seconds, 6) for name, seconds in phases.items()},
         }
         self._history["tokens_per_s"].append(tokens_per_s)
@@ -319,7 +293,7 @@ class Engine:
         loss = loss_sum / max(tokens, 1.0)
         self._eval = {"eval_loss": loss, "eval_ppl": math.exp(min(loss, 50.0)), "eval_step": self.step}
         if self._writer is not None:
-            self._writer.write({"step": self.step, **self._eval})
+            self._writer.write({"step": self.step, "session": self.session, **self._eval})
         return self._eval
 
     def summary(self, exit_reason: str, wall_time_s: float) -> dict[str, Any]:
@@ -334,8 +308,9 @@ class Engine:
             "peak_mem_bytes": metrics.peak_memory_bytes(self.device.type),
             "wall_time_s": wall_time_s,
             "exit_reason": exit_reason,
-            "nonfinite_skips": self.nonfinite_skips,
-            "overflow_skips": self.overflow_skips,
+            "nonfinite_skips": self.guard.nonfinite_skips,
+            "overflow_skips": self.guard.overflow_skips,
             "resumed_from": self.resumed_from,
+            "sessions": self.session + 1,
             "world_size": self.parts.dist.world_size,
         }

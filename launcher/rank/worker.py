@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import sys
 import time
@@ -12,14 +13,15 @@ from pathlib import Path
 from rich.console import Console
 
 from launcher.exits import ExitStatus, for_signal
-from launcher.groups import checkpoint, metrics
+from launcher.groups import checkpoint, checkpoint_files, metrics
 from launcher.groups.device import resolve_device
 from launcher.parallel.deepspeed import accelerator_env
 from launcher.parallel.dims import shutdown
 from launcher.parallel.registry import STRATEGIES
 from launcher.rank import preflight
 from launcher.rank.build import build
-from launcher.rank.engine import Engine, NonFiniteStop
+from launcher.rank.engine import Engine
+from launcher.rank.nonfinite import NonFiniteStop
 from launcher.rank.preemption import INTERRUPT_SIGNALS, StopSignal
 from launcher.spec import RunSpec, load_spec
 
@@ -36,17 +38,57 @@ def resume_candidates(spec: RunSpec, run_dir: Path) -> list[Path]:
     return checkpoint.resolve_resume(resume, run_dir)
 
 
-def restore_newest(engine: Engine, candidates: list[Path], console: Console) -> None:
-    """Load the newest checkpoint that loads; a corrupt one is named and the previous one tried."""
+class ResumeError(RuntimeError):
+    """Checkpoints exist but none verifies and loads; the run does not start over silently."""
+
+
+def restore_newest(engine: Engine, candidates: list[Path], console: Console, *, verify: bool) -> None:
+    """Load the newest checkpoint that verifies and loads, the same one on every rank.
+
+    Rank 0 re-reads each candidate and compares its files with their SHA-256 (checkpoint.verify);
+    a checkpoint that differs, does not load or holds non-finite weights is named in a warning and
+    the next older one is tried. Every decision is agreed by all ranks.
+    """
+    dist = engine.parts.dist
     for path in candidates:
-        try:
-            engine.restore(path)
-        except Exception as err:  # a file that passes the size check but does not unpickle
-            warnings.warn(f"skipping checkpoint {path}: it does not load ({err})", stacklevel=2)
-            continue
-        if engine.parts.dist.is_main:
-            console.print(f"resumed from {path} at step {engine.step}")
-        return
+        reason = checkpoint_files.content_problem(path) if verify and dist.is_main else None
+        if dist.all_true(reason is None):
+            try:
+                engine.restore(path)
+            except Exception as err:  # e.g. a file that passes the checks but does not unpickle
+                reason = f"it does not load ({type(err).__name__}: {err})"
+            if not engine.weights_finite():
+                reason = reason or "its weights hold NaN or inf"
+            if dist.all_true(reason is None):
+                if dist.is_main:
+                    console.print(f"resumed from {path} at step {engine.step}")
+                    _drop_replayed_metrics(engine)
+                return
+        if reason is not None:
+            warnings.warn(f"skipping checkpoint {path}: {reason}", stacklevel=2)
+    if candidates:
+        raise ResumeError(
+            f"none of the {len(candidates)} checkpoint(s) to resume from verifies and loads "
+            f"({', '.join(p.name for p in candidates)}; the warnings above say why). Resume from another run "
+            "directory or checkpoint (resume=PATH), or start a new run (another run_dir)."
+        )
+
+
+def _drop_replayed_metrics(engine: Engine) -> None:
+    """Remove metrics records of steps after the checkpoint: the resumed session logs them again."""
+    dropped = metrics.truncate_after(engine.run_dir / "metrics.jsonl", engine.step)
+    if dropped:
+        engine.console.print(
+            f"metrics.jsonl: {dropped} record(s) after step {engine.step} from the previous session removed "
+            "(this session logs those steps again)"
+        )
+
+
+def clear_unfinished(run_dir: Path, console: Console) -> None:
+    """Report and remove partial checkpoint directories that a save which did not finish left behind."""
+    for path in checkpoint.unfinished(run_dir):
+        console.print(f"[yellow]warning:[/] removed {path}: a checkpoint save there did not finish")
+        shutil.rmtree(path, ignore_errors=True)
 
 
 def configure_process(spec: RunSpec, device_type: str) -> None:
@@ -87,7 +129,7 @@ def run(spec_path: Path, *, preemption: str | None = None) -> int:
 def _run(spec_path: Path, stop: StopSignal) -> int:
     spec = load_spec(spec_path)
     run_dir = Path(spec.run_dir or spec_path.parent)
-    console = Console(stderr=False)
+    console = Console(stderr=False, soft_wrap=True)  # log lines are not cut at 80 columns in files
     device_type = resolve_device(spec.launcher.device)
     configure_process(spec, device_type)
     dist = preflight.join(
@@ -100,15 +142,20 @@ def _run(spec_path: Path, stop: StopSignal) -> int:
     engine, at_once = None, False
     try:
         engine = Engine(build(spec, dist, run_dir), run_dir, console, stop=stop)
-        restore_newest(engine, resume_candidates(spec, run_dir), console)
+        if dist.is_main:
+            clear_unfinished(run_dir, console)
+        restore_newest(engine, resume_candidates(spec, run_dir), console, verify=spec.checkpoint.verify)
         summary = engine.run()
         code = exit_status(summary)
     except NonFiniteStop as err:
         console.print(f"[red]error:[/] {err}")
         summary, code = engine.summary("nonfinite", time.perf_counter() - started), ExitStatus.NONFINITE
     except checkpoint.CheckpointSaveError as err:
-        console.print(f"[red]error:[/] {err}")
+        console.print(f"[red]error:[/] {err}", markup=False)
         summary, code = engine.summary("checkpoint_failed", time.perf_counter() - started), ExitStatus.FAILED
+    except ResumeError as err:
+        console.print(f"error: {err}", markup=False)
+        summary, code = engine.summary("resume_failed", time.perf_counter() - started), ExitStatus.FAILED
     except KeyboardInterrupt:  # a second Ctrl-C: stop at once, meeting no other rank
         at_once = True
         raise

@@ -17,6 +17,7 @@ from launcher.rules import (
     launch,
     loop,
     memory,
+    numbers,
     optimizer,
     precision,
     profiling,
@@ -30,6 +31,7 @@ from launcher.rules.hardware import Hardware, detect_hardware
 from launcher.spec import RunSpec, SpecError
 
 AREAS = (
+    numbers,
     choices,
     precision,
     loop,

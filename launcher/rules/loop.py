@@ -35,6 +35,15 @@ def _loop(spec: RunSpec, hw: Hardware) -> Iterator[SpecError]:
         )
     if spec.optimizer.weight_decay < 0:
         yield SpecError(("optimizer.weight_decay",), "must be 0 or more (0 turns weight decay off).")
+    if not 0.0 < t.max_nonfinite_fraction <= 1.0:
+        yield SpecError(
+            ("train.max_nonfinite_fraction",),
+            f"must lie in (0, 1], got {t.max_nonfinite_fraction}; 0.5 stops a run once more than half of "
+            "the last train.nonfinite_window_steps steps were skipped, 1 never stops on the share.",
+        )
+    yield from positive("train.nonfinite_window_steps", t.nonfinite_window_steps)
+    if t.max_nonfinite_skips < 0:
+        yield SpecError(("train.max_nonfinite_skips",), f"must be 0 or more, got {t.max_nonfinite_skips}.")
 
 
 def _schedule(spec: RunSpec, hw: Hardware) -> Iterator[SpecError]:

@@ -29,7 +29,8 @@ def test_precisions_train_on_cuda(tmp_path, precision: str) -> None:
 def test_fused_adamw_skips_nonfinite_on_device(tmp_path) -> None:
     run_dir = tmp_path / "run"
     args = [*TINY, "launcher.device=cuda", "optimizer.lr=1e12", "scheduler=constant", "scheduler.warmup_steps=0",
-            "train.max_grad_norm=null", "train.max_nonfinite_skips=1000", "checkpoint.every=null"]  # fmt: skip
-    assert run_inline(args, run_dir) == 0
+            "train.max_grad_norm=null", "train.max_nonfinite_skips=1000", "train.max_nonfinite_fraction=1",
+            "checkpoint.every=null"]  # fmt: skip
+    assert run_inline(args, run_dir) == 3  # skipped to the end; a non-finite final loss is never "completed"
     summary = json.loads((run_dir / "summary.json").read_text())
-    assert summary["nonfinite_skips"] >= 1
+    assert summary["nonfinite_skips"] >= 1 and summary["steps"] == 20

@@ -137,7 +137,9 @@ def test_consolidated_weights_load_at_world_size_one(cached_run, option: str) ->
 
 @pytest.mark.parametrize("option", ["zero0", "zero2"])
 def test_nonfinite_steps_are_skipped_on_every_rank(tmp_path, option: str) -> None:
-    """lr=1e12 makes the loss explode to inf/NaN within a few steps: a real non-finite, not a mock."""
+    """lr=1e12 makes the loss explode to inf/NaN within a few steps: a real non-finite, not a mock.
+    Every rank skips those steps and the run goes on to the end, which then reports "nonfinite"
+    (exit status 3, through torchrun a failure) because its final loss is not finite."""
     run_dir = tmp_path / "run"
     args = [
         *TINY,
@@ -152,10 +154,9 @@ def test_nonfinite_steps_are_skipped_on_every_rank(tmp_path, option: str) -> Non
         "train.eval_every=null",
         "checkpoint.every=null",
     ]
-    proc = run_ranks(args, run_dir, timeout=600)
-    assert proc.returncode == 0, proc.stderr[-4000:]
+    run_ranks(args, run_dir, timeout=600)
     summary = json.loads((run_dir / "summary.json").read_text())
-    assert summary["nonfinite_skips"] >= 1 and summary["exit_reason"] == "completed"
+    assert summary["nonfinite_skips"] >= 1 and summary["exit_reason"] == "nonfinite" and summary["steps"] == 8
     state = consolidate(run_dir / "checkpoints" / "step_8")
     assert all(torch.isfinite(t).all() for t in state.values())
 

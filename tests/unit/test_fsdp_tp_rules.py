@@ -77,7 +77,8 @@ def test_fsdp_on_one_rank_and_fp16_with_foreach_are_accepted() -> None:
 def _fake_checkpoint(run_dir, *, sharded: bool, ranks: int) -> None:
     """A complete checkpoint directory with the files the resume rules look at."""
 
-    def write(directory) -> None:
+    def write(files) -> None:
+        directory = files.directory
         if sharded:
             (directory / "dcp").mkdir()
             (directory / "dcp" / ".metadata").write_bytes(b"x")
