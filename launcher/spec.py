@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import re
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -208,7 +209,23 @@ def to_spec(cfg: DictConfig) -> RunSpec:
     try:
         return OmegaConf.to_object(typed)
     except Exception as err:  # an interpolation that does not resolve, a bad env var, ...
-        raise InvalidSpec([SpecError(("spec",), f"the config does not resolve: {err}")]) from err
+        raise InvalidSpec([resolution_error(err)]) from err
+
+
+def resolution_error(err: Exception) -> SpecError:
+    """One paragraph for an interpolation that does not resolve: an unset environment variable named as such."""
+    text = str(err)
+    key = re.search(r"full_key: (\S+)", text)
+    keys = (key.group(1),) if key else ("spec",)
+    variable = re.search(r"Environment variable '([^']+)' not found", text)
+    if variable:
+        name = variable.group(1)
+        return SpecError(
+            keys,
+            f"the environment variable {name} is not set, and `${{oc.env:{name}}}` needs it. Export it before "
+            f"running train (`export {name}=...`), or give a default: `${{oc.env:{name},default}}`.",
+        )
+    return SpecError(keys, f"the config does not resolve: {text.splitlines()[0]}. Fix the interpolation.")
 
 
 def redacted_container(cfg: DictConfig) -> dict[str, Any]:

@@ -13,6 +13,7 @@ from rich.console import Console
 
 from launcher.exits import ExitStatus
 from launcher.front import compose, dryrun, recipe_auto, rundir, sweep, verify
+from launcher.launch import run_lock
 from launcher.spec import SpecError
 
 # Flags after which Hydra prints something and runs nothing: Hydra's own app handles them.
@@ -56,8 +57,9 @@ def run(argv: list[str]) -> int:
         rundir.report(errors)
         return ExitStatus.INVALID_SPEC
     if spec.verify_resume:
-        spec = rundir.write(cfg, spec, run_dir)
-        return verify.run(cfg, spec, run_dir)
+        rundir.make_run_dir(run_dir)
+        with run_lock.holding(run_dir):
+            return verify.run(cfg, rundir.write(cfg, spec, run_dir), run_dir)
     return rundir.start(cfg, spec, run_dir)
 
 

@@ -204,7 +204,7 @@ def check_overrides(overrides: list[str]) -> list[SpecError]:
     try:
         parsed = OverridesParser.create().parse_overrides(overrides)
     except Exception as err:  # Hydra's grammar error names the bad override
-        return [SpecError(("command line",), f"an override does not parse: {err}")]
+        return [parse_error(err, overrides)]
     scratch = schema_node()
     for override in parsed:
         key = override.key_or_group
@@ -220,6 +220,20 @@ def check_overrides(overrides: list[str]) -> list[SpecError]:
         if not override.is_sweep_override():
             errors.extend(_check_value(scratch, key, override))
     return errors
+
+
+def parse_error(err: Exception, overrides: list[str]) -> SpecError:
+    """One paragraph for an override Hydra's grammar refuses, with how to quote a value it cannot read bare."""
+    reason = " ".join(str(err).split("See https://")[0].split())
+    odd = [o for o in overrides if not o.isascii() or any(c in o.partition("=")[2] for c in " ()[]{}',:\\")]
+    hint = ""
+    if odd:
+        key, _, value = odd[0].partition("=")
+        hint = (
+            f" Values with spaces, non-ASCII letters or characters such as ()[]{{}},: must be quoted inside the "
+            f"override: '{key}=\"{value}\"' (the outer quotes are for the shell)."
+        )
+    return SpecError(("command line",), f"an override does not parse ({reason}).{hint}")
 
 
 def _check_option(group: str, override: typing.Any) -> list[SpecError]:
@@ -292,6 +306,9 @@ def validate(cfg: DictConfig) -> tuple[RunSpec | None, list[SpecError]]:
     from launcher.rules import check, detect_hardware
     from launcher.spec import InvalidSpec
 
+    code = code_references(cfg)
+    if code:
+        return None, code
     try:
         spec = to_spec(strip_hydra(cfg))
     except InvalidSpec as err:
@@ -300,6 +317,41 @@ def validate(cfg: DictConfig) -> tuple[RunSpec | None, list[SpecError]]:
     spec = dataclasses.replace(spec, launcher=dataclasses.replace(spec.launcher, backend=backend))
     errors = check(spec, detect_hardware(spec))
     return (None, errors) if errors else (spec, [])
+
+
+# Code the composed config may name: Hydra's own basic launcher and sweeper, which Hydra puts there.
+ALLOWED_TARGETS = {
+    "hydra.launcher._target_": "hydra._internal.core_plugins.basic_launcher.BasicLauncher",
+    "hydra.sweeper._target_": "hydra._internal.core_plugins.basic_sweeper.BasicSweeper",
+}
+CODE_KEYS = ("_target_", "()")
+"""Keys that make Hydra (`_target_`) or Python's logging config (`()`) import and call code."""
+
+
+def code_references(cfg: DictConfig) -> list[SpecError]:
+    """Every key anywhere in the composed config (the hydra node included) that would name code to run."""
+    found: list[SpecError] = []
+
+    def walk(node: typing.Any, path: str) -> None:
+        if isinstance(node, dict):
+            for key, value in node.items():
+                child = f"{path}.{key}" if path else str(key)
+                if key in CODE_KEYS and ALLOWED_TARGETS.get(child) != value:
+                    found.append(
+                        SpecError(
+                            (child,),
+                            f"configs may not name code to import or call ({key}={value!r}): the launcher builds "
+                            "every component from registered names, and Hydra callbacks and logging factories "
+                            "are not run. Remove the key (from the command line or the config file's hydra: section).",
+                        )
+                    )
+                walk(value, child)
+        elif isinstance(node, list):
+            for i, value in enumerate(node):
+                walk(value, f"{path}[{i}]")
+
+    walk(OmegaConf.to_container(cfg, resolve=False), "")
+    return found
 
 
 def composition_error(err: Exception) -> SpecError:

@@ -17,7 +17,7 @@ from rich.console import Console
 
 from launcher.exits import ExitStatus
 from launcher.front import compose
-from launcher.launch import backend
+from launcher.launch import backend, run_lock
 from launcher.spec import InvalidSpec, RunSpec, SpecError, dump_spec, redacted_container
 
 err_console = Console(stderr=True, highlight=False)
@@ -33,8 +33,11 @@ def report(errors: list[SpecError]) -> None:
 
 def safe_name(cfg: DictConfig) -> str:
     """The run name for a directory, unless it comes from the environment (it might be a secret)."""
-    name = str(redacted_container(compose.strip_hydra(cfg)).get("name", "run"))
-    return "run" if "${" in name else name
+    try:
+        name = str(redacted_container(compose.strip_hydra(cfg)).get("name", "run"))
+    except Exception:  # an interpolation that does not resolve: validation says why
+        return "run"
+    return "run" if "${" in name or not name.strip() else name
 
 
 def default_run_dir(name: str, parent: Path = Path("runs")) -> Path:
@@ -69,8 +72,14 @@ def launch(spec: RunSpec, run_dir: Path) -> int:
 
 
 def start(cfg: DictConfig, spec: RunSpec, run_dir: Path) -> int:
-    """Write the run directory of a validated spec and launch it."""
-    return launch(write(cfg, spec, run_dir), run_dir)
+    """Write the run directory of a validated spec and launch it, holding the directory's lock meanwhile."""
+    make_run_dir(run_dir)
+    try:
+        with run_lock.holding(run_dir):
+            return launch(write(cfg, spec, run_dir), run_dir)
+    except run_lock.RunLockError as err:  # another run took the directory since the rules looked
+        report([SpecError(("run_dir",), str(err))])
+        return ExitStatus.INVALID_SPEC
 
 
 def validate_and_start(cfg: DictConfig, run_dir: Path) -> int:

@@ -233,7 +233,9 @@ def protected(good: list[Path]) -> Path | None:
     `keep` says; None when the newest interval between checkpoints had no non-finite step."""
     counts = [_nonfinite_count(p) for p in good]
     for i in range(len(good) - 1):
-        if counts[i + 1] >= counts[i]:  # no skipped step between good[i + 1] and good[i]: the run began after good[i]
+        if (
+            counts[i + 1] >= counts[i]
+        ):  # no skipped step between good[i + 1] and good[i]: the run began after good[i]
             return good[i] if i > 0 else None
     return good[-1] if len(good) > 1 else None  # skips in every interval: the oldest one left
 

@@ -85,7 +85,7 @@ def launch(spec: RunSpec, run_dir: Path) -> int:
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
-    lc, console = spec.launcher, Console(stderr=True, highlight=False)
+    lc, console = spec.launcher, Console(stderr=True, highlight=False, soft_wrap=True)
     rotated = rotate_logs(run_dir)
     if rotated is not None:
         console.print(f"logs of the previous session moved to {rotated}", markup=False)

@@ -193,17 +193,27 @@ class RestartReporter(logging.Handler):
 def agent_logs(reporter: RestartReporter) -> Iterator[None]:
     """Keep the agent's own log lines off the console (a failure is reported once, by the backend),
     passing its records to `reporter` only."""
-    loggers = [logging.getLogger(name) for name in _AGENT_LOGGERS]
-    saved = [(lg, lg.level, lg.propagate) for lg in loggers]
-    for lg in loggers:
+    from torch.distributed.elastic.agent.server import api  # noqa: F401 - its loggers exist from here on
+
+    tops = [logging.getLogger(name) for name in _AGENT_LOGGERS]
+    children = [  # torch sets each module logger's own level (WARNING): INFO records must get through
+        logging.getLogger(name)
+        for name in list(logging.root.manager.loggerDict)
+        if name.startswith(_AGENT_LOGGERS)
+    ]
+    saved = [(lg, lg.level, lg.propagate) for lg in {*tops, *children}]
+    for lg in children:
+        lg.setLevel(logging.INFO)
+    for lg in tops:
         lg.setLevel(logging.INFO)
         lg.propagate = False
         lg.addHandler(reporter)
     try:
         yield
     finally:
-        for lg, level, propagate in saved:
+        for lg in tops:
             lg.removeHandler(reporter)
+        for lg, level, propagate in saved:
             lg.setLevel(level)
             lg.propagate = propagate
 

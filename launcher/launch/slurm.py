@@ -101,7 +101,7 @@ def launch(spec: RunSpec, run_dir: Path) -> int:
     """Submit the job; print its id and logs; wait for it unless launcher.slurm.wait=false (sweeps set it)."""
     from rich.console import Console
 
-    from launcher.launch import slurm_jobs
+    from launcher.launch import run_lock, slurm_jobs
 
     console, err = Console(highlight=False, soft_wrap=True), Console(stderr=True, highlight=False)
     run_dir = Path(run_dir).resolve()
@@ -115,6 +115,7 @@ def launch(spec: RunSpec, run_dir: Path) -> int:
         )
         return ExitStatus.SUBMIT_FAILED
     (run_dir / "slurm" / JOB_ID_FILE).write_text(job_id + "\n")
+    run_lock.hand_to_job(run_dir, job_id)  # the job holds the run directory now, through requeues
     log = run_dir / "slurm" / f"{job_id}.out"
     console.print(f"submitted job {job_id} ({spec.launcher.nnodes} node(s) x {spec.launcher.nproc} rank(s))")
     console.print(f"  logs:   {log}")

@@ -17,7 +17,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from launcher.exits import ExitStatus
-from launcher.launch import slurm_jobs
+from launcher.launch import run_lock, slurm_jobs
 
 BASE_PORT, PORT_RANGE = 20000, 20000
 REQUEUE_GRACE_S = 120.0
@@ -88,8 +88,16 @@ def run(spec_path: Path) -> int:
     master = slurm_jobs.hostnames(nodes)[0]
     env = torch_environment(os.environ, master_addr=master, port=settings.port)
     os.environ.update(env)
+    run_dir, rank = Path(spec.run_dir or Path(spec_path).parent), int(env["RANK"])
+    try:  # rank 0 holds the run directory for the job (a requeued run of the same job takes it over)
+        lock = run_lock.acquire(run_dir, job_id=job_id) if rank == 0 else None
+    except run_lock.RunLockError as err:
+        print(f"error: {err}", file=sys.stderr, flush=True)
+        return ExitStatus.INVALID_SPEC
     code = worker.run(Path(spec_path), preemption=settings.signal)
-    return _after_preemption(code, int(env["RANK"]), job_id, settings.max_requeues)
+    if lock is not None and not should_requeue(code, restart_count(os.environ), settings.max_requeues):
+        run_lock.release(run_dir, lock)
+    return _after_preemption(code, rank, job_id, settings.max_requeues)
 
 
 def main() -> None:

@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
+from pathlib import Path
 
-from launcher.parallel.registry import STRATEGIES
+from launcher.launch import run_lock
 from launcher.rules.hardware import Hardware
 from launcher.rules.values import Rule, positive
 from launcher.spec import RunSpec, SpecError
+
+MULTI_RANK_OPTIONS = "parallel=ddp, fsdp, tp (tensor parallel), zero0 ... zero3 (DeepSpeed ZeRO)"
+"""The `parallel` options that run on several ranks (as `train --help` lists them)."""
 
 
 def _hardware(spec: RunSpec, hw: Hardware) -> Iterator[SpecError]:
@@ -29,12 +33,27 @@ def _hardware(spec: RunSpec, hw: Hardware) -> Iterator[SpecError]:
 def _strategy_fits_world(spec: RunSpec, hw: Hardware) -> Iterator[SpecError]:
     n = spec.launcher.world_size
     if spec.parallel.strategy == "single" and n > 1:
-        others = ", ".join(f"parallel={s}" for s in sorted(STRATEGIES) if s != "single")
         yield SpecError(
             ("parallel.strategy", "launcher.nproc", "launcher.nnodes"),
             f"parallel=single keeps one copy of the model on one rank, but the job has {n} ranks "
             f"(launcher.nnodes={spec.launcher.nnodes} x launcher.nproc={spec.launcher.nproc}). "
-            f"Pick a multi-rank strategy ({others}), or set launcher.nproc=1.",
+            f"Pick a multi-rank option: {MULTI_RANK_OPTIONS}; or set launcher.nproc=1.",
+        )
+
+
+def _names_of_the_run(spec: RunSpec, hw: Hardware) -> Iterator[SpecError]:
+    """The run's name and directory: usable as a path."""
+    name = spec.name
+    if not name.strip() or name in (".", "..") or "/" in name or any(c in name for c in "\n\r\0"):
+        yield SpecError(
+            ("name",),
+            f"{name!r} cannot name a run directory: give a non-empty name without '/', e.g. name=lr3e-4.",
+        )
+    if spec.run_dir is not None and not spec.run_dir.strip():
+        yield SpecError(
+            ("run_dir",),
+            "run_dir is empty: give a directory (e.g. run_dir=runs/exp1), or leave it unset (null) for "
+            "runs/<name>-<timestamp>.",
         )
 
 
@@ -86,11 +105,21 @@ def _ranks_fit_devices(spec: RunSpec, hw: Hardware) -> Iterator[SpecError]:
         )
 
 
+def _run_dir_free(spec: RunSpec, hw: Hardware) -> Iterator[SpecError]:
+    """One run at a time in a run directory (launcher.launch.run_lock)."""
+    if spec.run_dir is not None and spec.run_dir.strip():
+        reason = run_lock.conflict(Path(spec.run_dir))
+        if reason is not None:
+            yield SpecError(("run_dir",), reason)
+
+
 RULES: tuple[Rule, ...] = (
+    _names_of_the_run,
     _hardware,
     _strategy_fits_world,
     _launch_settings,
     _restarts_need_checkpoints,
     _ranks_fit_devices,
+    _run_dir_free,
 )
 """This module's rules, in the order they report."""

@@ -28,7 +28,7 @@ ALLOWED: dict[str, set[str]] = {
     "spec": {"groups"},
     "parallel": {"spec", "groups"},
     "plan": {"spec", "groups"},
-    "rules": {"spec", "groups", "parallel", "plan"},
+    "rules": {"spec", "groups", "parallel", "plan", "launch"},
     "rank": {"spec", "groups", "parallel", "exits"},
     "launch": {"spec", "groups", "rank", "exits"},
     "front": {"spec", "groups", "parallel", "plan", "rules", "launch", "exits"},
