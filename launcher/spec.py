@@ -21,7 +21,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from launcher.groups.checkpoint import CheckpointConfig
 from launcher.groups.compile import CompileConfig
-from launcher.groups.data import DataConfig
+from launcher.groups.data.config import DataConfig
 from launcher.groups.launcher import LauncherConfig
 from launcher.groups.memory import MemoryConfig
 from launcher.groups.metrics import LogConfig
@@ -32,6 +32,7 @@ from launcher.groups.precision import PrecisionConfig
 from launcher.groups.profiling import ProfilerConfig
 from launcher.groups.quantization import QuantizationConfig
 from launcher.groups.scheduler import SchedulerConfig
+from launcher.groups.tokenizer import TokenizerConfig
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -89,6 +90,7 @@ class RunSpec:
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
     data: DataConfig = field(default_factory=DataConfig)
+    tokenizer: TokenizerConfig = field(default_factory=TokenizerConfig)
     quantization: QuantizationConfig = field(default_factory=QuantizationConfig)
     memory: MemoryConfig = field(default_factory=MemoryConfig)
     compile: CompileConfig = field(default_factory=CompileConfig)

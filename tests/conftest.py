@@ -37,6 +37,20 @@ def _schemas() -> None:
     compose.register_schemas()
 
 
+@pytest.fixture(scope="session")
+def hf_tokenizer(tmp_path_factory) -> Path:
+    """A byte-level BPE tokenizer (400 ids, chat template) trained here and saved in Hugging Face format."""
+    from data_assets import make_tokenizer
+
+    return make_tokenizer(tmp_path_factory.mktemp("tokenizer"))
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _token_cache(tmp_path_factory) -> None:
+    """Keep tokenized corpora of the tests out of the user's cache directory."""
+    os.environ["XDG_CACHE_HOME"] = str(tmp_path_factory.mktemp("xdg-cache"))
+
+
 def run_cli(
     args: list[str], cwd: Path, env: dict[str, str] | None = None, timeout: int = 300
 ) -> subprocess.CompletedProcess:

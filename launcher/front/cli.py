@@ -13,6 +13,7 @@ from rich.console import Console
 
 from launcher.exits import ExitStatus
 from launcher.front import compose, dryrun, recipe_auto, rundir, sweep, verify
+from launcher.front.tokenize import prepare_data
 from launcher.launch import run_lock
 from launcher.spec import SpecError
 
@@ -53,6 +54,7 @@ def run(argv: list[str]) -> int:
     if cfg.get("dry_run"):
         dryrun.show(cfg, spec, errors, run_dir)
         return ExitStatus.INVALID_SPEC if errors else ExitStatus.OK
+    errors = errors or prepare_data(spec)  # tokenize once, before any rank starts
     if errors:
         rundir.report(errors)
         return ExitStatus.INVALID_SPEC

@@ -302,6 +302,7 @@ def strip_hydra(cfg: DictConfig) -> DictConfig:
 
 def validate(cfg: DictConfig) -> tuple[RunSpec | None, list[SpecError]]:
     """Schema and cross-field rules on a composed config: the spec, or every violation found."""
+    from launcher.front.vocab import fill_vocab
     from launcher.groups.launcher import resolve_backend
     from launcher.rules import check, detect_hardware
     from launcher.spec import InvalidSpec
@@ -315,6 +316,9 @@ def validate(cfg: DictConfig) -> tuple[RunSpec | None, list[SpecError]]:
         return None, err.errors
     backend = resolve_backend(spec.launcher)  # `auto` is decided here, once, before the rules
     spec = dataclasses.replace(spec, launcher=dataclasses.replace(spec.launcher, backend=backend))
+    spec, errors = fill_vocab(cfg, spec)
+    if errors:
+        return None, errors
     errors = check(spec, detect_hardware(spec))
     return (None, errors) if errors else (spec, [])
 

@@ -10,6 +10,8 @@ from rich.console import Console
 from rich.table import Table
 
 from launcher.front.compose import config_dir, strip_hydra
+from launcher.groups.data.sources import describe
+from launcher.groups.tokenizer import load_tokenizer, padded_vocab_size
 from launcher.launch import backend
 from launcher.plan.planner import plan, plan_table
 from launcher.spec import RunSpec, SpecError, redacted_container, schema_node
@@ -71,6 +73,24 @@ def print_plan(console: Console, spec: RunSpec) -> None:
         console.print(f"  [dim]{note}", highlight=False)
 
 
+def print_tokenizer(console: Console, spec: RunSpec) -> None:
+    """Print the tokenizer's name, size and special tokens, and where model.vocab_size came from."""
+    tokenizer = load_tokenizer(spec.tokenizer)
+    special = ", ".join(f"{name} {token}" for name, token in tokenizer.special_tokens().items()) or "none"
+    size = tokenizer.vocab_size
+    rows = spec.model.vocab_size
+    padding = (
+        f" (padded from {size} to a multiple of 64)"
+        if rows and rows > size and rows == padded_vocab_size(size)
+        else ""
+    )
+    console.print(
+        f"tokenizer: {tokenizer.name}, {size} token ids, special tokens: {special}; model.vocab_size {rows}{padding}",
+        markup=False,
+        highlight=False,
+    )
+
+
 def show(cfg: DictConfig, spec: RunSpec | None, errors: list[SpecError], run_dir: Path) -> None:
     """Print the spec table with each value's source, the verdict, the memory plan and the launch plan."""
     console = Console() if Console().is_terminal else Console(width=160)
@@ -97,6 +117,8 @@ def show(cfg: DictConfig, spec: RunSpec | None, errors: list[SpecError], run_dir
             console.print(f"  - {error}", markup=False, highlight=False)
         return
     console.print("[green bold]verdict: valid")
+    console.print(f"data: {describe(spec.data)}", markup=False, highlight=False)
+    print_tokenizer(console, spec)
     print_plan(console, spec)
     console.print(f"would launch: {backend(spec.launcher.backend).describe(spec, run_dir)}")
     console.print("dry run: nothing was started and nothing was written.")

@@ -17,6 +17,7 @@ from rich.console import Console
 
 from launcher.exits import ExitStatus
 from launcher.front import compose
+from launcher.front.tokenize import prepare_data
 from launcher.launch import backend, run_lock
 from launcher.spec import InvalidSpec, RunSpec, SpecError, dump_spec, redacted_container
 
@@ -86,6 +87,8 @@ def validate_and_start(cfg: DictConfig, run_dir: Path) -> int:
     """Validate a composed config, then write and launch it; exit status 2 (nothing started) when invalid."""
     cfg.run_dir = str(run_dir)
     spec, errors = compose.validate(cfg)
+    if not errors:
+        errors = prepare_data(spec)
     if errors:
         report(errors)
         return ExitStatus.INVALID_SPEC

@@ -80,6 +80,10 @@ def _subdir(cfg: DictConfig, num: int, overrides: list[str]) -> str:
         return str(num)
 
 
+FILLED_KEYS = ("model.vocab_size",)
+"""Keys that a spec.yaml holds filled in (from the tokenizer) where the command line left them null."""
+
+
 def _changed_keys(spec_path: Path, cfg: DictConfig) -> list[str]:
     """Keys whose value differs between a point's existing spec.yaml and the config about to run."""
     from launcher.spec import redacted_container
@@ -88,7 +92,10 @@ def _changed_keys(spec_path: Path, cfg: DictConfig) -> list[str]:
     old = dryrun.flatten({k: v for k, v in old.items() if k not in ("defaults", "hydra")})
     new = dryrun.flatten(redacted_container(compose.strip_hydra(cfg)))
     keys = sorted(set(old) | set(new))
-    return [k for k in keys if not k.startswith(_IGNORED_KEYS) and old.get(k) != new.get(k)]
+    filled = {k for k in FILLED_KEYS if new.get(k) is None}  # validation fills them from other keys
+    return [
+        k for k in keys if not k.startswith(_IGNORED_KEYS) and k not in filled and old.get(k) != new.get(k)
+    ]
 
 
 def _active_job(point_dir: Path) -> str | None:

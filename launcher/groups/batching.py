@@ -22,7 +22,8 @@ from typing import Protocol
 
 import torch
 
-from launcher.groups.data import BatchStream, Corpus, PackedSequences, _epoch_seed
+from launcher.groups.data.sequences import BatchStream, PackedSequences, _epoch_seed, labels_and_positions
+from launcher.groups.data.tokens import START, Corpus, TokenStore
 
 BATCHING = ("fixed", "group_by_length", "token_budget")
 
@@ -51,7 +52,11 @@ class Batches(Protocol):
         ...
 
     def next_batch(self) -> dict[str, torch.Tensor]:
-        """This rank's part of the next global micro batch: input_ids and labels."""
+        """This rank's part of the next global micro batch: input_ids, labels (and position_ids)."""
+        ...
+
+    def skip(self) -> None:
+        """Move past the next micro batch without building it."""
         ...
 
     def state_dict(self) -> dict[str, int]:
@@ -68,17 +73,19 @@ GROUP_SIZE = 32
 
 
 class Documents:
-    """The documents of a token stream as variable-length sequences (at most seq_len inputs each)."""
+    """The documents of a token store as variable-length sequences (at most seq_len inputs each)."""
 
-    def __init__(self, tokens: torch.Tensor, seq_len: int, separator: int = 0) -> None:
-        ends = torch.nonzero(tokens == separator).flatten() + 1  # the separator ends its document
-        bounds = torch.cat([torch.tensor([0]), ends, torch.tensor([len(tokens)])]).unique_consecutive()
+    def __init__(self, store: TokenStore, seq_len: int) -> None:
+        starts_at = torch.nonzero(store.flags & START).flatten()
+        bounds = torch.cat(
+            [torch.tensor([0]), starts_at, torch.tensor([len(store.tokens)])]
+        ).unique_consecutive()
         starts, lengths = [], []
         for begin, end in zip(bounds[:-1].tolist(), bounds[1:].tolist(), strict=True):
             for chunk in range(begin, end - 1, seq_len):  # each chunk: up to seq_len inputs + 1 label
                 starts.append(chunk)
                 lengths.append(min(seq_len + 1, end - chunk))
-        self.tokens = tokens
+        self.tokens, self.flags = store.tokens, store.flags
         self.seq_len = seq_len
         self.starts = torch.tensor(starts, dtype=torch.int64)
         self.lengths = torch.tensor(lengths, dtype=torch.int64) - 1  # inputs per sequence (>= 1)
@@ -90,13 +97,14 @@ class Documents:
         """Sequences `indices`, right-padded to the longest: input_ids (pad 0) and labels (pad -100)."""
         indices = indices.reshape(-1).long()
         width = int(self.lengths[indices].max()) if len(indices) else 0
-        input_ids = torch.zeros((len(indices), width), dtype=torch.int64)
-        labels = torch.full((len(indices), width), -100, dtype=torch.int64)
+        tokens = torch.zeros((len(indices), width + 1), dtype=torch.int64)
+        flags = torch.zeros((len(indices), width + 1), dtype=torch.uint8)  # padding: never trained
         for row, i in enumerate(indices.tolist()):
             start, n = int(self.starts[i]), int(self.lengths[i])
-            window = self.tokens[start : start + n + 1].long()
-            input_ids[row, :n], labels[row, :n] = window[:-1], window[1:]
-        return {"input_ids": input_ids, "labels": labels}
+            tokens[row, : n + 1] = self.tokens[start : start + n + 1].long()
+            flags[row, : n + 1] = self.flags[start : start + n + 1]
+        flags[:, 1:] &= ~torch.tensor(START, dtype=torch.uint8)  # one document per row: nothing to cut
+        return labels_and_positions(tokens, flags, document_mask=False)
 
 
 def grouped_order(lengths: torch.Tensor, order: torch.Tensor, group: int) -> torch.Tensor:
@@ -187,6 +195,13 @@ class TokenBudgetStream:
 
     def next_batch(self) -> dict[str, torch.Tensor]:
         """This rank's batch of the next global micro batch (input_ids and labels, int64 [B, T])."""
+        return self.dataset.batch(self._next_indices())
+
+    def skip(self) -> None:
+        """Move past the next micro batch without building it."""
+        self._next_indices()
+
+    def _next_indices(self) -> torch.Tensor:
         step = self.grad_accum_steps
         if self._offset % step == 0 and self._offset + step > len(self._batches):
             self._epoch += 1
@@ -194,7 +209,7 @@ class TokenBudgetStream:
             self._batches = self._epoch_batches(self._epoch)
         indices = self._batches[self._offset][self.rank]
         self._offset += 1
-        return self.dataset.batch(indices)
+        return indices
 
     def state_dict(self) -> dict[str, int]:
         """The position in the data, identical on every rank."""
@@ -211,6 +226,7 @@ def build_stream(
     *,
     seq_len: int,
     packing: bool,
+    document_mask: bool = True,
     batching: str,
     max_tokens_per_batch: int | None,
     micro_batch_size: int,
@@ -223,7 +239,9 @@ def build_stream(
     common = {"seed": seed, "rank": rank, "world_size": world_size, "grad_accum_steps": grad_accum_steps}
     if packing:
         return BatchStream(
-            PackedSequences(corpus.train, seq_len), micro_batch_size=micro_batch_size, **common
+            PackedSequences(corpus.train, seq_len, document_mask=document_mask),
+            micro_batch_size=micro_batch_size,
+            **common,
         )
     documents = Documents(corpus.train, seq_len)
     if batching == "token_budget":

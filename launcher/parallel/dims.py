@@ -164,6 +164,20 @@ class DistContext:
         dist.all_reduce(tensor)
         return tensor.tolist()
 
+    def data_mean(self, value: int) -> int | torch.Tensor:
+        """The mean of `value` over data-parallel ranks, left on the device (no host sync); `value` itself alone.
+
+        The loop divides each rank's summed token loss by the mean trained-token count, so that the
+        gradient average over ranks is the mean over every trained token of the step, however
+        unevenly prompts, padding and document starts fall. Equal counts give exactly `value`.
+        """
+        if self.world_size == 1:
+            return value
+        counted = value if self.dims.tp_rank(self.rank) == 0 else 0
+        tensor = torch.tensor(float(counted), dtype=torch.float32, device=self.device)
+        dist.all_reduce(tensor)
+        return tensor / self.dp_size
+
     def data_sum(self, values: list[float]) -> list[float]:
         """Sum numbers over data-parallel groups, each counted once (tensor-parallel peers hold the same)."""
         if self.dims.tp == 1:

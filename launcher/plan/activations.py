@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from launcher.groups.model.config import ModelConfig, ff_width
+from launcher.groups.model.config import ModelConfig, ff_width, vocab_size
 
 FP32 = 4
 INDEX = 8  # int64 token ids and labels
@@ -87,7 +87,7 @@ def layer_bytes(cfg: ModelConfig, shape: ActivationShape, mode: str = "none") ->
 def head_bytes(cfg: ModelConfig, shape: ActivationShape) -> int:
     """Final norm, LM head input, logits and the loss's float32 log-probabilities and gradients."""
     tokens = shape.micro_batch * shape.seq_len
-    logits = tokens * cfg.vocab_size
+    logits = tokens * vocab_size(cfg)
     casts = logits * shape.act_bytes if shape.act_bytes != FP32 else 0  # the 16-bit logits before .float()
     ids = 2 * tokens * INDEX
     return _norm_bytes(cfg, shape) + tokens * cfg.d_model * shape.act_bytes + 3 * logits * FP32 + casts + ids

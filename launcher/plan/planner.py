@@ -19,7 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from launcher.groups.model.config import ModelConfig, config_num_params, ff_width
+from launcher.groups.model.config import ModelConfig, config_num_params, ff_width, vocab_size
 from launcher.plan import activations as acts
 from launcher.spec import RunSpec
 
@@ -180,7 +180,7 @@ def _replica(spec: RunSpec, counts: ParamCounts, n: int) -> _States:
     if (
         _mixed(spec) and spec.quantization.method == "none"
     ):  # autocast caches a 16-bit copy of each matmul weight
-        buffers += 2.0 * (counts.block_linear + spec.model.vocab_size * spec.model.d_model)
+        buffers += 2.0 * (counts.block_linear + vocab_size(spec.model) * spec.model.d_model)
     return _States(
         parameters=weights,
         gradients=grads,
@@ -322,7 +322,7 @@ def plan(spec: RunSpec, world: int | None = None, device_type: str | None = None
         states.note,
         f"activations: micro batch {shape.micro_batch} x {shape.seq_len} tokens, "
         f"checkpointing {mem.activation_checkpointing}, logits {shape.micro_batch * shape.seq_len}"
-        f" x {spec.model.vocab_size} x 4 B x 3",
+        f" x {vocab_size(spec.model)} x 4 B x 3",
     ]
     if mem.offload_activations and kind == "cuda":
         host += activations

@@ -12,7 +12,7 @@ the data-parallel wrap):
 6. compile, which traces each block with its checkpointing and tensor-parallel hooks inside;
 7. the data-parallel wrap (DDP, FSDP2, DeepSpeed), which shards or replicates what it is given and
    builds the optimizer over the parameters it finally owns; the LR schedule wraps that optimizer;
-8. data, last, sharded by data-parallel rank with the chosen batch split.
+8. data, last, sharded by data-parallel rank with the chosen batch split (tokenized once, cached).
 """
 
 from __future__ import annotations
@@ -27,7 +27,9 @@ from launcher.groups import device as devices
 from launcher.groups import memory, quantization
 from launcher.groups.batching import BatchSplit, build_stream
 from launcher.groups.compile import apply as compile_model
-from launcher.groups.data import PackedSequences, load_corpus
+from launcher.groups.data.loader import PrefetchedBatches
+from launcher.groups.data.sequences import PackedSequences
+from launcher.groups.data.tokens import Corpus, build_cache, load_corpus, uses_cache
 from launcher.groups.model.build import build_model, flops_per_token
 from launcher.groups.precision import apply_backend_flags
 from launcher.groups.scheduler import build_scheduler
@@ -45,6 +47,15 @@ def seed_everything(seed: int) -> None:
     random.seed(seed)
     np.random.seed(seed % 2**32)
     torch.manual_seed(seed)
+
+
+def _corpus(spec: RunSpec, dist: DistContext) -> Corpus:
+    """The tokenized corpus; a cached one is made by rank 0 while the others wait (the launcher usually has)."""
+    if uses_cache(spec.data, spec.tokenizer):
+        if dist.is_main:
+            build_cache(spec.data, spec.tokenizer)
+        dist.barrier()
+    return load_corpus(spec.data, spec.tokenizer)
 
 
 def build(spec: RunSpec, dist: DistContext, run_dir: Path | None = None) -> Components:
@@ -68,12 +79,13 @@ def build(spec: RunSpec, dist: DistContext, run_dir: Path | None = None) -> Comp
     model = compile_model(model, spec.compile)
     strategy = build_strategy(model, Setup(spec=spec, dist=dist, batch=batch, mesh=mesh))
     scheduler = build_scheduler(strategy.optimizer, spec.scheduler, spec.train.max_steps)
-    corpus = load_corpus(spec.data)
+    corpus = _corpus(spec, dist)
     d = spec.data
     stream = build_stream(
         corpus,
         seq_len=d.seq_len,
         packing=d.packing,
+        document_mask=d.document_mask,
         batching=d.batching,
         max_tokens_per_batch=d.max_tokens_per_batch,
         micro_batch_size=batch.micro_batch_size,
@@ -82,13 +94,15 @@ def build(spec: RunSpec, dist: DistContext, run_dir: Path | None = None) -> Comp
         rank=dist.dp_rank,
         world_size=dist.dp_size,
     )
+    if d.num_workers > 0:
+        stream = PrefetchedBatches(stream, num_workers=d.num_workers, pin_memory=device.type == "cuda")
     return Components(
         spec=spec,
         batch=batch,
         strategy=strategy,
         scheduler=scheduler,
         stream=stream,
-        val=PackedSequences(corpus.val, spec.data.seq_len),
+        val=PackedSequences(corpus.val, d.seq_len, document_mask=d.packing and d.document_mask),
         dist=dist,
         flops_per_token=flops_per_token(spec.model, spec.data.seq_len),
         peak_flops=devices.peak_flops(device.type),

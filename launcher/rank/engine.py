@@ -25,8 +25,8 @@ from torch.distributed.tensor import DTensor
 from launcher.groups import checkpoint, metrics, profiling
 from launcher.groups.batching import Batches, BatchSplit
 from launcher.groups.checkpoint_files import CheckpointFiles
-from launcher.groups.data import PackedSequences, val_batches
-from launcher.groups.model.loss import lm_loss
+from launcher.groups.data.sequences import PackedSequences, val_batches
+from launcher.groups.model.loss import lm_loss, model_inputs
 from launcher.groups.precision import autocast, eval_dtype, train_dtype
 from launcher.parallel.dims import DistContext
 from launcher.parallel.strategy import Strategy
@@ -203,13 +203,14 @@ class Engine:
         return summary
 
     def _train_step(self) -> None:
-        """One optimizer step over grad_accum_steps micro batches, normalized by their token count."""
+        """One optimizer step over grad_accum_steps micro batches, normalized by the step's trained tokens on all ranks."""
         strategy = self.parts.strategy
         dtype = train_dtype(self.spec.precision)
         self.guard.check_learning_rate(self.parts.scheduler.get_last_lr()[0], self.step)
         self.timer.start("data")
         batches = [self.parts.stream.next_batch() for _ in range(self.parts.batch.grad_accum_steps)]
         num_tokens = sum(int((b["labels"] != -100).sum()) for b in batches)  # CPU tensors: no device sync
+        tokens_per_rank = self.parts.dist.data_mean(num_tokens)  # the step's tokens, however ranks share them
         batches = [{k: v.to(self.device, non_blocking=True) for k, v in b.items()} for b in batches]
         loss_sum = torch.zeros((), device=self.device)
         for i, batch in enumerate(batches):
@@ -217,9 +218,9 @@ class Engine:
             with contextlib.nullcontext() if sync else strategy.no_sync():
                 self.timer.start("forward")
                 with autocast(dtype, self.device.type):
-                    token_loss_sum, _ = lm_loss(strategy.model(batch["input_ids"]), batch["labels"])
+                    token_loss_sum, _ = lm_loss(strategy.model(**model_inputs(batch)), batch["labels"])
                 self.timer.start("backward")
-                strategy.backward(token_loss_sum / num_tokens)
+                strategy.backward(token_loss_sum / tokens_per_rank)
             loss_sum += token_loss_sum.detach()
         self.timer.start("optimizer")
         result = strategy.step(loss_ok=torch.isfinite(loss_sum))
@@ -251,6 +252,8 @@ class Engine:
             "lr": self.parts.scheduler.get_last_lr()[0],
             "grad_norm": float(self._last_result.grad_norm),
             "tokens_per_s": tokens_per_s,
+            "trained_tokens_per_step": tokens / max(self.step - self._mark[1], 1),
+            "epoch": self.parts.stream.epoch,
             "samples_per_s": samples / elapsed if elapsed > 0 else 0.0,
             "mfu": (self.parts.flops_per_token * tokens_per_s / dist.world_size / peak) if peak else None,
             "mem_peak_bytes": metrics.peak_memory_bytes(self.device.type),
@@ -285,7 +288,7 @@ class Engine:
         for batch in batches:
             batch = {k: v.to(self.device, non_blocking=True) for k, v in batch.items()}
             with autocast(eval_dtype(self.spec.precision), self.device.type):
-                loss_sum, n = lm_loss(model(batch["input_ids"]), batch["labels"])
+                loss_sum, n = lm_loss(model(**model_inputs(batch)), batch["labels"])
             total += loss_sum
             count += n
         model.train()

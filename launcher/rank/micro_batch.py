@@ -30,6 +30,7 @@ import torch.distributed as dist
 from torch import nn
 
 from launcher.groups.batching import BatchSplit
+from launcher.groups.model.config import vocab_size
 from launcher.groups.model.loss import lm_loss
 from launcher.groups.precision import autocast, train_dtype
 from launcher.spec import RunSpec
@@ -95,7 +96,7 @@ def _try_size(
     model: nn.Module, spec: RunSpec, size: int, device: torch.device, budget: int | None
 ) -> tuple[bool, int]:
     """(fits, peak bytes) of one forward and backward pass at micro batch `size`."""
-    ids = torch.randint(0, spec.model.vocab_size, (size, spec.data.seq_len + 1), device=device)
+    ids = torch.randint(0, vocab_size(spec.model), (size, spec.data.seq_len + 1), device=device)
     ballast_numel = 2 * sum(p.numel() for p in model.parameters() if p.requires_grad)
     _free(device)
     _reset_peak(device)

@@ -22,6 +22,7 @@ from launcher.rules import (
     precision,
     profiling,
     quantization,
+    records,
     resume,
     sharding,
     slurm,
@@ -46,6 +47,7 @@ AREAS = (
     quantization,
     optimizer,
     hf_model,
+    records,
     ddp,
     sharding,
 )

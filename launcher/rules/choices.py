@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
+from launcher.groups.data.config import DATA_KINDS
 from launcher.groups.launcher import BACKENDS
 from launcher.groups.memory import ACTIVATION_CHECKPOINTING
 from launcher.groups.optimizer import OPTIMIZERS
@@ -14,7 +15,6 @@ from launcher.rules.hardware import Hardware
 from launcher.rules.values import Rule, choice
 from launcher.spec import RunSpec, SpecError
 
-DATA_KINDS = ("stdlib", "text", "jsonl")
 MODEL_KINDS = ("gpt", "hf")
 NONFINITE_POLICIES = ("skip", "stop")
 DEVICES = ("auto", "cpu", "cuda")

@@ -1,12 +1,13 @@
-"""Rules of the data group: sequence length against the model, the held-out share, files, batching."""
+"""Rules of the data group: sequence length against the model, the held-out share, options, files, batching."""
 
 from __future__ import annotations
 
-import glob
 from collections.abc import Iterator
 
 from launcher.groups.batching import BATCHING
-from launcher.groups.data import DataConfig
+from launcher.groups.data.config import FORMATS, TRAIN_ON
+from launcher.groups.data.formats import INSTRUCTION_TEMPLATE, template_problem
+from launcher.groups.data.sources import BUILDERS, matching_files
 from launcher.rules.hardware import Hardware
 from launcher.rules.values import Rule, choice, positive
 from launcher.spec import RunSpec, SpecError
@@ -26,27 +27,62 @@ def _model_and_data(spec: RunSpec, hw: Hardware) -> Iterator[SpecError]:
             ("model.d_model", "model.n_head"),
             f"d_model ({m.d_model}) must be a positive multiple of n_head ({m.n_head}).",
         )
-    if m.vocab_size < 256:
-        yield SpecError(
-            ("model.vocab_size",), f"byte-level data needs at least 256 token ids, got {m.vocab_size}."
-        )
     if not 0.0 < d.val_fraction < 1.0:
         yield SpecError(("data.val_fraction",), f"must lie strictly between 0 and 1, got {d.val_fraction}.")
-    yield from _data_path(d)
 
 
-def _data_path(d: DataConfig) -> Iterator[SpecError]:
-    if d.kind not in ("text", "jsonl"):
-        return
-    if not d.path:
-        yield SpecError(("data.path",), f"data.kind={d.kind} reads files: set data.path to a file or a glob.")
-        return
-    if not glob.glob(d.path):
+def _options(spec: RunSpec, hw: Hardware) -> Iterator[SpecError]:
+    d = spec.data
+    yield from choice("data.format", d.format, FORMATS, "data format")
+    yield from choice("data.train_on", d.train_on, TRAIN_ON, "data.train_on option")
+    yield from positive("data.num_proc", d.num_proc)
+    if d.num_workers < 0:
         yield SpecError(
-            ("data.path",),
-            f"no file matches '{d.path}'. Give an existing file or a glob that matches one "
-            "(relative paths start from the directory `train` runs in).",
+            ("data.num_workers",), f"must be 0 (batches built in the loop) or more, got {d.num_workers}."
         )
+    if d.kind in ("stdlib", "text") and d.format != "text":
+        yield SpecError(
+            ("data.format", "data.kind"),
+            f"data.kind={d.kind} reads plain text, so only data.format=text applies (got {d.format}). Records in "
+            "the instruction, chat or pretokenized layout come from `data=files` (or `data=jsonl`).",
+        )
+    if d.streaming and d.kind != "files":
+        yield SpecError(
+            ("data.streaming", "data.kind"),
+            "data.streaming applies to `data=files` (read through `datasets`).",
+        )
+    if d.template is not None and d.format != "instruction":
+        yield SpecError(
+            ("data.template", "data.format"),
+            "data.template renders instruction records: add data.format=instruction or drop it.",
+        )
+    problem = template_problem(d.template)
+    if problem:
+        yield SpecError(("data.template",), f"{problem}. The default: {INSTRUCTION_TEMPLATE!r}.")
+    if d.val_path is not None and d.kind == "stdlib":
+        yield SpecError(
+            ("data.val_path", "data.kind"),
+            "data.kind=stdlib splits its own held-out share; drop data.val_path.",
+        )
+
+
+def _files(spec: RunSpec, hw: Hardware) -> Iterator[SpecError]:
+    d = spec.data
+    if d.kind not in ("text", "jsonl", "files"):
+        return
+    suffixes = tuple(BUILDERS) if d.kind == "files" else ()
+    for key, pattern in (("data.path", d.path), ("data.val_path", d.val_path)):
+        if pattern is None and key == "data.val_path":
+            continue
+        try:
+            found = matching_files(pattern, key=key, suffixes=suffixes)
+        except FileNotFoundError as err:
+            yield SpecError((key,), str(err))
+            continue
+        if d.kind == "text" and all(path.stat().st_size == 0 for _, path in found):
+            yield SpecError(
+                (key,), f"every file {key} names is empty ({found[0][1]}{', ...' if len(found) > 1 else ''})."
+            )
 
 
 def _batching(spec: RunSpec, hw: Hardware) -> Iterator[SpecError]:
@@ -73,5 +109,5 @@ def _batching(spec: RunSpec, hw: Hardware) -> Iterator[SpecError]:
         )
 
 
-RULES: tuple[Rule, ...] = (_model_and_data, _batching)
+RULES: tuple[Rule, ...] = (_model_and_data, _options, _files, _batching)
 """This module's rules, in the order they report."""

@@ -11,8 +11,6 @@ from launcher.rules.hardware import Hardware
 from launcher.rules.values import Rule
 from launcher.spec import RunSpec, SpecError
 
-BYTE_VOCAB = 256
-
 
 def _hf_model(spec: RunSpec, hw: Hardware) -> Iterator[SpecError]:
     m = spec.model
@@ -51,13 +49,6 @@ def _local_config(spec: RunSpec) -> Iterator[SpecError]:
         )
         return
     config = read_local_config(path)
-    vocab = config.get("vocab_size")
-    if isinstance(vocab, int) and vocab < BYTE_VOCAB:
-        yield SpecError(
-            ("model.hf_config", "data.kind"),
-            f"the model in '{path}' has vocab_size={vocab}, but the byte-level data produces token ids up to "
-            f"{BYTE_VOCAB - 1}. Use a model with vocab_size >= {BYTE_VOCAB} (set it in its config.json).",
-        )
     positions = config.get("max_position_embeddings", config.get("n_positions"))
     if isinstance(positions, int) and spec.data.seq_len > positions:
         yield SpecError(

@@ -150,9 +150,10 @@ def test_verify_resume_gives_a_verdict(tmp_path, backend: list[str]) -> None:
 
 
 def test_export_loads_at_world_size_one_and_gives_the_trained_logits(straight, tmp_path) -> None:
-    from launcher.groups.data import PackedSequences, load_corpus, val_batches
+    from launcher.groups.data.sequences import PackedSequences, val_batches
+    from launcher.groups.data.tokens import load_corpus
     from launcher.groups.model.build import build_model
-    from launcher.groups.model.loss import lm_loss
+    from launcher.groups.model.loss import lm_loss, model_inputs
     from launcher.spec import load_spec
 
     out = tmp_path / "model.pt"
@@ -172,7 +173,7 @@ def test_export_loads_at_world_size_one_and_gives_the_trained_logits(straight, t
     with torch.no_grad():
         for rank in (0, 1):  # the batches each of the two ranks evaluated at step 20
             for batch in val_batches(val, micro_batch_size=4, max_batches=2, rank=rank, world_size=2):
-                loss_sum, n = lm_loss(model(batch["input_ids"]), batch["labels"])
+                loss_sum, n = lm_loss(model(**model_inputs(batch)), batch["labels"])
                 total, count = total + float(loss_sum), count + float(n)
     summary = json.loads((straight / "summary.json").read_text())
     assert total / count == pytest.approx(summary["eval_loss"], rel=1e-6)

@@ -5,7 +5,8 @@ from __future__ import annotations
 import torch
 
 from launcher.groups.batching import Documents, LengthGroupedStream, TokenBudgetStream
-from launcher.groups.data import BatchStream
+from launcher.groups.data.sequences import BatchStream
+from launcher.groups.data.tokens import TokenStore
 
 
 def _corpus(num_docs: int = 400, seed: int = 0) -> torch.Tensor:
@@ -21,7 +22,7 @@ def _corpus(num_docs: int = 400, seed: int = 0) -> torch.Tensor:
 
 def test_documents_are_padded_with_ignored_labels() -> None:
     tokens = torch.tensor([5, 6, 7, 0, 8, 9, 10, 11, 12, 13, 0], dtype=torch.uint8)
-    docs = Documents(tokens, seq_len=4)
+    docs = Documents(TokenStore.of_stream(tokens), seq_len=4)
     # doc 1: 5 6 7 0 -> 3 inputs; doc 2 (7 tokens) -> chunks of 4 inputs and 2 inputs
     assert docs.lengths.tolist() == [3, 4, 2]
     batch = docs.batch(torch.tensor([0, 1, 2]))
@@ -39,14 +40,14 @@ def _padding(stream, calls: int) -> float:
 
 
 def test_grouping_by_length_cuts_padding() -> None:
-    docs = Documents(_corpus(), seq_len=64)
+    docs = Documents(TokenStore.of_stream(_corpus()), seq_len=64)
     fixed = BatchStream(docs, micro_batch_size=8, seed=1)
     grouped = LengthGroupedStream(docs, micro_batch_size=8, seed=1)
     assert _padding(grouped, 40) < 0.5 * _padding(fixed, 40)
 
 
 def test_token_budget_batches_stay_within_budget_and_cover_the_data() -> None:
-    docs = Documents(_corpus(), seq_len=64)
+    docs = Documents(TokenStore.of_stream(_corpus()), seq_len=64)
     stream = TokenBudgetStream(docs, max_tokens=256, seed=1)
     seen, sizes = [], set()
     while stream.epoch == 0:
@@ -61,7 +62,7 @@ def test_token_budget_batches_stay_within_budget_and_cover_the_data() -> None:
 
 
 def test_ranks_split_each_global_batch_and_stay_in_step() -> None:
-    docs = Documents(_corpus(120), seq_len=64)
+    docs = Documents(TokenStore.of_stream(_corpus(120)), seq_len=64)
     ranks = [
         TokenBudgetStream(docs, max_tokens=256, seed=3, rank=r, world_size=2, grad_accum_steps=2)
         for r in range(2)
@@ -96,6 +97,8 @@ def _continues_exactly(make) -> None:
 
 
 def test_streams_resume_exactly() -> None:
-    docs = Documents(_corpus(120), seq_len=64)  # a small corpus: the 50 batches span several epochs
+    docs = Documents(
+        TokenStore.of_stream(_corpus(120)), seq_len=64
+    )  # a small corpus: the 50 batches span several epochs
     _continues_exactly(lambda: LengthGroupedStream(docs, micro_batch_size=4, seed=5, grad_accum_steps=2))
     _continues_exactly(lambda: TokenBudgetStream(docs, max_tokens=200, seed=5, grad_accum_steps=3))

@@ -8,7 +8,11 @@ from launcher.front import compose
 from launcher.front.cli import precheck
 from launcher.spec import public_keys
 
-NEEDS_PATH = {("data", "text"), ("data", "jsonl")}
+NEEDS_PATH = {
+    ("data", "text"): "corpus.txt",
+    ("data", "jsonl"): "corpus.jsonl",
+    ("data", "files"): "corpus.jsonl",
+}
 CPU_ONLY_INVALID = {
     ("precision", "tf32"): ("precision.tf32",),
     ("compile", "reduce_overhead"): ("compile.mode",),
@@ -36,11 +40,14 @@ def _options() -> list[tuple[str, str]]:
 
 
 @pytest.mark.parametrize(("group", "option"), _options())
-def test_every_option_composes_both_ways(group: str, option: str, tmp_path) -> None:
+def test_every_option_composes_both_ways(group: str, option: str, tmp_path, request) -> None:
     extra = []
     if (group, option) in NEEDS_PATH:
-        (tmp_path / "corpus.txt").write_text("hello world\n" * 100)
-        extra = [f"data.path={tmp_path / 'corpus.txt'}"]
+        corpus = tmp_path / NEEDS_PATH[group, option]
+        corpus.write_text('{"text": "hello world"}\n' * 100)
+        extra = [f"data.path={corpus}"]
+    if (group, option) == ("tokenizer", "hf"):
+        extra = [f"tokenizer.path={request.getfixturevalue('hf_tokenizer')}"]
     if (group, option) in NEEDS_RANKS:
         extra = ["launcher=local", f"launcher.nproc={NEEDS_RANKS[group, option]}"]
     if (group, option) == ("launcher", "local"):

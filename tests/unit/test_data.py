@@ -7,19 +7,17 @@ import json
 import pytest
 import torch
 
-from launcher.groups.data import (
-    BatchStream,
-    DataConfig,
-    PackedSequences,
-    describe,
-    is_val_document,
-    load_corpus,
-    val_batches,
-)
+from launcher.groups.data.config import DataConfig
+from launcher.groups.data.sequences import BatchStream, PackedSequences, val_batches
+from launcher.groups.data.sources import describe
+from launcher.groups.data.tokens import START, TokenStore, is_val_document, load_corpus
 
 
-def _documents(tokens: torch.Tensor) -> list[bytes]:
-    return bytes(tokens.tolist()).split(b"\0")
+def _documents(store: TokenStore) -> list[bytes]:
+    """The documents of a byte-token store, each without its closing 0 byte (eos)."""
+    starts = torch.nonzero(store.flags & START).flatten().tolist() + [len(store)]
+    data = bytes(store.tokens.tolist())
+    return [data[a:b].removesuffix(b"\0") for a, b in zip(starts[:-1], starts[1:], strict=True)]
 
 
 def _write_docs(folder, count: int) -> list[bytes]:
@@ -33,11 +31,13 @@ def _write_docs(folder, count: int) -> list[bytes]:
 def test_stdlib_corpus_is_large_and_deterministic() -> None:
     cfg = DataConfig(max_bytes=300_000, seq_len=64)
     first, second = load_corpus(cfg), load_corpus(cfg)
-    assert first.train.dtype == torch.uint8 and first.train.ndim == 1
+    assert first.train.tokens.dtype == torch.uint8 and first.train.tokens.ndim == 1
     assert len(first.train) + len(first.val) == 300_000
     assert len(first.val) >= 65
-    assert torch.equal(first.train, second.train) and torch.equal(first.val, second.val)
-    assert b"import" in bytes(first.train[:20_000].tolist())
+    assert torch.equal(first.train.tokens, second.train.tokens) and torch.equal(
+        first.val.flags, second.val.flags
+    )
+    assert b"import" in bytes(first.train.tokens[:20_000].tolist())
     assert "standard library" in describe(cfg)
 
 
@@ -52,7 +52,9 @@ def test_split_is_deterministic_disjoint_and_keyed_by_document(tmp_path) -> None
     again = load_corpus(
         DataConfig(kind="text", path=str(tmp_path / "corpus" / "doc_*"), val_fraction=0.1, seq_len=8)
     )
-    assert torch.equal(again.val, corpus.val) and torch.equal(again.train, corpus.train)
+    assert torch.equal(again.val.tokens, corpus.val.tokens) and torch.equal(
+        again.train.tokens, corpus.train.tokens
+    )
 
 
 def test_max_bytes_caps_train_and_val_in_proportion(tmp_path) -> None:
@@ -68,8 +70,9 @@ def test_a_single_text_file_holds_out_its_tail(tmp_path) -> None:
     corpus = load_corpus(
         DataConfig(kind="text", path=str(tmp_path / "one.txt"), val_fraction=0.1, seq_len=16)
     )
-    assert bytes(corpus.train.tolist()) + bytes(corpus.val.tolist()) == data
+    assert bytes(corpus.train.tokens.tolist()) + bytes(corpus.val.tokens.tolist()) == data + b"\0"  # + eos
     assert len(corpus.val) == int(len(data) * 0.1)
+    assert corpus.val.flags[0] & START  # the held-out tail is a document of its own
 
 
 def test_few_files_still_give_a_val_sequence(tmp_path) -> None:
@@ -94,7 +97,10 @@ def test_jsonl_reads_the_field_of_every_line_of_a_glob(tmp_path) -> None:
 
 @pytest.mark.parametrize(
     ("line", "message"),
-    [("{not json", "bad.jsonl:2: not valid JSON"), ('{"title": "x"}', "bad.jsonl:2: no string field 'text'")],
+    [
+        ("{not json", "bad.jsonl:2: not valid JSON"),
+        ('{"title": "x"}', "bad.jsonl:2: field 'text' is missing"),
+    ],
 )
 def test_bad_jsonl_line_names_file_and_line(tmp_path, line: str, message: str) -> None:
     (tmp_path / "bad.jsonl").write_text(json.dumps({"text": "fine"}) + "\n" + line + "\n")
@@ -109,7 +115,7 @@ def test_missing_files_are_reported(tmp_path) -> None:
 
 def test_packed_sequences_shift_labels_by_one() -> None:
     tokens = torch.arange(50, dtype=torch.uint8)
-    data = PackedSequences(tokens, 8)
+    data = PackedSequences(TokenStore.of_stream(tokens, separator=None), 8)
     assert len(data) == 6  # (50 - 1) // 8
     batch = data.batch(torch.tensor([5, 0]))
     assert batch["input_ids"].dtype == torch.int64 and batch["input_ids"].shape == (2, 8)
@@ -120,7 +126,7 @@ def test_packed_sequences_shift_labels_by_one() -> None:
 
 def _dataset(num_sequences: int = 23, seq_len: int = 4) -> PackedSequences:
     tokens = torch.arange(num_sequences * seq_len + 1) % 251
-    return PackedSequences(tokens.to(torch.uint8), seq_len)
+    return PackedSequences(TokenStore.of_stream(tokens.to(torch.uint8), separator=None), seq_len)
 
 
 def _ids(batch: dict[str, torch.Tensor]) -> list[int]:

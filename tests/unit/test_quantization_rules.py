@@ -87,7 +87,8 @@ def test_hf_model_rules(tmp_path) -> None:
         json.dumps({"model_type": "llama", "vocab_size": 100, "max_position_embeddings": 16})
     )
     small = _errors("model=hf_llama_tiny", f"model.hf_config={tmp_path}", "data.seq_len=32")
-    assert "vocab_size=100" in small[("model.hf_config", "data.kind")]
+    assert "produces 256 token ids but the model" in small[("model.hf_config", "tokenizer.kind")]
+    assert "model.resize_embeddings=true" in small[("model.hf_config", "tokenizer.kind")]
     assert "exceed the context of the model" in small[("data.seq_len", "model.hf_config")]
 
 

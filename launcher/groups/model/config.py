@@ -21,8 +21,8 @@ class ModelConfig:
     """Width of the residual stream."""
     d_ff: int | None = None
     """Hidden width of the MLP; null means 4 * d_model."""
-    vocab_size: int = 256
-    """Token ids the embedding holds; byte-level data needs 256."""
+    vocab_size: int | None = None
+    """Token ids the embedding holds; null: the tokenizer's size padded to a multiple of 64 (256 for bytes)."""
     max_seq_len: int = 256
     """Context length (the learned positional embedding has this many rows)."""
     dropout: float = 0.0
@@ -31,6 +31,16 @@ class ModelConfig:
     """Share one matrix between the token embedding and the output projection."""
     bias: bool = False
     """Give linear layers and LayerNorms a bias."""
+    resize_embeddings: bool = False
+    """kind=hf from a directory: resize its token embedding (and head) to the tokenizer (model.vocab_size)."""
+
+
+BYTE_VOCAB = 256
+
+
+def vocab_size(cfg: ModelConfig) -> int:
+    """The embedding's rows: model.vocab_size (the launcher fills it from the tokenizer; bytes need 256)."""
+    return cfg.vocab_size if cfg.vocab_size is not None else BYTE_VOCAB
 
 
 def ff_width(cfg: ModelConfig) -> int:
@@ -45,6 +55,6 @@ def config_num_params(cfg: ModelConfig) -> int:
     attn = 4 * d * d + 4 * d * bias
     mlp = 2 * d * ff + (ff + d) * bias
     block = 2 * norm + attn + mlp
-    embeddings = cfg.vocab_size * d + cfg.max_seq_len * d
-    head = 0 if cfg.tie_embeddings else cfg.vocab_size * d
+    embeddings = vocab_size(cfg) * d + cfg.max_seq_len * d
+    head = 0 if cfg.tie_embeddings else vocab_size(cfg) * d
     return embeddings + cfg.n_layer * block + norm + head

@@ -1,5 +1,9 @@
 """The built-in GPT decoder: pre-norm blocks, SDPA attention, learned positions, tied embeddings.
 
+`position_ids` that restart inside a row mark packed documents: positions restart there and a
+block-diagonal causal mask keeps attention inside each document, so a packed row gives every
+document the logits it gets alone. Without them attention is plain causal (the fused kernel).
+
 The module layout is kept stable and tensor-parallel friendly (separate q/k/v/o and up/down
 projections, head count derived from the local projection width) because parallel strategies
 refer to these names when they shard the model.
@@ -13,7 +17,17 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from launcher.groups.model.config import ModelConfig, ff_width
+from launcher.groups.model.config import ModelConfig, ff_width, vocab_size
+
+
+def document_mask(position_ids: torch.Tensor) -> torch.Tensor:
+    """[B, 1, T, T] boolean mask: causal, and only within the document (a position-0 token starts one)."""
+    document = (position_ids == 0).cumsum(dim=1)
+    same = document.unsqueeze(2) == document.unsqueeze(1)
+    causal = torch.ones(
+        position_ids.shape[1], position_ids.shape[1], dtype=torch.bool, device=position_ids.device
+    ).tril()
+    return (same & causal).unsqueeze(1)
 
 
 class CausalSelfAttention(nn.Module):
@@ -31,14 +45,22 @@ class CausalSelfAttention(nn.Module):
         self.attn_dropout = cfg.dropout
         self.resid_dropout = nn.Dropout(cfg.dropout)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """[B, T, d_model] -> [B, T, d_model]; heads counted from q's width so sharded q/k/v work."""
+    def forward(self, x: torch.Tensor, attn_mask: torch.Tensor | None = None) -> torch.Tensor:
+        """[B, T, d_model] -> [B, T, d_model]; heads counted from q's width so sharded q/k/v work.
+
+        `attn_mask` ([B, 1, T, T], True = may attend) replaces the causal mask when documents are packed.
+        """
         batch, seq, _ = x.shape
         q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
         num_local_heads = q.shape[-1] // self.head_dim
         q, k, v = (t.reshape(batch, seq, num_local_heads, self.head_dim).transpose(1, 2) for t in (q, k, v))
         y = F.scaled_dot_product_attention(
-            q, k, v, dropout_p=self.attn_dropout if self.training else 0.0, is_causal=True
+            q,
+            k,
+            v,
+            attn_mask=attn_mask,
+            dropout_p=self.attn_dropout if self.training else 0.0,
+            is_causal=attn_mask is None,
         )
         y = y.transpose(1, 2).reshape(batch, seq, num_local_heads * self.head_dim)
         return self.resid_dropout(self.o_proj(y))
@@ -69,9 +91,9 @@ class Block(nn.Module):
         self.norm_mlp = nn.LayerNorm(cfg.d_model, bias=cfg.bias)
         self.mlp = MLP(cfg)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """Apply both residual branches."""
-        x = x + self.attn(self.norm_attn(x))
+    def forward(self, x: torch.Tensor, attn_mask: torch.Tensor | None = None) -> torch.Tensor:
+        """Apply both residual branches (the mask is a keyword, so tensor-parallel input hooks pass it on)."""
+        x = x + self.attn(self.norm_attn(x), attn_mask=attn_mask)
         return x + self.mlp(self.norm_mlp(x))
 
 
@@ -81,12 +103,12 @@ class GPT(nn.Module):
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
         self.cfg = cfg
-        self.tok_emb = nn.Embedding(cfg.vocab_size, cfg.d_model)
+        self.tok_emb = nn.Embedding(vocab_size(cfg), cfg.d_model)
         self.pos_emb = nn.Embedding(cfg.max_seq_len, cfg.d_model)
         self.emb_dropout = nn.Dropout(cfg.dropout)
         self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layer))
         self.norm_f = nn.LayerNorm(cfg.d_model, bias=cfg.bias)
-        self.lm_head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
+        self.lm_head = nn.Linear(cfg.d_model, vocab_size(cfg), bias=False)
         if cfg.tie_embeddings:
             self.lm_head.weight = self.tok_emb.weight
         self._init_weights()
@@ -103,13 +125,17 @@ class GPT(nn.Module):
             nn.init.normal_(block.attn.o_proj.weight, mean=0.0, std=residual_std)
             nn.init.normal_(block.mlp.down.weight, mean=0.0, std=residual_std)
 
-    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
-        """Token ids [B, T] -> next-token logits [B, T, vocab_size]."""
+    def forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor | None = None) -> torch.Tensor:
+        """Token ids [B, T] (and positions [B, T] restarting at packed documents) -> logits [B, T, vocab_size]."""
         seq = input_ids.shape[1]
         if seq > self.cfg.max_seq_len:
             raise ValueError(f"sequence of {seq} tokens exceeds the context of {self.cfg.max_seq_len}.")
-        positions = torch.arange(seq, device=input_ids.device)
-        x = self.emb_dropout(self.tok_emb(input_ids) + self.pos_emb(positions))
+        mask = None
+        if position_ids is None:
+            position_ids = torch.arange(seq, device=input_ids.device)
+        else:
+            mask = document_mask(position_ids)
+        x = self.emb_dropout(self.tok_emb(input_ids) + self.pos_emb(position_ids))
         for block in self.blocks:
-            x = block(x)
+            x = block(x, attn_mask=mask)
         return self.lm_head(self.norm_f(x))

@@ -7,7 +7,7 @@ GPT presets are sized the same way. A directory needs a config.json; weights are
 when it holds them (safetensors or a PyTorch bin), else initialized from the seed. Remote code is
 never run (`trust_remote_code` stays off), in line with configs never naming code to import.
 
-The loop calls `model(input_ids) -> logits`: `HFCausalLM` wraps the HF model so it does, with the
+The loop calls `model(input_ids, position_ids) -> logits`: `HFCausalLM` wraps the HF model so it does, with the
 key-value cache off (it only serves generation). GPT-2's `Conv1D` projections become `nn.Linear`
 (weight transposed) so quantization, LoRA and tensor parallelism treat every family alike.
 """
@@ -23,7 +23,7 @@ import torch
 from rich.console import Console
 from torch import nn
 
-from launcher.groups.model.config import ModelConfig, ff_width
+from launcher.groups.model.config import ModelConfig, ff_width, vocab_size
 
 PRESETS = ("llama", "gpt2")
 # The linear layers of each preset's blocks, by name suffix (what quantization and LoRA may target).
@@ -43,7 +43,7 @@ def _preset_config(cfg: ModelConfig) -> Any:
     """The transformers config of a preset, shaped by the model group's keys."""
     from transformers import GPT2Config, LlamaConfig
 
-    common = {"vocab_size": cfg.vocab_size, "tie_word_embeddings": cfg.tie_embeddings, "use_cache": False}
+    common = {"vocab_size": vocab_size(cfg), "tie_word_embeddings": cfg.tie_embeddings, "use_cache": False}
     common |= {"bos_token_id": None, "eos_token_id": None, "pad_token_id": None}
     if cfg.hf_config == "llama":
         return LlamaConfig(
@@ -109,9 +109,13 @@ class HFCausalLM(nn.Module):
         super().__init__()
         self.hf = hf
 
-    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
-        """Token ids [B, T] -> next-token logits [B, T, vocab_size], without a key-value cache."""
-        return self.hf(input_ids=input_ids, use_cache=False).logits
+    def forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor | None = None) -> torch.Tensor:
+        """Token ids [B, T] -> next-token logits [B, T, vocab_size], without a key-value cache.
+
+        Position ids that restart inside a row make transformers build a block-diagonal (packed
+        documents) mask in families that support it (Llama and its relatives).
+        """
+        return self.hf(input_ids=input_ids, position_ids=position_ids, use_cache=False).logits
 
 
 def build_hf_model(cfg: ModelConfig) -> HFCausalLM:
@@ -128,6 +132,10 @@ def build_hf_model(cfg: ModelConfig) -> HFCausalLM:
         hf = AutoModelForCausalLM.from_config(config, trust_remote_code=False, dtype=torch.float32)
         source = "random weights"
     hf.config.use_cache = False
+    rows = hf.get_input_embeddings().num_embeddings
+    if cfg.resize_embeddings and cfg.vocab_size is not None and cfg.vocab_size != rows:
+        hf.resize_token_embeddings(cfg.vocab_size)  # new rows: drawn from the seeded generator, like init
+        source += f", token embedding resized {rows} -> {cfg.vocab_size} for the tokenizer"
     if int(os.environ.get("RANK", "0")) == 0:
         Console().print(
             f"model: Hugging Face {type(hf).__name__} ({cfg.hf_config}, {source}); use_cache=False: the "

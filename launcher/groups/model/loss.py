@@ -21,3 +21,8 @@ def lm_loss(
         reduction="sum",
     )
     return loss_sum, (labels != ignore_index).sum()
+
+
+def model_inputs(batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """The keyword arguments of a model call: input_ids, and position_ids when the batch packs documents."""
+    return {key: batch[key] for key in ("input_ids", "position_ids") if key in batch}

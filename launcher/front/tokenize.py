@@ -1,0 +1,64 @@
+"""Tokenize once, before any rank starts: build (or reuse) the cached corpus, with a progress bar.
+
+A record that the sample checks did not reach and that cannot be used stops here, named with its
+file and index, with exit status 2: no rank has started and no checkpoint is touched.
+"""
+
+from __future__ import annotations
+
+import time
+
+from rich.console import Console
+from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
+from launcher.groups.data.sources import RecordError
+from launcher.groups.data.tokens import build_cache, cached_path, uses_cache
+from launcher.spec import RunSpec, SpecError
+
+
+def prepare_data(spec: RunSpec, console: Console | None = None) -> list[SpecError]:
+    """Make sure the tokenized corpus of `spec` is in the cache; the problems that stopped it."""
+    if not uses_cache(spec.data, spec.tokenizer):
+        return []
+    console = console or Console(stderr=True)
+    started = time.perf_counter()
+    counts = {"records": 0, "tokens": 0}
+    try:
+        if (cached_path(spec.data, spec.tokenizer) / "meta.json").is_file():
+            folder, built = build_cache(spec.data, spec.tokenizer)
+        else:
+            with Progress(
+                SpinnerColumn(), TextColumn("tokenizing {task.description}"), TimeElapsedColumn(),
+                console=console, transient=True, disable=not console.is_terminal,
+            ) as progress:  # fmt: skip
+                task = progress.add_task("0 records", total=None)
+
+                def advance(num_tokens: int) -> None:
+                    counts["records"] += 1
+                    counts["tokens"] += num_tokens
+                    if counts["records"] % 512 == 0:
+                        progress.update(
+                            task, description=f"{counts['records']:,} records, {counts['tokens']:,} tokens"
+                        )
+
+                folder, built = build_cache(spec.data, spec.tokenizer, progress=advance)
+    except RecordError as err:
+        return [
+            SpecError(
+                ("data.path", "data.format", "data.field"),
+                f"{err} Tokenization stopped at that record; no rank was started. Fix or drop the record.",
+            )
+        ]
+    elapsed = time.perf_counter() - started
+    if built:
+        console.print(
+            f"data: tokenized {counts['records']:,} records ({counts['tokens']:,} tokens) in {elapsed:.1f} s "
+            f"into {folder}",
+            markup=False,
+            highlight=False,
+        )
+    else:
+        console.print(
+            f"data: reusing the tokenized corpus in {folder} ({elapsed:.2f} s)", markup=False, highlight=False
+        )
+    return []

@@ -1,0 +1,1 @@
+"""The data group: sources -> records -> formats -> tokens (cached) -> packed sequences -> a resumable sampler."""

@@ -1,0 +1,51 @@
+"""The data group's schema: where records come from, their format, and how they become sequences."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+DATA_KINDS = ("stdlib", "text", "jsonl", "files")
+FORMATS = ("text", "instruction", "chat", "pretokenized")
+TRAIN_ON = ("completion", "all")
+
+
+@dataclass(frozen=True, kw_only=True)
+class DataConfig:
+    """Where the training records come from, how they are rendered, and how they are cut into sequences."""
+
+    kind: str = "stdlib"
+    """Source: stdlib (this interpreter's standard library source), text (files), jsonl (records), files (via `datasets`)."""
+    path: str | None = None
+    """A file, glob or directory: text files (text), .jsonl (jsonl), .jsonl/.json/.parquet/.csv/.txt (files)."""
+    val_path: str | None = None
+    """Held-out records from these files instead of a data.val_fraction share of data.path."""
+    format: str = "text"
+    """Record layout: text (data.field), instruction (alpaca), chat (messages), pretokenized (input_ids)."""
+    field: str = "text"
+    """The record field holding the text (text), the conversation (chat) or the token ids (pretokenized)."""
+    template: str | None = None
+    """instruction: the prompt template with {instruction} and {input}; null: the alpaca template (docs/data.md)."""
+    train_on: str = "completion"
+    """instruction, chat: completion (prompt tokens get label -100) or all (every token is trained)."""
+    seq_len: int = 128
+    """Tokens per training sequence."""
+    val_fraction: float = 0.02
+    """Share of documents held out for evaluation (unused with data.val_path)."""
+    max_bytes: int | None = None
+    """Cap on corpus tokens read (bytes with the bytes tokenizer), split between train and val in proportion."""
+    packing: bool = True
+    """Pack documents back to back into full sequences; false: one document per sequence, padded (labels -100)."""
+    document_mask: bool = True
+    """Packed sequences: positions restart at each document and attention stays inside it; false: plain causal."""
+    batching: str = "fixed"
+    """Unpacked batches: fixed (micro_batch_size random documents), group_by_length or token_budget."""
+    max_tokens_per_batch: int | None = None
+    """token_budget: padded tokens (sequences x longest) per micro batch per rank."""
+    streaming: bool = False
+    """files: read the files as a stream while tokenizing (no Arrow copy of the corpus), for corpora larger than memory."""
+    num_proc: int = 1
+    """Processes that tokenize in parallel (before the ranks start)."""
+    cache_dir: str | None = None
+    """Where tokenized corpora are kept for reuse; null: $XDG_CACHE_HOME/launcher/tokens (~/.cache/...)."""
+    num_workers: int = 0
+    """Loader processes per rank that prepare the next micro batches while the rank computes (0: in the loop)."""

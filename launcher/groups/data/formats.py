@@ -1,0 +1,199 @@
+"""Record formats: how one record becomes token ids and per-token trained flags.
+
+- text: `data.field` holds a document; every token is trained.
+- instruction: the alpaca layout (`instruction`, `input`, `output`), rendered with
+  INSTRUCTION_TEMPLATE (or `data.template`); the prompt is not trained unless data.train_on=all.
+- chat: `data.field` (default `messages`) holds `{role, content}` dicts, rendered with the
+  tokenizer's chat template; only assistant turns are trained unless data.train_on=all.
+- pretokenized: `data.field` (default `input_ids`) holds token ids, optional `labels` (-100 = not trained).
+
+Every problem is a RecordError naming the record (`where`), the key and the fix.
+"""
+
+from __future__ import annotations
+
+import string
+from typing import Any
+
+from launcher.groups.data.config import DataConfig
+from launcher.groups.data.sources import RecordError
+from launcher.groups.tokenizer import CHAT_ROLES, Tokenizer, TokenizerConfig
+
+INSTRUCTION_TEMPLATE = "### Instruction:\n{instruction}\n\n### Input:\n{input}\n\n### Response:\n"
+"""The alpaca prompt for a record with an input."""
+INSTRUCTION_TEMPLATE_NO_INPUT = "### Instruction:\n{instruction}\n\n### Response:\n"
+"""The alpaca prompt for a record whose input is empty."""
+TEMPLATE_FIELDS = frozenset({"instruction", "input"})
+DEFAULT_FIELDS = {
+    "text": "text",
+    "chat": "messages",
+    "pretokenized": "input_ids",
+    "instruction": "instruction",
+}
+
+
+def field_of(cfg: DataConfig) -> str:
+    """The record field the format reads: data.field, or the format's usual one when data.field is left at `text`."""
+    return DEFAULT_FIELDS[cfg.format] if cfg.field == "text" else cfg.field
+
+
+def template_problem(template: str | None) -> str | None:
+    """Why `data.template` cannot render an instruction prompt, or None."""
+    if template is None:
+        return None
+    try:
+        names = {name for _, name, _, _ in string.Formatter().parse(template) if name is not None}
+    except ValueError as err:
+        return f"data.template is not a valid format string ({err}); write braces as {{{{ and }}}}"
+    unknown = names - TEMPLATE_FIELDS
+    if unknown:
+        return f"data.template names {sorted(unknown)}; it may name only {{instruction}} and {{input}}"
+    if "instruction" not in names:
+        return "data.template never places {instruction}"
+    return None
+
+
+def _text(record: dict, name: str, where: str, hint: str, *, suggest: bool = False) -> str:
+    """The string field `name` of a record; `suggest`: name the format the record's fields look like."""
+    value = record.get(name)
+    if not isinstance(value, str):
+        found = "is missing" if name not in record else f"is {type(value).__name__}, not a string"
+        keys = ", ".join(sorted(map(str, record))) or "none"
+        raise RecordError(
+            f"{where}: field '{name}' {found} (the record's fields: {keys}). {(suggest and _layout_hint(record)) or hint}"
+        )
+    return value
+
+
+def _layout_hint(record: dict) -> str | None:
+    """The format a record's fields suggest, when they suggest one."""
+    if {"instruction", "output"} <= record.keys():
+        return "The record has the alpaca layout: add data.format=instruction."
+    for name in ("messages", "conversations"):
+        if isinstance(record.get(name), list):
+            return f"The record holds a conversation: add data.format=chat data.field={name}."
+    return None
+
+
+def _instruction(record: dict, cfg: DataConfig, where: str) -> list[tuple[str, bool]]:
+    hint = "data.format=instruction reads the alpaca layout: instruction, input (may be empty), output."
+    instruction = _text(record, "instruction", where, hint)
+    output = _text(record, "output", where, hint)
+    given = record.get("input", "")
+    if given is None:
+        given = ""
+    if not isinstance(given, str):
+        raise RecordError(f"{where}: field 'input' is {type(given).__name__}, not a string. {hint}")
+    template = cfg.template or (INSTRUCTION_TEMPLATE if given else INSTRUCTION_TEMPLATE_NO_INPUT)
+    prompt = template.format(instruction=instruction, input=given)
+    return [(prompt, cfg.train_on == "all"), (output, True)]
+
+
+def check_messages(messages: Any, where: str, name: str) -> list[dict[str, str]]:
+    """The conversation of a chat record, or a RecordError naming what is wrong."""
+    hint = f"data.format=chat reads a list of {{role, content}} under '{name}' (set data.field to its field)"
+    if not isinstance(messages, list) or not messages:
+        kind = "empty" if isinstance(messages, list) else type(messages).__name__
+        raise RecordError(f"{where}: '{name}' is {kind}, not a list of messages. {hint}.")
+    for i, message in enumerate(messages):
+        if not isinstance(message, dict):
+            raise RecordError(
+                f"{where}: {name}[{i}] is {type(message).__name__}, not a {{role, content}} dict. {hint}."
+            )
+        role, content = message.get("role"), message.get("content")
+        if role not in CHAT_ROLES:
+            raise RecordError(
+                f"{where}: {name}[{i}] has role {role!r}; known roles: {', '.join(CHAT_ROLES)}. "
+                "(ShareGPT's from/value layout: rename the keys to role/content and human/gpt to user/assistant.)"
+            )
+        if not isinstance(content, str):
+            raise RecordError(
+                f"{where}: {name}[{i}].content is {type(content).__name__}, not a string. {hint}."
+            )
+    return [{"role": m["role"], "content": m["content"]} for m in messages]
+
+
+def _chat(record: dict, cfg: DataConfig, tokenizer: Tokenizer, where: str) -> list[tuple[str, bool]]:
+    name = field_of(cfg)
+    if name not in record:
+        keys = ", ".join(sorted(map(str, record))) or "none"
+        raise RecordError(f"{where}: no field '{name}' (the record's fields: {keys}); set data.field.")
+    messages = check_messages(record[name], where, name)
+    full = tokenizer.render_chat(messages, add_generation_prompt=False)
+    if cfg.train_on == "all":
+        return [(full, True)]
+    segments, done = [], 0
+    for i, message in enumerate(messages):
+        if message["role"] != "assistant":
+            continue
+        start = len(tokenizer.render_chat(messages[:i], add_generation_prompt=True)) if i else 0
+        end = len(tokenizer.render_chat(messages[: i + 1], add_generation_prompt=False))
+        if (
+            not full.startswith(tokenizer.render_chat(messages[: i + 1], add_generation_prompt=False))
+            or start < done
+        ):
+            raise RecordError(
+                f"{where}: the chat template does not render a conversation's first turns as the beginning of the "
+                "whole, so prompt tokens cannot be told apart; set data.train_on=all or use another template."
+            )
+        segments += [(full[done:start], False), (full[start:end], True)]
+        done = end
+    segments.append((full[done:], False))
+    return [s for s in segments if s[0]]
+
+
+def _pretokenized(record: dict, cfg: DataConfig, vocab_size: int, where: str) -> tuple[list[int], list[bool]]:
+    name = field_of(cfg)
+    ids = record.get(name)
+    if not isinstance(ids, list) or not all(isinstance(t, int) and not isinstance(t, bool) for t in ids):
+        raise RecordError(
+            f"{where}: '{name}' must be a list of integer token ids (set data.field to that field)."
+        )
+    bad = next((t for t in ids if not 0 <= t < vocab_size), None)
+    if bad is not None:
+        raise RecordError(
+            f"{where}: token id {bad} in '{name}' lies outside the tokenizer's {vocab_size} ids."
+        )
+    labels = record.get("labels")
+    if labels is None:
+        return list(ids), [True] * len(ids)
+    if not isinstance(labels, list) or len(labels) != len(ids):
+        raise RecordError(f"{where}: 'labels' must be a list as long as '{name}' ({len(ids)}).")
+    if any(label not in (-100, token) for label, token in zip(labels, ids, strict=True)):
+        raise RecordError(
+            f"{where}: 'labels' may hold only the token id at its position or -100 (not trained)."
+        )
+    return list(ids), [label != -100 for label in labels]
+
+
+def encode_record(
+    record: Any, cfg: DataConfig, tok_cfg: TokenizerConfig, tokenizer: Tokenizer, where: str
+) -> tuple[list[int], list[bool]]:
+    """(token ids, trained flags) of one record in the configured format, bos/eos added as configured."""
+    if not isinstance(record, dict):
+        raise RecordError(f"{where}: a record must be a JSON object, not {type(record).__name__}.")
+    if cfg.format == "pretokenized":
+        return _pretokenized(record, cfg, tokenizer.vocab_size, where)
+    if cfg.format == "chat":
+        return tokenizer.encode(_chat(record, cfg, tokenizer, where))
+    if cfg.format == "instruction":
+        segments = _instruction(record, cfg, where)
+    else:
+        segments = [
+            (
+                _text(
+                    record,
+                    field_of(cfg),
+                    where,
+                    "Set data.field to the field that holds the text.",
+                    suggest=True,
+                ),
+                True,
+            )
+        ]
+    ids, trained = tokenizer.encode(segments)
+    if tok_cfg.add_bos and tokenizer.bos_id is not None:
+        ids, trained = [tokenizer.bos_id, *ids], [False, *trained]
+    if tok_cfg.add_eos and tokenizer.eos_id is not None:
+        ids, trained = [*ids, tokenizer.eos_id], [*trained, True]
+    return ids, trained

@@ -1,0 +1,104 @@
+"""Rules that read a little data before anything starts: the tokenizer folder, its size, and a sample of records.
+
+Records are sampled (the first SAMPLE_RECORDS over the files, and at least the first of every
+file) and encoded exactly as tokenization will, so a wrong layout, type or role is named with
+its file and record here, with exit status 2, instead of failing inside a rank.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from launcher.groups.data.formats import encode_record
+from launcher.groups.data.sources import BUILDERS, RecordError, matching_files, sample_records
+from launcher.groups.model.hf import is_preset, read_local_config
+from launcher.groups.tokenizer import TOKENIZER_KINDS, folder_problem, load_tokenizer, tokenizer_size
+from launcher.rules.hardware import Hardware
+from launcher.rules.values import Rule, choice
+from launcher.spec import RunSpec, SpecError
+
+SAMPLE_RECORDS = 1000
+"""Records read before launch; a bad record after them stops tokenization (before any rank starts)."""
+
+
+def _tokenizer(spec: RunSpec, hw: Hardware) -> Iterator[SpecError]:
+    tok, m = spec.tokenizer, spec.model
+    yield from choice("tokenizer.kind", tok.kind, TOKENIZER_KINDS, "tokenizer")
+    if tok.kind == "bytes":
+        if tok.add_bos:
+            yield SpecError(
+                ("tokenizer.add_bos",), "the bytes tokenizer has no bos token; drop tokenizer.add_bos."
+            )
+        if tok.path is not None:
+            yield SpecError(
+                ("tokenizer.path", "tokenizer.kind"), "tokenizer.path is read by `tokenizer=hf` only."
+            )
+    elif tok.kind == "hf":
+        problem = folder_problem(tok.path)
+        if problem:
+            yield SpecError(("tokenizer.path",), f"{problem}.")
+            return
+    else:
+        return
+    size = tokenizer_size(tok)
+    if m.kind == "hf" and m.hf_config is not None and not is_preset(m.hf_config):
+        try:
+            rows = int(read_local_config(m.hf_config)["vocab_size"])
+        except (OSError, ValueError, KeyError, TypeError):
+            return  # the model rules say what is wrong with the directory
+        if size > rows and not m.resize_embeddings:
+            yield SpecError(
+                ("model.hf_config", "tokenizer.kind"),
+                f"the tokenizer ({tok.kind}) produces {size} token ids but the model in '{m.hf_config}' embeds {rows}. Use the "
+                "model's own tokenizer, or add `model.resize_embeddings=true` to grow its embedding (new rows "
+                "start untrained).",
+            )
+    elif m.vocab_size is not None and size > m.vocab_size:
+        yield SpecError(
+            ("model.vocab_size", "tokenizer.kind"),
+            f"the tokenizer ({tok.kind}) produces {size} token ids but model.vocab_size is {m.vocab_size}. Leave "
+            "model.vocab_size at null (the tokenizer's size, padded to a multiple of 64) or raise it.",
+        )
+
+
+def _sample(spec: RunSpec, hw: Hardware) -> Iterator[SpecError]:
+    d = spec.data
+    if d.kind not in ("jsonl", "files"):
+        return
+    try:
+        files = [
+            path for _, path in matching_files(d.path, suffixes=tuple(BUILDERS) if d.kind == "files" else ())
+        ]
+        if d.val_path:
+            files += [path for _, path in matching_files(d.val_path, key="data.val_path")]
+    except FileNotFoundError:
+        return  # the data rules name the path
+    if (
+        spec.tokenizer.kind not in TOKENIZER_KINDS
+        or folder_problem(spec.tokenizer.path)
+        and spec.tokenizer.kind == "hf"
+    ):
+        return  # the tokenizer rule says why
+    tokenizer = load_tokenizer(spec.tokenizer)
+    budget = SAMPLE_RECORDS
+    for path in files:
+        count = 0
+        try:
+            reader = sample_records(path, max(budget, 1), jsonl=d.kind == "jsonl")
+            for where, record in reader:
+                encode_record(record, d, spec.tokenizer, tokenizer, where)
+                count += 1
+        except RecordError as err:
+            yield SpecError(("data.path", "data.format", "data.field"), str(err))
+            return
+        if count == 0:
+            yield SpecError(
+                ("data.path",),
+                f"{path} holds no records (an empty file): remove it or leave it out of data.path.",
+            )
+            return
+        budget -= count
+
+
+RULES: tuple[Rule, ...] = (_tokenizer, _sample)
+"""This module's rules, in the order they report."""

@@ -1,0 +1,97 @@
+"""Test assets built locally, nothing downloaded: a byte-level BPE tokenizer and data files in public layouts."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+CHAT_TEMPLATE = (
+    "{{ bos_token }}{% for m in messages %}<|{{ m['role'] }}|>\n{{ m['content'] }}{{ eos_token }}\n{% endfor %}"
+    "{% if add_generation_prompt %}<|assistant|>\n{% endif %}"
+)
+
+
+def make_tokenizer(folder: Path, *, vocab_size: int = 400, chat_template: bool = True) -> Path:
+    """Train a byte-level BPE on part of the standard library and save it in Hugging Face format."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    from launcher.groups.data.sources import stdlib_files
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=["<|pad|>", "<|bos|>", "<|eos|>"],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train([str(path) for _, path in stdlib_files()[:30]], trainer)
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok, bos_token="<|bos|>", eos_token="<|eos|>", pad_token="<|pad|>"
+    )
+    fast.save_pretrained(str(folder))
+    if chat_template:  # kept inside tokenizer_config.json, the layout most published tokenizers use
+        config_path = folder / "tokenizer_config.json"
+        config = json.loads(config_path.read_text())
+        config["chat_template"] = CHAT_TEMPLATE
+        config_path.write_text(json.dumps(config, indent=1))
+        (folder / "chat_template.jinja").unlink(missing_ok=True)
+    return folder
+
+
+def alpaca_records(count: int) -> list[dict]:
+    """Records in the alpaca layout, every third without an input."""
+    return [
+        {
+            "instruction": f"Write the number {i} in words and say why it matters {i % 7}.",
+            "input": "" if i % 3 == 0 else f"context number {i}",
+            "output": f"The number is {i}; it matters because {i} follows {i - 1}.",
+        }
+        for i in range(count)
+    ]
+
+
+def chat_records(count: int) -> list[dict]:
+    """Records in the `messages` layout: system, user, assistant turns (some with two exchanges)."""
+    records = []
+    for i in range(count):
+        messages = [
+            {"role": "system", "content": "You answer briefly."},
+            {"role": "user", "content": f"What is {i} plus {i}?"},
+            {"role": "assistant", "content": f"{i} plus {i} is {2 * i}."},
+        ]
+        if i % 2:
+            messages += [
+                {"role": "user", "content": "And times two?"},
+                {"role": "assistant", "content": f"That is {4 * i}."},
+            ]
+        records.append({"messages": messages})
+    return records
+
+
+def text_records(count: int) -> list[dict]:
+    """Plain documents of different lengths."""
+    return [{"text": f"document {i}: " + "lorem ipsum dolor sit amet " * (1 + i % 9)} for i in range(count)]
+
+
+def write_jsonl(path: Path, records: list[dict]) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("".join(json.dumps(r) + "\n" for r in records))
+    return path
+
+
+def write_json(path: Path, records: list[dict]) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(records))
+    return path
+
+
+def write_parquet(path: Path, records: list[dict]) -> Path:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    pq.write_table(pa.Table.from_pylist(records), path)
+    return path
