@@ -8,6 +8,7 @@ built-in one below where it has none.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 from dataclasses import dataclass
@@ -146,12 +147,17 @@ class HFTokenizer:
 
 
 def load_tokenizer(cfg: TokenizerConfig) -> Tokenizer:
-    """The tokenizer the config names."""
+    """The tokenizer the config names; loaded once per process (checks, dry run and tokenization share it)."""
     if cfg.kind == "hf":
         if not cfg.path:
             raise ValueError("tokenizer.kind=hf needs tokenizer.path, a local tokenizer folder.")
-        return HFTokenizer(cfg.path)
+        return _hf_tokenizer(str(Path(cfg.path).resolve()))
     return ByteTokenizer()
+
+
+@functools.lru_cache(maxsize=4)
+def _hf_tokenizer(path: str) -> HFTokenizer:
+    return HFTokenizer(path)
 
 
 def folder_problem(path: str | None) -> str | None:
@@ -191,14 +197,6 @@ def padded_vocab_size(size: int) -> int:
     return -(-size // VOCAB_MULTIPLE) * VOCAB_MULTIPLE
 
 
-_SIZES: dict[str, int] = {}
-
-
 def tokenizer_size(cfg: TokenizerConfig) -> int:
-    """Token ids the tokenizer produces (bytes: 256; hf: its vocabulary with added tokens), loaded once per folder."""
-    if cfg.kind != "hf":
-        return ByteTokenizer.vocab_size
-    key = str(Path(cfg.path or "").resolve())
-    if key not in _SIZES:
-        _SIZES[key] = load_tokenizer(cfg).vocab_size
-    return _SIZES[key]
+    """Token ids the tokenizer produces (bytes: 256; hf: its vocabulary with added tokens)."""
+    return load_tokenizer(cfg).vocab_size

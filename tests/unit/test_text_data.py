@@ -259,3 +259,24 @@ def test_resize_embeddings_grows_a_local_model_to_the_tokenizer(tmp_path, tok_cf
     model = build_model(spec.model)
     assert model.hf.get_input_embeddings().num_embeddings == 448
     assert model(torch.randint(0, 400, (1, 8))).shape == (1, 8, 448)
+
+
+def test_a_chat_template_that_is_not_prefix_stable_is_refused_unless_training_on_all(tmp_path) -> None:
+    from data_assets import make_tokenizer
+
+    from launcher.groups.data.sources import RecordError
+
+    folder = make_tokenizer(tmp_path / "counting")
+    config = json.loads((folder / "tokenizer_config.json").read_text())
+    config["chat_template"] = (
+        "{{ messages | length }} turns\n{% for m in messages %}{{ m['content'] }}\n{% endfor %}"
+    )
+    (folder / "tokenizer_config.json").write_text(json.dumps(config))
+    cfg = TokenizerConfig(kind="hf", path=str(folder))
+    tokenizer = load_tokenizer(cfg)
+    with pytest.raises(RecordError, match="does not render a conversation's first turns as the beginning"):
+        encode_record(chat_records(1)[0], DataConfig(format="chat"), cfg, tokenizer, "r")
+    ids, trained = encode_record(
+        chat_records(1)[0], DataConfig(format="chat", train_on="all"), cfg, tokenizer, "r"
+    )
+    assert all(trained) and tokenizer.tok.decode(ids).startswith("3 turns")

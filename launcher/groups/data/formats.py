@@ -126,12 +126,10 @@ def _chat(record: dict, cfg: DataConfig, tokenizer: Tokenizer, where: str) -> li
     for i, message in enumerate(messages):
         if message["role"] != "assistant":
             continue
-        start = len(tokenizer.render_chat(messages[:i], add_generation_prompt=True)) if i else 0
-        end = len(tokenizer.render_chat(messages[: i + 1], add_generation_prompt=False))
-        if (
-            not full.startswith(tokenizer.render_chat(messages[: i + 1], add_generation_prompt=False))
-            or start < done
-        ):
+        prompt = tokenizer.render_chat(messages[:i], add_generation_prompt=True) if i else ""
+        through = tokenizer.render_chat(messages[: i + 1], add_generation_prompt=False)
+        start, end = len(prompt), len(through)
+        if not (full.startswith(prompt) and full.startswith(through)) or start < done:
             raise RecordError(
                 f"{where}: the chat template does not render a conversation's first turns as the beginning of the "
                 "whole, so prompt tokens cannot be told apart; set data.train_on=all or use another template."
