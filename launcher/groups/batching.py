@@ -22,7 +22,13 @@ from typing import Protocol
 
 import torch
 
-from launcher.groups.data.sequences import BatchStream, PackedSequences, _epoch_seed, labels_and_positions
+from launcher.groups.data.sequences import (
+    BatchStream,
+    EpochStream,
+    PackedSequences,
+    _epoch_seed,
+    labels_and_positions,
+)
 from launcher.groups.data.tokens import START, Corpus, TokenStore
 
 BATCHING = ("fixed", "group_by_length", "token_budget")
@@ -129,7 +135,7 @@ class LengthGroupedStream(BatchStream):
         return grouped_order(self.dataset.lengths, order, GROUP_SIZE * self.global_micro_batch)
 
 
-class TokenBudgetStream:
+class TokenBudgetStream(EpochStream):
     """Micro batches of as many documents as fit `max_tokens` padded tokens, rank-aware and resumable.
 
     Each epoch: a seeded permutation, grouped by length, cut greedily into batches whose
@@ -154,19 +160,13 @@ class TokenBudgetStream:
             raise ValueError(f"max_tokens ({max_tokens}) must hold one sequence of {dataset.seq_len} tokens.")
         self.dataset, self.max_tokens, self.seed = dataset, max_tokens, seed
         self.rank, self.world_size, self.grad_accum_steps = rank, world_size, grad_accum_steps
-        self._epoch, self._offset = 0, 0
-        self._batches = self._epoch_batches(0)
-        if len(self._batches) < grad_accum_steps:
+        self._begin()
+        if len(self._plan) < grad_accum_steps:
             raise ValueError(
-                f"the training data makes {len(self._batches)} global micro batches of at most {max_tokens} tokens "
+                f"the training data makes {len(self._plan)} global micro batches of at most {max_tokens} tokens "
                 f"per rank, fewer than one optimizer step needs ({grad_accum_steps}). Lower "
                 "data.max_tokens_per_batch or train.grad_accum_steps, or use more data."
             )
-
-    @property
-    def epoch(self) -> int:
-        """Epochs begun so far, counting from 0."""
-        return self._epoch
 
     def _cut(self, order: torch.Tensor) -> list[torch.Tensor]:
         """Greedy batches along `order` within the token budget (a batch always takes one sequence)."""
@@ -182,7 +182,7 @@ class TokenBudgetStream:
             batches.append(order[start:])
         return batches
 
-    def _epoch_batches(self, epoch: int) -> list[list[torch.Tensor]]:
+    def _plan_epoch(self, epoch: int) -> list[list[torch.Tensor]]:
         """The epoch's global micro batches, each a list of world_size per-rank index tensors."""
         generator = torch.Generator().manual_seed(_epoch_seed(self.seed, epoch))
         order = torch.randperm(len(self.dataset), generator=generator)
@@ -193,32 +193,13 @@ class TokenBudgetStream:
         shuffle = torch.randperm(len(global_batches), generator=generator).tolist()
         return [global_batches[i] for i in shuffle]
 
-    def next_batch(self) -> dict[str, torch.Tensor]:
-        """This rank's batch of the next global micro batch (input_ids and labels, int64 [B, T])."""
-        return self.dataset.batch(self._next_indices())
-
-    def skip(self) -> None:
-        """Move past the next micro batch without building it."""
-        self._next_indices()
-
     def _next_indices(self) -> torch.Tensor:
         step = self.grad_accum_steps
-        if self._offset % step == 0 and self._offset + step > len(self._batches):
-            self._epoch += 1
-            self._offset = 0
-            self._batches = self._epoch_batches(self._epoch)
-        indices = self._batches[self._offset][self.rank]
+        if self._offset % step == 0 and self._offset + step > len(self._plan):
+            self._next_epoch()
+        indices = self._plan[self._offset][self.rank]
         self._offset += 1
         return indices
-
-    def state_dict(self) -> dict[str, int]:
-        """The position in the data, identical on every rank."""
-        return {"epoch": self._epoch, "offset": self._offset}
-
-    def load_state_dict(self, state: dict[str, int]) -> None:
-        """Continue from a position `state_dict` returned."""
-        self._epoch, self._offset = int(state["epoch"]), int(state["offset"])
-        self._batches = self._epoch_batches(self._epoch)
 
 
 def build_stream(

@@ -72,10 +72,10 @@ def test_ranks_split_each_global_batch_and_stay_in_step() -> None:
         assert ranks[0].state_dict() == ranks[1].state_dict()
         assert a["input_ids"].numel() <= 256 and b["input_ids"].numel() <= 256
     assert ranks[0].epoch >= 1
-    global_batches = ranks[0]._epoch_batches(0)
+    global_batches = ranks[0]._plan_epoch(0)
     assert all(
         torch.equal(x, y)
-        for g, h in zip(global_batches, ranks[1]._epoch_batches(0), strict=True)
+        for g, h in zip(global_batches, ranks[1]._plan_epoch(0), strict=True)
         for x, y in zip(g, h, strict=True)
     )
     used = torch.cat([part for g in global_batches for part in g])

@@ -10,6 +10,7 @@ the logits it would get alone.
 from __future__ import annotations
 
 import hashlib
+from abc import ABC, abstractmethod
 from collections.abc import Iterator
 
 import torch
@@ -65,7 +66,58 @@ def _epoch_seed(seed: int, epoch: int) -> int:
     return int.from_bytes(digest[:8], "little") >> 1
 
 
-class BatchStream:
+class EpochStream(ABC):
+    """What every sampler shares: an (epoch, offset) position, next_batch/skip, and its state round trip.
+
+    A subclass sets `dataset` and says how an epoch is planned (`_plan_epoch`, kept in `_plan`) and
+    how the plan hands out this rank's next indices (`_next_indices`, calling `_next_epoch` when the
+    epoch runs out). The position is rank-independent: one state dict resumes every rank.
+    """
+
+    dataset: PackedSequences
+    _plan: object
+
+    def _begin(self) -> None:
+        self._epoch, self._offset = 0, 0
+        self._plan = self._plan_epoch(0)
+
+    @abstractmethod
+    def _plan_epoch(self, epoch: int) -> object:
+        """The epoch's plan: an order of sequences, or of batches."""
+
+    @abstractmethod
+    def _next_indices(self) -> torch.Tensor:
+        """This rank's indices of the next micro batch; advances the position."""
+
+    def _next_epoch(self) -> None:
+        self._epoch += 1
+        self._offset = 0
+        self._plan = self._plan_epoch(self._epoch)
+
+    @property
+    def epoch(self) -> int:
+        """Epochs begun so far, counting from 0."""
+        return self._epoch
+
+    def next_batch(self) -> dict[str, torch.Tensor]:
+        """This rank's part of the next global micro batch (input_ids, labels, [position_ids]; int64 [B, T])."""
+        return self.dataset.batch(self._next_indices())
+
+    def skip(self) -> None:
+        """Move past the next micro batch without building it (loader workers share out the batches)."""
+        self._next_indices()
+
+    def state_dict(self) -> dict[str, int]:
+        """The position in the data, identical on every rank."""
+        return {"epoch": self._epoch, "offset": self._offset}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        """Continue from a position `state_dict` returned."""
+        self._epoch, self._offset = int(state["epoch"]), int(state["offset"])
+        self._plan = self._plan_epoch(self._epoch)
+
+
+class BatchStream(EpochStream):
     """Seeded, rank-aware, resumable sampler of training micro batches.
 
     Each epoch is a seeded permutation of all sequences. A call of `next_batch` consumes the next
@@ -73,7 +125,6 @@ class BatchStream:
     W ranks see together exactly what one process with micro batch B * W sees. An epoch ends when
     fewer indices remain than one optimizer step needs (grad_accum_steps global micro batches), so
     accumulating k micro batches of B also sees exactly the sequences of one micro batch of k * B.
-    The position is rank-independent: one state dict resumes every rank.
     """
 
     def __init__(
@@ -103,46 +154,23 @@ class BatchStream:
                 f"optimizer step needs ({micro_batch_size} per micro batch x {world_size} ranks x "
                 f"{grad_accum_steps} accumulated). Lower train.micro_batch_size or data.seq_len, or use more data."
             )
-        self._epoch = 0
-        self._offset = 0
-        self._order = self._permutation(0)
+        self._begin()
 
     def _permutation(self, epoch: int) -> torch.Tensor:
         generator = torch.Generator().manual_seed(_epoch_seed(self.seed, epoch))
         return torch.randperm(len(self.dataset), generator=generator)
 
-    @property
-    def epoch(self) -> int:
-        """Epochs begun so far, counting from 0."""
-        return self._epoch
-
-    def next_batch(self) -> dict[str, torch.Tensor]:
-        """This rank's part of the next global micro batch (input_ids and labels, int64 [B, T])."""
-        return self.dataset.batch(self._next_indices())
-
-    def skip(self) -> None:
-        """Move past the next micro batch without building it (loader workers share out the batches)."""
-        self._next_indices()
+    def _plan_epoch(self, epoch: int) -> torch.Tensor:
+        return self._permutation(epoch)
 
     def _next_indices(self) -> torch.Tensor:
         at_step_start = self._offset % self.step_size == 0
-        if at_step_start and self._offset + self.step_size > len(self._order):
-            self._epoch += 1
-            self._offset = 0
-            self._order = self._permutation(self._epoch)
+        if at_step_start and self._offset + self.step_size > len(self._plan):
+            self._next_epoch()
         start = self._offset + self.rank * self.micro_batch_size
-        indices = self._order[start : start + self.micro_batch_size]
+        indices = self._plan[start : start + self.micro_batch_size]
         self._offset += self.global_micro_batch
         return indices
-
-    def state_dict(self) -> dict[str, int]:
-        """The position in the data, identical on every rank."""
-        return {"epoch": self._epoch, "offset": self._offset}
-
-    def load_state_dict(self, state: dict[str, int]) -> None:
-        """Continue from a position `state_dict` returned."""
-        self._epoch, self._offset = int(state["epoch"]), int(state["offset"])
-        self._order = self._permutation(self._epoch)
 
 
 def val_batches(
