@@ -12,7 +12,7 @@ from rich.console import Console
 from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
 from launcher.groups.data.sources import RecordError
-from launcher.groups.data.tokens import build_cache, cached_path, uses_cache
+from launcher.groups.data.tokens import build_cache, uses_cache
 from launcher.spec import RunSpec, SpecError
 
 
@@ -24,24 +24,21 @@ def prepare_data(spec: RunSpec, console: Console | None = None) -> list[SpecErro
     started = time.perf_counter()
     counts = {"records": 0, "tokens": 0}
     try:
-        if (cached_path(spec.data, spec.tokenizer) / "meta.json").is_file():
-            folder, built = build_cache(spec.data, spec.tokenizer)
-        else:
-            with Progress(
-                SpinnerColumn(), TextColumn("tokenizing {task.description}"), TimeElapsedColumn(),
-                console=console, transient=True, disable=not console.is_terminal,
-            ) as progress:  # fmt: skip
-                task = progress.add_task("0 records", total=None)
+        with Progress(
+            SpinnerColumn(), TextColumn("tokenizing {task.description}"), TimeElapsedColumn(),
+            console=console, transient=True, disable=not console.is_terminal,
+        ) as progress:  # fmt: skip
+            task = progress.add_task("0 records", total=None)
 
-                def advance(num_tokens: int) -> None:
-                    counts["records"] += 1
-                    counts["tokens"] += num_tokens
-                    if counts["records"] % 512 == 0:
-                        progress.update(
-                            task, description=f"{counts['records']:,} records, {counts['tokens']:,} tokens"
-                        )
+            def advance(num_tokens: int) -> None:
+                counts["records"] += 1
+                counts["tokens"] += num_tokens
+                if counts["records"] % 512 == 0:
+                    progress.update(
+                        task, description=f"{counts['records']:,} records, {counts['tokens']:,} tokens"
+                    )
 
-                folder, built = build_cache(spec.data, spec.tokenizer, progress=advance)
+            folder, built = build_cache(spec.data, spec.tokenizer, progress=advance)
     except RecordError as err:
         return [
             SpecError(

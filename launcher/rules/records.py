@@ -11,7 +11,7 @@ from collections.abc import Iterator
 
 from launcher.groups.data.formats import encode_record
 from launcher.groups.data.sources import BUILDERS, RecordError, matching_files, sample_records
-from launcher.groups.model.hf import is_preset, read_local_config
+from launcher.groups.model.hf import is_preset, local_vocab_size
 from launcher.groups.tokenizer import TOKENIZER_KINDS, folder_problem, load_tokenizer, tokenizer_size
 from launcher.rules.hardware import Hardware
 from launcher.rules.values import Rule, choice
@@ -42,9 +42,8 @@ def _tokenizer(spec: RunSpec, hw: Hardware) -> Iterator[SpecError]:
         return
     size = tokenizer_size(tok)
     if m.kind == "hf" and m.hf_config is not None and not is_preset(m.hf_config):
-        try:
-            rows = int(read_local_config(m.hf_config)["vocab_size"])
-        except (OSError, ValueError, KeyError, TypeError):
+        rows = local_vocab_size(m.hf_config)
+        if rows is None:
             return  # the model rules say what is wrong with the directory
         if size > rows and not m.resize_embeddings:
             yield SpecError(
@@ -73,20 +72,17 @@ def _sample(spec: RunSpec, hw: Hardware) -> Iterator[SpecError]:
             files += [path for _, path in matching_files(d.val_path, key="data.val_path")]
     except FileNotFoundError:
         return  # the data rules name the path
-    if (
-        spec.tokenizer.kind not in TOKENIZER_KINDS
-        or folder_problem(spec.tokenizer.path)
-        and spec.tokenizer.kind == "hf"
-    ):
+    tok = spec.tokenizer
+    if tok.kind not in TOKENIZER_KINDS or (tok.kind == "hf" and folder_problem(tok.path)):
         return  # the tokenizer rule says why
-    tokenizer = load_tokenizer(spec.tokenizer)
+    tokenizer = load_tokenizer(tok)
     budget = SAMPLE_RECORDS
     for path in files:
         count = 0
         try:
             reader = sample_records(path, max(budget, 1), jsonl=d.kind == "jsonl")
             for where, record in reader:
-                encode_record(record, d, spec.tokenizer, tokenizer, where)
+                encode_record(record, d, tok, tokenizer, where)
                 count += 1
         except RecordError as err:
             yield SpecError(("data.path", "data.format", "data.field"), str(err))

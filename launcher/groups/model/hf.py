@@ -69,6 +69,14 @@ def read_local_config(path: str) -> dict[str, Any]:
     return json.loads((Path(path) / "config.json").read_text())
 
 
+def local_vocab_size(path: str) -> int | None:
+    """The vocab_size of a local model directory's config.json; None when it cannot be read."""
+    try:
+        return int(read_local_config(path)["vocab_size"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
 def has_weights(path: str) -> bool:
     """Whether a local model directory holds weights to load."""
     return any((Path(path) / name).is_file() for name in WEIGHT_FILES)
