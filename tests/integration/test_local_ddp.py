@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import TINY, losses, run_cli, run_inline
+from conftest import TINY, alive, losses, run_cli, run_inline
 
 DDP = [
     *TINY,
@@ -75,15 +75,6 @@ def _kill_rank_after_checkpoint(run_dir: Path, cmd: list[str], cwd: Path) -> tup
     return proc, pid
 
 
-def _alive(pid: int) -> bool:
-    """The process exists and is not a zombie."""
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except FileNotFoundError:
-        return False
-    return state != "Z"
-
-
 def test_killed_rank_is_restarted_from_the_newest_checkpoint(straight, tmp_path) -> None:
     run_dir = tmp_path / "restarted"
     cmd = [sys.executable, "-m", "launcher", *DDP, "launcher.max_restarts=1", f"run_dir={run_dir}"]
@@ -105,7 +96,7 @@ def test_killed_rank_without_restarts_fails_the_job_naming_it(tmp_path) -> None:
     assert f"rank 1 (pid {pid}) failed: killed by signal SIGKILL" in err
     assert "Traceback" not in err
     pids = [int((run_dir / "logs" / f"rank_{r}.pid").read_text()) for r in (0, 1)]
-    assert not [p for p in pids if _alive(p)], "a rank outlived the job"
+    assert not [p for p in pids if alive(p)], "a rank outlived the job"
 
 
 def test_a_rank_that_never_starts_is_named_by_preflight(tmp_path) -> None:

@@ -55,15 +55,6 @@ def rank_pids(run_dir: Path) -> list[int]:
     return [int(p.read_text()) for p in sorted((run_dir / "logs").glob("rank_*.pid"))]
 
 
-def alive(pid: int) -> bool:
-    """Whether process `pid` exists and is not a zombie."""
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except OSError:
-        return False
-    return state != "Z"
-
-
 def process_tree(pid: int) -> list[int]:
     """`pid` and all its descendants (from /proc)."""
     children: dict[int, list[int]] = {}

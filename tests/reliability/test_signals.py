@@ -11,7 +11,6 @@ import time
 import pytest
 from processes import (
     LONG_DDP,
-    alive,
     listening_sockets,
     process_tree,
     rank_pids,
@@ -20,6 +19,7 @@ from processes import (
     wait_for_steps,
 )
 
+from conftest import alive
 from launcher.groups import checkpoint
 
 
