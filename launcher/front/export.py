@@ -1,9 +1,17 @@
-"""`train-export CHECKPOINT OUT.pt`: one full model state dict from any strategy's checkpoint.
+"""`train-export SOURCE OUT [--format pt|hf] [--merge] [--force]`: a run's weights outside the launcher.
 
-CHECKPOINT is a `checkpoints/step_N` directory or a run directory (its newest complete checkpoint
-is used). The run's spec.yaml names the strategy; that strategy's module (the registry entry's)
+SOURCE is a `checkpoints/step_N` directory or a run directory (its newest complete checkpoint is
+used). The run's spec.yaml names the strategy; that strategy's module (the registry entry's)
 provides `consolidate(directory)`, which gathers sharded or engine-specific files offline in this
-one process. The result loads at world size 1 into `launcher.groups.model.gpt.build_model(spec.model)`.
+one process. With `--merge`, `launcher.front.merge.merge_checkpoint` folds LoRA adapters (and
+dequantizes int8/nf4 weights) instead. Either way the result loads at world size 1 into
+`launcher.groups.model.build.build_model(spec.model)`.
+
+- `--format pt` (the default): that state dict, written with `torch.save` to the file OUT.
+- `--format hf`: a Hugging Face folder OUT that `AutoModelForCausalLM.from_pretrained(OUT)` loads
+  (`launcher.groups.model.hf_export` converts the weights; `launcher.front.hf_folder` writes the
+  folder, tokenizer files included). Its logits are compared with the launcher's model before the
+  folder is renamed into place.
 """
 
 from __future__ import annotations
@@ -11,17 +19,26 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
+from typing import Any
 
 import torch
 
 from launcher.exits import ExitStatus
+from launcher.front.hf_folder import ExportError, load_tokenizer, special_ids, write_folder
 from launcher.groups import checkpoint
 from launcher.parallel.registry import strategy_module
 from launcher.spec import RunSpec, load_spec
 
+FORMATS = ("pt", "hf")
+LOGIT_TOLERANCE = 1e-4
+"""Largest |logit difference| (fp32) between the launcher's model and the exported one; measured ~1e-6."""
 
-class ExportError(RuntimeError):
-    """The checkpoint cannot be exported; the message says why and what to give instead."""
+
+class MismatchError(RuntimeError):
+    """The exported model does not reproduce the launcher's logits (a conversion bug, not bad input)."""
+
+
+__all__ = ["ExportError", "MismatchError", "consolidate", "export", "locate", "main"]
 
 
 def locate(path: Path) -> tuple[Path, Path]:
@@ -32,7 +49,7 @@ def locate(path: Path) -> tuple[Path, Path]:
         if reason is not None:
             raise ExportError(f"{path} is not a complete checkpoint: {reason}.")
         return path, path.parent.parent
-    good = checkpoint.good_checkpoints(path)
+    good = checkpoint.good_checkpoints(path) if path.is_dir() else []
     if not good:
         raise ExportError(
             f"{path} holds no complete checkpoint (expected a run directory with checkpoints/step_N, "
@@ -46,14 +63,82 @@ def consolidate(step_dir: Path, spec: RunSpec) -> dict[str, torch.Tensor]:
     return strategy_module(spec.parallel.strategy).consolidate(step_dir)
 
 
-def export(source: Path, out: Path) -> Path:
-    """Write the full state dict of `source` (a checkpoint or run directory) to `out`; returns the checkpoint used."""
+def is_adapted(spec: RunSpec) -> bool:
+    """Whether the run trained adapters or stores quantized weights (its state needs a merge)."""
+    return spec.quantization.method != "none" or spec.quantization.lora.rank > 0
+
+
+def model_state(step_dir: Path, spec: RunSpec, *, merge: bool, fmt: str) -> dict[str, torch.Tensor]:
+    """The plain float32 state dict of `step_dir`: consolidated, or merged when `merge`."""
+    if merge and not is_adapted(spec):
+        raise ExportError(
+            "--merge folds LoRA adapters and dequantizes int8/nf4 weights, but this run has neither "
+            "(quantization.method=none, quantization.lora.rank=0): its weights are already plain. "
+            "Export without --merge."
+        )
+    if merge:
+        from launcher.front.merge import merge_checkpoint
+
+        state, diff = merge_checkpoint(step_dir)
+        print(f"merged adapters: max |logit difference| against the adapted model {diff:.3g}")
+        return state
+    if is_adapted(spec):
+        other = " or, for a PEFT adapter folder beside the base model, --adapter" if fmt == "hf" else ""
+        raise ExportError(
+            f"{step_dir} holds LoRA adapters or quantized weights "
+            f"(quantization.method={spec.quantization.method}, quantization.lora.rank="
+            f"{spec.quantization.lora.rank}), which a plain model cannot load. Add --merge to fold them "
+            f"into full-precision weights{other}."
+        )
+    return {k: v.detach().to("cpu").contiguous() for k, v in consolidate(step_dir, spec).items()}
+
+
+@torch.no_grad()
+def max_logit_difference(spec: RunSpec, state: dict[str, torch.Tensor], exported: Any, num_ids: int) -> float:
+    """Largest |logit difference| between the launcher's model holding `state` and the exported model."""
+    from launcher.groups.model.build import build_model
+
+    plain = build_model(spec.model)
+    plain.load_state_dict(state)
+    seq_len = min(spec.model.max_seq_len, 32)
+    tokens = torch.randint(0, num_ids, (2, seq_len), generator=torch.Generator().manual_seed(0))
+    return float((plain.eval()(tokens) - exported(input_ids=tokens).logits).abs().max())
+
+
+def write_hf(spec: RunSpec, state: dict[str, torch.Tensor], out: Path, *, force: bool) -> float:
+    """Convert `state` to a transformers model, check its logits, write the folder; returns the difference."""
+    from launcher.groups.model.hf_export import to_transformers
+
+    tokenizer = load_tokenizer(spec.tokenizer)
+    tokenizer.model_max_length = spec.model.max_seq_len
+    exported = to_transformers(state, spec.model)
+    rows = exported.get_input_embeddings().num_embeddings
+    diff = max_logit_difference(spec, state, exported, min(rows, len(tokenizer)))
+    if not diff <= LOGIT_TOLERANCE:
+        raise MismatchError(
+            f"the exported model's logits differ from the launcher's by {diff:.3g} (> {LOGIT_TOLERANCE}); "
+            "nothing was written. This is a conversion bug: please report it with the run's spec.yaml."
+        )
+    write_folder(exported, tokenizer, out, special_ids(spec.tokenizer, tokenizer), force=force)
+    return diff
+
+
+def export(source: Path, out: Path, *, fmt: str = "pt", merge: bool = False, force: bool = False) -> Path:
+    """Write `source`'s weights (a checkpoint or run directory) to `out` in `fmt`; returns the checkpoint used."""
     step_dir, run_dir = locate(source)
     spec_path = run_dir / "spec.yaml"
     if not spec_path.is_file():
         raise ExportError(f"{spec_path} is missing: the export reads the run's spec to find its strategy.")
     spec = load_spec(spec_path)
-    state = {k: v.detach().to("cpu").contiguous() for k, v in consolidate(step_dir, spec).items()}
+    if fmt == "hf":
+        from launcher.front.hf_folder import refuse_existing
+
+        refuse_existing(out, force=force)  # before the (possibly long) consolidation
+    state = model_state(step_dir, spec, merge=merge, fmt=fmt)
+    if fmt == "hf":
+        diff = write_hf(spec, state, out, force=force)
+        print(f"logits of the Hugging Face model vs the launcher's: max |difference| {diff:.3g}")
+        return step_dir
     from launcher.groups.model.build import build_model
 
     build_model(spec.model).load_state_dict(state)  # proves it loads at world size 1 before writing
@@ -68,16 +153,27 @@ def main(argv: list[str] | None = None) -> int:
     """Console entry point of `train-export`."""
     parser = argparse.ArgumentParser(
         prog="train-export",
-        description="Write a full model state dict (loads at world size 1) from a run's checkpoint.",
+        description="Write a run's weights: a full state dict that loads at world size 1 (pt), or a Hugging "
+        "Face folder that AutoModelForCausalLM.from_pretrained loads (hf). Exit status 2: bad input.",
     )
     parser.add_argument("checkpoint", type=Path, help="a checkpoints/step_N directory, or a run directory")
-    parser.add_argument("out", type=Path, help="the .pt file to write")
+    parser.add_argument(
+        "out", type=Path, help="the .pt file (--format pt) or the folder (--format hf) to write"
+    )
+    parser.add_argument("--format", choices=FORMATS, default="pt", dest="fmt", help="pt (default) or hf")
+    parser.add_argument(
+        "--merge", action="store_true", help="fold LoRA adapters and dequantize int8/nf4 weights first"
+    )
+    parser.add_argument("--force", action="store_true", help="replace an existing, non-empty OUT folder")
     args = parser.parse_args(argv)
     try:
-        used = export(args.checkpoint, args.out)
-    except (ExportError, KeyError) as err:
+        used = export(args.checkpoint, args.out, fmt=args.fmt, merge=args.merge, force=args.force)
+    except (ExportError, KeyError, FileNotFoundError) as err:
         print(f"error: {err}", file=sys.stderr)
         return ExitStatus.INVALID_SPEC
+    except MismatchError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return ExitStatus.FAILED
     print(f"exported {used} -> {args.out}")
     return ExitStatus.OK
 
