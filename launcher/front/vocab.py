@@ -12,7 +12,7 @@ import dataclasses
 
 from omegaconf import DictConfig, open_dict
 
-from launcher.groups.model.hf import is_preset, local_vocab_size
+from launcher.groups.model.hf import local_dir, local_vocab_size
 from launcher.groups.tokenizer import folder_problem, padded_vocab_size, tokenizer_size
 from launcher.spec import RunSpec, SpecError
 
@@ -26,9 +26,9 @@ def fill_vocab(cfg: DictConfig, spec: RunSpec) -> tuple[RunSpec, list[SpecError]
         problem = folder_problem(tok.path)
         if problem:
             return spec, [SpecError(("tokenizer.path",), f"{problem}.")]
-    local = m.kind == "hf" and m.hf_config is not None and not is_preset(m.hf_config)
-    if local and not m.resize_embeddings:
-        size = local_vocab_size(m.hf_config)
+    folder = local_dir(m)
+    if folder is not None and not m.resize_embeddings:
+        size = local_vocab_size(folder)
         if size is None:
             return spec, []  # the model rules say what is wrong with the directory
     else:

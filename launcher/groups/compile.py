@@ -6,7 +6,8 @@ cold compile time is that of one block; parameter names and state-dict keys stay
 `_orig_mod.` prefix), so checkpoints load either way; and per-block sharding hooks (FSDP2) stay
 between the compiled regions instead of breaking a whole-model graph. Compile comes after
 activation checkpointing (the checkpointed forward is traced into the block's graph) and before
-the strategy wraps the model. Models without a `blocks` list are compiled whole, in place.
+the strategy wraps the model. A Hugging Face model's decoder layers are compiled the same way;
+models without repeated layers are compiled whole, in place.
 """
 
 from __future__ import annotations
@@ -31,9 +32,11 @@ class CompileConfig:
 
 
 def compiled_modules(model: nn.Module) -> list[nn.Module]:
-    """The modules compiled one by one: the blocks of the built-in GPT, else the whole model."""
-    blocks = getattr(model, "blocks", None)
-    return list(blocks) if isinstance(blocks, nn.ModuleList) else [model]
+    """The modules compiled one by one: the decoder layers (GPT blocks, a transformers model's layers), else the whole model."""
+    from launcher.groups.model.hf import decoder_layers
+
+    layers = decoder_layers(model)
+    return list(layers) if layers is not None else [model]
 
 
 def apply(model: nn.Module, cfg: CompileConfig) -> nn.Module:

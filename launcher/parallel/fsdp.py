@@ -1,6 +1,6 @@
 """The `fsdp` strategy: FSDP2 (`fully_shard`) per transformer block, then the root.
 
-Each block is one communication group: its parameters are all-gathered just before its forward
+Each decoder layer (the GPT's blocks, a transformers model's layers) is one communication group: its parameters are all-gathered just before its forward
 (and again for backward after a reshard) and its gradients reduce-scattered right after its
 backward, so at most a few blocks are ever unsharded. The root group holds the embeddings, the
 final norm and the tied LM head. Options:
@@ -35,6 +35,7 @@ from torch.distributed.fsdp import (
     fully_shard,
 )
 
+from launcher.groups.model.hf import decoder_layers
 from launcher.groups.parallel import ParallelConfig
 from launcher.groups.precision import PrecisionConfig
 from launcher.parallel.dtensor import DTensorStrategy, consolidate, make_sharded_scaler
@@ -78,7 +79,7 @@ def apply_fsdp(
     precision: PrecisionConfig,
     pin_memory: bool,
 ) -> nn.Module:
-    """fully_shard each block of the built-in GPT, then the root, over `mesh`."""
+    """fully_shard each decoder layer (the GPT's blocks, a transformers model's layers), then the root, over `mesh`."""
     kwargs: dict = {"mesh": mesh, "reshard_after_forward": parallel.reshard_after_forward}
     policy = mixed_precision_policy(precision)
     if policy is not None:
@@ -86,10 +87,13 @@ def apply_fsdp(
     kwargs["offload_policy"] = (
         CPUOffloadPolicy(pin_memory=pin_memory) if parallel.cpu_offload else OffloadPolicy()
     )
-    for block in model.blocks:
-        fully_shard(block, **kwargs)
+    layers = decoder_layers(model)
+    if layers is None:
+        raise ValueError(f"{type(model).__name__}: no decoder layers found to shard one by one.")
+    for layer in layers:
+        fully_shard(layer, **kwargs)
     fully_shard(model, **kwargs)
-    _set_prefetch(list(model.blocks), parallel.prefetch_layers)
+    _set_prefetch(list(layers), parallel.prefetch_layers)
     return model
 
 
@@ -114,12 +118,14 @@ def build(model: nn.Module, setup: Setup) -> DTensorStrategy:
         raise ValueError("strategy fsdp needs the run's device mesh (launcher.parallel.dims builds it).")
     on_cuda = dist.device.type == "cuda"
     model = apply_fsdp(
-        model.to(dist.device),
+        model if setup.load_weights is not None else model.to(dist.device),
         _data_mesh(setup.mesh, dist.dims.replicate),
         parallel=spec.parallel,
         precision=spec.precision,
         pin_memory=on_cuda,
     )
+    if setup.load_weights is not None:  # built empty: the shards receive the pretrained weights now
+        setup.load_weights(model)
     return DTensorStrategy(
         model,
         setup,

@@ -8,6 +8,7 @@ tools (export, merge), `consolidate(directory)`: the `StrategyModule` protocol t
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
@@ -48,6 +49,8 @@ class Setup:
     """Micro batch and accumulation steps the loop runs (the micro-batch search may have chosen them)."""
     mesh: DeviceMesh | None = None
     """The run's device mesh, built once by the topology owner for strategies that shard with DTensors."""
+    load_weights: Callable[[nn.Module], None] | None = None
+    """Set when the model was built empty: fills the wrapped (sharded) model with its pretrained weights."""
 
 
 class Strategy(Protocol):

@@ -31,6 +31,7 @@ from torch.distributed.tensor.parallel import (
     parallelize_module,
 )
 
+from launcher.groups.model.hf import HFCausalLM, decoder_layers, layer_tp_plan
 from launcher.parallel.dtensor import DTensorStrategy, consolidate, make_sharded_scaler
 from launcher.parallel.strategy import Setup
 
@@ -98,8 +99,30 @@ def _block_plan(sequence_parallel: bool) -> dict[str, ParallelStyle]:
     return plan
 
 
+_STYLES: dict[str, type[ParallelStyle]] = {"colwise": ColwiseParallel, "rowwise": RowwiseParallel}
+
+
+def _apply_hf(model: HFCausalLM, tp_mesh: DeviceMesh) -> nn.Module:
+    """Split each decoder layer by the config's own plan; replicate every other parameter."""
+    plan = layer_tp_plan(model.hf.config)
+    layers = decoder_layers(model)
+    if layers is None:
+        raise ValueError(f"{type(model.hf).__name__}: no decoder layers found to split.")
+    for layer in layers:
+        parallelize_module(layer, tp_mesh, {name: _STYLES[style]() for name, style in plan.items()})
+    converted: dict[int, nn.Parameter] = {}
+    for module in list(model.modules()):
+        if any(not isinstance(p, DTensor) for p in module.parameters(recurse=False)):
+            parallelize_module(module, tp_mesh, ReplicateParallel(converted))
+    return model
+
+
 def apply_tensor_parallel(model: nn.Module, tp_mesh: DeviceMesh, *, sequence_parallel: bool) -> nn.Module:
-    """Shard the built-in GPT's blocks over `tp_mesh`; every other parameter becomes a replicated DTensor."""
+    """Shard the model's blocks over `tp_mesh`; every other parameter becomes a replicated DTensor."""
+    if isinstance(model, HFCausalLM):
+        if sequence_parallel:
+            raise ValueError("sequence parallelism is applied to the built-in GPT only.")
+        return _apply_hf(model, tp_mesh)
     for block in model.blocks:
         parallelize_module(block, tp_mesh, _block_plan(sequence_parallel))
     converted: dict[int, nn.Parameter] = {}
@@ -131,6 +154,8 @@ def build(model: nn.Module, setup: Setup) -> DTensorStrategy:
     """Registry entry point of strategy tp: the model is already split (launcher.rank.build applies
     `apply_tensor_parallel` before checkpointing and compile); no data-parallel wrap follows."""
     dist, spec = setup.dist, setup.spec
+    if setup.load_weights is not None:
+        setup.load_weights(model)
     scaler = make_sharded_scaler(spec.precision, dist.device.type)
     return DTensorStrategy(
         model, setup, no_sync=contextlib.nullcontext, scaler=scaler, optimizer_device=dist.device.type

@@ -3,7 +3,9 @@
 The order, and why (it follows torchtitan's parallelize: TP, then checkpointing, then compile, then
 the data-parallel wrap):
 
-1. weights, created identically on every rank (same seed) before anything wraps them;
+1. weights, created identically on every rank (same seed) before anything wraps them; a pretrained
+   Hugging Face folder under fsdp/tp is built empty instead and read into the shards after step 7
+   (launcher.parallel.pretrained);
 2. quantization and adapters, which change which parameters exist;
 3. tensor parallelism, which splits the blocks' projections into DTensors (and needs them on the device);
 4. activation checkpointing and offload, which wrap the (split) blocks' forward;
@@ -33,6 +35,7 @@ from launcher.groups.data.tokens import Corpus, build_cache, load_corpus, uses_c
 from launcher.groups.model.build import build_model, flops_per_token
 from launcher.groups.precision import apply_backend_flags
 from launcher.groups.scheduler import build_scheduler
+from launcher.parallel import pretrained
 from launcher.parallel.dims import DistContext
 from launcher.parallel.registry import STRATEGIES, build_strategy
 from launcher.parallel.strategy import Setup
@@ -64,11 +67,14 @@ def build(spec: RunSpec, dist: DistContext, run_dir: Path | None = None) -> Comp
     apply_backend_flags(spec.precision, dist.device.type)
     device = dist.device
     mesh = dist.dims.build_mesh(device.type) if STRATEGIES[spec.parallel.strategy].device_mesh else None
-    model = build_model(spec.model)
+    empty = pretrained.deferred(spec)
+    model = build_model(spec.model, empty=empty)
     model = quantization.apply(model, spec.quantization, spec.precision, device=device)
     if dist.dims.tp > 1:
         model = apply_tensor_parallel(
-            model.to(device), mesh["tp"], sequence_parallel=spec.parallel.sequence_parallel
+            model if empty else model.to(device),
+            mesh["tp"],
+            sequence_parallel=spec.parallel.sequence_parallel,
         )
     model = memory.apply(model, spec.memory)
     batch = BatchSplit(
@@ -77,7 +83,9 @@ def build(spec: RunSpec, dist: DistContext, run_dir: Path | None = None) -> Comp
     if spec.memory.auto_micro_batch:
         batch = fit_micro_batch(model, spec, device, run_dir=run_dir, is_main=dist.is_main)
     model = compile_model(model, spec.compile)
-    strategy = build_strategy(model, Setup(spec=spec, dist=dist, batch=batch, mesh=mesh))
+    load_weights = (lambda wrapped: pretrained.load_into_shards(wrapped, spec.model, dist)) if empty else None
+    setup = Setup(spec=spec, dist=dist, batch=batch, mesh=mesh, load_weights=load_weights)
+    strategy = build_strategy(model, setup)
     scheduler = build_scheduler(strategy.optimizer, spec.scheduler, spec.train.max_steps)
     corpus = _corpus(spec, dist)
     d = spec.data

@@ -6,7 +6,7 @@ import importlib.util
 from collections.abc import Iterator
 from pathlib import Path
 
-from launcher.groups.model.hf import PRESETS, is_preset, read_local_config
+from launcher.groups.model.hf import PRESETS, WEIGHT_FILES, has_weights, is_preset, read_local_config
 from launcher.rules.hardware import Hardware
 from launcher.rules.values import Rule
 from launcher.spec import RunSpec, SpecError
@@ -15,12 +15,13 @@ from launcher.spec import RunSpec, SpecError
 def _hf_model(spec: RunSpec, hw: Hardware) -> Iterator[SpecError]:
     m = spec.model
     if m.kind != "hf":
-        if m.hf_config is not None:
-            yield SpecError(
-                ("model.hf_config", "model.kind"),
-                f"model.hf_config is read only for model.kind=hf, but model.kind={m.kind}. Use a Hugging Face "
-                "model option (e.g. `model=hf_llama_tiny`), or drop model.hf_config.",
-            )
+        for key in ("hf_config", "path"):
+            if getattr(m, key) is not None:
+                yield SpecError(
+                    (f"model.{key}", "model.kind"),
+                    f"model.{key} is read only for model.kind=hf, but model.kind={m.kind}. Use a Hugging Face "
+                    f"model option (e.g. `model=hf model.path=DIR`), or drop model.{key}.",
+                )
         return
     if importlib.util.find_spec("transformers") is None:
         yield SpecError(
@@ -28,31 +29,66 @@ def _hf_model(spec: RunSpec, hw: Hardware) -> Iterator[SpecError]:
             "model.kind=hf needs transformers, which is not installed. Install it with "
             "`pip install -e '.[hf]'` (or `pip install transformers`).",
         )
+    if m.path is not None:
+        if m.hf_config is not None:
+            yield SpecError(
+                ("model.path", "model.hf_config"),
+                f"model.path ({m.path}: start from its weights) and model.hf_config ({m.hf_config}: random "
+                "weights) both name the model. Keep model.path to fine-tune, or set model.path=null.",
+            )
+        yield from _pretrained_folder(m.path)
+        yield from _local_config(spec, m.path, "model.path")
+        return
     if m.hf_config is None:
         yield SpecError(
-            ("model.hf_config",),
-            f"model.kind=hf needs model.hf_config: a preset ({', '.join(PRESETS)}) or a local directory "
-            "holding config.json, e.g. `model=hf_llama_tiny`.",
+            ("model.path", "model.hf_config"),
+            f"model.kind=hf needs model.path (a local Hugging Face model folder to fine-tune) or model.hf_config "
+            f"(a preset: {', '.join(PRESETS)}, or a folder's config.json, random weights), e.g. "
+            "`model=hf model.path=/models/my-llama`.",
         )
         return
     if not is_preset(m.hf_config):
-        yield from _local_config(spec)
+        if not (Path(m.hf_config) / "config.json").is_file():
+            yield SpecError(
+                ("model.hf_config",),
+                f"'{m.hf_config}' is neither a preset ({', '.join(PRESETS)}) nor a directory with a config.json. "
+                "Nothing is downloaded: give a local model directory, or a preset.",
+            )
+            return
+        yield from _local_config(spec, m.hf_config, "model.hf_config")
 
 
-def _local_config(spec: RunSpec) -> Iterator[SpecError]:
-    path = spec.model.hf_config
-    if not (Path(path) / "config.json").is_file():
+def _pretrained_folder(path: str) -> Iterator[SpecError]:
+    folder = Path(path)
+    missing = [name for name in ("config.json",) if not (folder / name).is_file()]
+    if not folder.is_dir():
         yield SpecError(
-            ("model.hf_config",),
-            f"'{path}' is neither a preset ({', '.join(PRESETS)}) nor a directory with a config.json. "
-            "Nothing is downloaded: give a local model directory, or a preset.",
+            ("model.path",),
+            f"'{path}' is not a directory. model.path takes a local Hugging Face model folder (config.json and "
+            "model.safetensors, as `save_pretrained` writes it); nothing is downloaded.",
         )
+    elif missing or not has_weights(path):
+        what = "config.json" if missing else f"weights ({', '.join(WEIGHT_FILES)})"
+        yield SpecError(
+            ("model.path",),
+            f"'{path}' holds no {what}. model.path takes a folder as `save_pretrained` writes it (config.json and "
+            "model.safetensors, or sharded files with their index); for random weights of a config use "
+            "model.hf_config instead.",
+        )
+
+
+def _local_config(spec: RunSpec, path: str, key: str) -> Iterator[SpecError]:
+    if not (Path(path) / "config.json").is_file():
         return
-    config = read_local_config(path)
+    try:
+        config = read_local_config(path)
+    except ValueError as err:
+        yield SpecError((key,), f"'{path}/config.json' is not valid JSON ({err}).")
+        return
     positions = config.get("max_position_embeddings", config.get("n_positions"))
     if isinstance(positions, int) and spec.data.seq_len > positions:
         yield SpecError(
-            ("data.seq_len", "model.hf_config"),
+            ("data.seq_len", key),
             f"sequences of {spec.data.seq_len} tokens exceed the context of the model in '{path}' "
             f"({positions} positions). Lower data.seq_len to {positions} or less.",
         )

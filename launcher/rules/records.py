@@ -11,7 +11,7 @@ from collections.abc import Iterator
 
 from launcher.groups.data.formats import encode_record
 from launcher.groups.data.sources import BUILDERS, RecordError, matching_files, sample_records
-from launcher.groups.model.hf import is_preset, local_vocab_size
+from launcher.groups.model.hf import local_dir, local_vocab_size
 from launcher.groups.tokenizer import TOKENIZER_KINDS, folder_problem, load_tokenizer, tokenizer_size
 from launcher.rules.hardware import Hardware
 from launcher.rules.values import Rule, choice
@@ -41,14 +41,15 @@ def _tokenizer(spec: RunSpec, hw: Hardware) -> Iterator[SpecError]:
     else:
         return
     size = tokenizer_size(tok)
-    if m.kind == "hf" and m.hf_config is not None and not is_preset(m.hf_config):
-        rows = local_vocab_size(m.hf_config)
+    folder = local_dir(m)
+    if folder is not None:
+        rows = local_vocab_size(folder)
         if rows is None:
             return  # the model rules say what is wrong with the directory
         if size > rows and not m.resize_embeddings:
             yield SpecError(
-                ("model.hf_config", "tokenizer.kind"),
-                f"the tokenizer ({tok.kind}) produces {size} token ids but the model in '{m.hf_config}' embeds {rows}. Use the "
+                ("model.path" if m.path else "model.hf_config", "tokenizer.kind"),
+                f"the tokenizer ({tok.kind}) produces {size} token ids but the model in '{folder}' embeds {rows}. Use the "
                 "model's own tokenizer, or add `model.resize_embeddings=true` to grow its embedding (new rows "
                 "start untrained).",
             )

@@ -51,17 +51,47 @@ def _degrees(spec: RunSpec, hw: Hardware) -> Iterator[SpecError]:
     yield from degree_errors(p, spec.launcher.world_size)
 
 
+def _hf_tp(spec: RunSpec) -> Iterator[SpecError]:
+    """Tensor parallelism of a Hugging Face model: its config's own plan, and heads and width that split evenly."""
+    from launcher.groups.model.hf import hf_config, tp_plan_problem
+
+    p = spec.parallel
+    try:
+        config = hf_config(spec.model)
+    except (OSError, ValueError, KeyError):
+        return  # launcher.rules.hf_model says what is wrong with the folder
+    problem = tp_plan_problem(config)
+    if problem:
+        yield SpecError(
+            ("parallel.tp_size", "model.path", "model.hf_config"),
+            f"{problem}, so parallel.tp_size={p.tp_size} cannot split it. Use `parallel=fsdp` (or ddp, or a "
+            "DeepSpeed ZeRO option) for this model; Llama, Qwen2, Mistral and their relatives carry a plan.",
+        )
+        return
+    heads = config.num_attention_heads
+    kv_heads = getattr(config, "num_key_value_heads", None) or heads
+    width = getattr(config, "intermediate_size", None) or 4 * config.hidden_size
+    if heads % p.tp_size or kv_heads % p.tp_size or width % p.tp_size:
+        yield SpecError(
+            ("parallel.tp_size", "model.path", "model.hf_config"),
+            f"tensor parallelism gives each rank whole heads and an equal slice of the MLP, so the model's attention "
+            f"heads ({heads}), key-value heads ({kv_heads}) and MLP width ({width}) must be multiples of "
+            f"parallel.tp_size ({p.tp_size}). Choose a tp_size that divides them.",
+        )
+    if p.sequence_parallel:
+        yield SpecError(
+            ("parallel.sequence_parallel", "model.kind"),
+            "sequence parallelism is implemented for the built-in GPT's blocks; a Hugging Face model runs "
+            "tensor parallel without it. Set parallel.sequence_parallel=false.",
+        )
+
+
 def _model_shape(spec: RunSpec, hw: Hardware) -> Iterator[SpecError]:
     p, m = spec.parallel, spec.model
-    if p.strategy not in DTENSOR_STRATEGIES:
+    if p.strategy not in DTENSOR_STRATEGIES or p.tp_size <= 1:
         return
-    if m.kind != "gpt":
-        yield SpecError(
-            ("parallel.strategy", "model.kind"),
-            f"parallel.strategy={p.strategy} shards the built-in GPT's blocks (model.kind=gpt); model.kind={m.kind} "
-            "is not supported by it. Use `parallel=ddp` or a DeepSpeed option for this model.",
-        )
-    if p.tp_size <= 1:
+    if m.kind == "hf":
+        yield from _hf_tp(spec)
         return
     d_ff = m.d_ff if m.d_ff is not None else 4 * m.d_model
     if m.n_head % p.tp_size or d_ff % p.tp_size:

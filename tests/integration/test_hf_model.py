@@ -55,12 +55,15 @@ def test_preset_checkpointing_gives_the_same_gradients(preset: str) -> None:
     assert not enable_checkpointing(build_model(ModelConfig(n_layer=1, d_model=32, n_head=2)))
 
 
-def test_local_directory_with_weights_loads_them(tmp_path) -> None:
+def test_model_path_loads_the_weights_and_hf_config_only_the_shape(tmp_path) -> None:
     torch.manual_seed(0)
     source = build_model(ModelConfig(kind="hf", hf_config="llama", n_layer=1, d_model=32, n_head=2))
     source.hf.save_pretrained(tmp_path / "llama")
     torch.manual_seed(1)  # a different seed: only loading the weights can make them equal
-    loaded = build_model(ModelConfig(kind="hf", hf_config=str(tmp_path / "llama")))
+    loaded = build_model(ModelConfig(kind="hf", path=str(tmp_path / "llama")))
+    shaped = build_model(ModelConfig(kind="hf", hf_config=str(tmp_path / "llama")))
     tokens = torch.randint(0, 256, (1, 8))
     with torch.no_grad():
         assert torch.equal(loaded(tokens), source(tokens))
+        assert shaped(tokens).shape == source(tokens).shape
+        assert not torch.equal(shaped(tokens), source(tokens))

@@ -30,6 +30,7 @@ GPU_RECIPES_ON_CPU = {
 INVALID_ALONE = {
     ("quantization", "int8"): ("quantization.method", "quantization.lora.rank"),
     ("quantization", "nf4"): ("quantization.method", "quantization.lora.rank"),
+    ("model", "hf"): ("model.path", "model.hf_config"),  # a model folder to name
 }
 # Options whose mesh needs several ranks: composed with that many local ranks.
 NEEDS_RANKS = {("parallel", "tp"): 2, ("parallel", "fsdp_hybrid"): 4, ("parallel", "tp_fsdp"): 4}

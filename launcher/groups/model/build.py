@@ -7,12 +7,18 @@ from torch import nn
 from launcher.groups.model.config import ModelConfig, config_num_params
 
 
-def build_model(cfg: ModelConfig) -> nn.Module:
-    """The model the config describes, on the CPU in float32; init depends only on torch's global seed."""
+def build_model(cfg: ModelConfig, *, empty: bool = False) -> nn.Module:
+    """The model the config describes, on the CPU in float32; init depends only on torch's global seed.
+
+    `empty` (a pretrained HF folder only): parameters on the meta device, for a strategy that shards
+    the model and then loads the weights into the shards (launcher.parallel.pretrained).
+    """
     if cfg.kind == "hf":
         from launcher.groups.model.hf import build_hf_model
 
-        return build_hf_model(cfg)
+        return build_hf_model(cfg, empty=empty)
+    if empty:
+        raise ValueError("only a pretrained Hugging Face model (model.path) is built empty.")
     if cfg.kind != "gpt":
         raise ValueError(
             f"model.kind={cfg.kind!r} is not a model kind: use gpt (the built-in decoder) or hf."

@@ -11,8 +11,10 @@ class ModelConfig:
 
     kind: str = "gpt"
     """Model family: `gpt` (the built-in decoder of this module) or `hf` (a Hugging Face causal LM)."""
+    path: str | None = None
+    """kind=hf: a local Hugging Face model folder (config.json + safetensors weights) to start from; nothing is downloaded."""
     hf_config: str | None = None
-    """kind=hf: a preset (llama, gpt2: random weights shaped by this group's keys) or a local directory with config.json."""
+    """kind=hf without path: a preset (llama, gpt2) or a local directory with config.json; random weights."""
     n_layer: int = 4
     """Number of transformer blocks."""
     n_head: int = 4

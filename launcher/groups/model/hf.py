@@ -1,15 +1,19 @@
 """Hugging Face causal LMs as a model option (`model.kind=hf`), built locally: nothing is downloaded.
 
-`model.hf_config` is a preset name or a local directory. A preset (`llama`, `gpt2`) builds a
-model with random weights whose shape comes from the model group's own keys (n_layer, d_model,
-n_head, d_ff, vocab_size, max_seq_len, dropout, tie_embeddings), so `model=hf_llama_tiny` and the
-GPT presets are sized the same way. A directory needs a config.json; weights are loaded from it
-when it holds them (safetensors or a PyTorch bin), else initialized from the seed. Remote code is
-never run (`trust_remote_code` stays off), in line with configs never naming code to import.
+`model.path` names a local Hugging Face model folder (config.json + safetensors or PyTorch
+weights, sharded or not): training starts from its weights. Without it, `model.hf_config` is a
+preset or a local directory whose config.json shapes a model with random weights; a preset
+(`llama`, `gpt2`) takes its shape from the model group's own keys (n_layer, d_model, n_head, d_ff,
+vocab_size, max_seq_len, dropout, tie_embeddings), so `model=hf_llama_tiny` and the GPT presets are
+sized the same way. Remote code is never run (`trust_remote_code` stays off), in line with configs
+never naming code to import.
 
-The loop calls `model(input_ids, position_ids) -> logits`: `HFCausalLM` wraps the HF model so it does, with the
-key-value cache off (it only serves generation). GPT-2's `Conv1D` projections become `nn.Linear`
-(weight transposed) so quantization, LoRA and tensor parallelism treat every family alike.
+The loop calls `model(input_ids, position_ids) -> logits`: `HFCausalLM` wraps the HF model so it
+does, with the key-value cache off (it only serves generation). GPT-2's `Conv1D` projections become
+`nn.Linear` (weight transposed) so quantization, LoRA and tensor parallelism treat every family
+alike. `build_hf_model(cfg, empty=True)` builds the same module with its parameters on the meta
+device (buffers real), for strategies that shard first and then receive the weights
+(launcher.parallel.pretrained).
 """
 
 from __future__ import annotations
@@ -64,6 +68,15 @@ def is_preset(name: str | None) -> bool:
     return name in PRESETS
 
 
+def local_dir(cfg: ModelConfig) -> str | None:
+    """The local folder whose config.json shapes the model (model.path, else a directory hf_config); None for presets."""
+    if cfg.kind != "hf":
+        return None
+    if cfg.path is not None:
+        return cfg.path
+    return None if cfg.hf_config is None or is_preset(cfg.hf_config) else cfg.hf_config
+
+
 def read_local_config(path: str) -> dict[str, Any]:
     """The raw config.json of a local model directory (no transformers import needed)."""
     return json.loads((Path(path) / "config.json").read_text())
@@ -86,10 +99,11 @@ def hf_config(cfg: ModelConfig) -> Any:
     """The transformers config `cfg` describes, with the key-value cache off."""
     from transformers import AutoConfig
 
-    if is_preset(cfg.hf_config):
+    folder = local_dir(cfg)
+    if folder is None:
         config = _preset_config(cfg)
     else:
-        config = AutoConfig.from_pretrained(cfg.hf_config, local_files_only=True, trust_remote_code=False)
+        config = AutoConfig.from_pretrained(folder, local_files_only=True, trust_remote_code=False)
     config.use_cache = False
     return config
 
@@ -126,31 +140,87 @@ class HFCausalLM(nn.Module):
         return self.hf(input_ids=input_ids, position_ids=position_ids, use_cache=False).logits
 
 
-def build_hf_model(cfg: ModelConfig) -> HFCausalLM:
-    """The HF model `cfg` describes, float32 on the CPU; random init depends only on torch's seed."""
+def _load(cfg: ModelConfig, config: Any, *, empty: bool) -> tuple[nn.Module, str]:
+    """(transformers model, where its weights came from): the folder's weights, random, or meta (empty)."""
     from transformers import AutoModelForCausalLM
 
-    config = hf_config(cfg)
-    if not is_preset(cfg.hf_config) and has_weights(cfg.hf_config):
+    if empty:
+        from accelerate import init_empty_weights
+
+        with init_empty_weights(include_buffers=False):  # rotary tables and the like stay real
+            hf = AutoModelForCausalLM.from_config(config, trust_remote_code=False, dtype=torch.float32)
+        hf.tie_weights()  # the empty build leaves a tied head as its own (meta) matrix
+        return hf, f"weights from {cfg.path}, loaded after sharding"
+    if cfg.path is not None:
         hf = AutoModelForCausalLM.from_pretrained(
-            cfg.hf_config, config=config, local_files_only=True, trust_remote_code=False, dtype=torch.float32
+            cfg.path, config=config, local_files_only=True, trust_remote_code=False, dtype=torch.float32
         )
-        source = f"weights from {cfg.hf_config}"
-    else:
-        hf = AutoModelForCausalLM.from_config(config, trust_remote_code=False, dtype=torch.float32)
-        source = "random weights"
+        return hf, f"weights from {cfg.path}"
+    hf = AutoModelForCausalLM.from_config(config, trust_remote_code=False, dtype=torch.float32)
+    return hf, f"random weights ({cfg.hf_config})"
+
+
+def build_hf_model(cfg: ModelConfig, *, empty: bool = False, announce: bool = True) -> HFCausalLM:
+    """The HF model `cfg` describes, float32 on the CPU (parameters on the meta device if `empty`).
+
+    Random init depends only on torch's seed.
+    """
+    config = hf_config(cfg)
+    hf, source = _load(cfg, config, empty=empty)
     hf.config.use_cache = False
     rows = hf.get_input_embeddings().num_embeddings
     if cfg.resize_embeddings and cfg.vocab_size is not None and cfg.vocab_size != rows:
         hf.resize_token_embeddings(cfg.vocab_size)  # new rows: drawn from the seeded generator, like init
         source += f", token embedding resized {rows} -> {cfg.vocab_size} for the tokenizer"
-    if int(os.environ.get("RANK", "0")) == 0:
+    if announce and int(os.environ.get("RANK", "0")) == 0:
         Console().print(
-            f"model: Hugging Face {type(hf).__name__} ({cfg.hf_config}, {source}); use_cache=False: the "
+            f"model: Hugging Face {type(hf).__name__} ({source}); use_cache=False: the "
             "key-value cache only serves generation, so training turns it off",
             soft_wrap=True,
         )
     return HFCausalLM(conv1d_to_linear(hf))
+
+
+# transformers' names of tensor-parallel styles (a config class's base_model_tp_plan) this launcher applies.
+TP_STYLES = ("colwise", "rowwise")
+TP_LAYER_PREFIX = "layers.*."
+
+
+def tp_plan_problem(config: Any) -> str | None:
+    """Why the transformers config's own tensor-parallel plan cannot split its decoder layers; None if it can."""
+    plan = getattr(config, "base_model_tp_plan", None) or {}
+    name = type(config).__name__.removesuffix("Config")
+    if not plan:
+        return f"{name} comes with no tensor-parallel plan (transformers' base_model_tp_plan is empty)"
+    foreign = {k: v for k, v in plan.items() if not k.startswith(TP_LAYER_PREFIX) or v not in TP_STYLES}
+    if foreign:
+        listed = ", ".join(f"{k}: {v}" for k, v in foreign.items())
+        return f"{name}'s plan has entries this launcher does not apply ({listed}; it splits decoder layers colwise/rowwise)"
+    return None
+
+
+def layer_tp_plan(config: Any) -> dict[str, str]:
+    """Style (colwise/rowwise) per module name inside one decoder layer, from the config's own plan."""
+    plan = getattr(config, "base_model_tp_plan", None) or {}
+    return {k.removeprefix(TP_LAYER_PREFIX): v for k, v in plan.items()}
+
+
+def decoder_layers(model: nn.Module) -> nn.ModuleList | None:
+    """The repeated decoder layers (what FSDP shards and compile traces one by one); None if not found.
+
+    The built-in GPT keeps them in `blocks`; a transformers model names their class in
+    `_no_split_modules`, and the one ModuleList holding them is found by that class.
+    """
+    blocks = getattr(model, "blocks", None)
+    if isinstance(blocks, nn.ModuleList):
+        return blocks
+    if not isinstance(model, HFCausalLM):
+        return None
+    names = set(getattr(model.hf, "_no_split_modules", None) or ())
+    for module in model.hf.modules():
+        if isinstance(module, nn.ModuleList) and len(module) and type(module[0]).__name__ in names:
+            return module
+    return None
 
 
 def enable_checkpointing(model: nn.Module, every_n_layers: int = 1) -> bool:
@@ -184,4 +254,8 @@ def hf_flops_per_token(cfg: ModelConfig, seq_len: int) -> float:
     with torch.device("meta"):
         hf = AutoModelForCausalLM.from_config(config, trust_remote_code=False)
     num_params = sum(p.numel() for p in hf.parameters())  # a tied matrix is listed once
+    if cfg.vocab_size is not None and cfg.resize_embeddings:
+        rows = hf.get_input_embeddings().num_embeddings
+        tied = hf.config.tie_word_embeddings
+        num_params += (cfg.vocab_size - rows) * config.hidden_size * (1 if tied else 2)
     return float(6 * num_params + 12 * config.num_hidden_layers * config.hidden_size * seq_len)
