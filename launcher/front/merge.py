@@ -1,8 +1,9 @@
 """`train-merge CHECKPOINT OUT.pt`: fold a run's LoRA adapters into plain, full-precision weights.
 
 The run's spec.yaml rebuilds the adapted model exactly as training built it (same seed, same
-quantization), the checkpoint's model state is loaded into it (consolidated by the strategy that
-wrote it), and `launcher.groups.adapters.merged_state_dict` writes a float32 state dict that loads into
+quantization, the same peft adapters), the checkpoint's model state is loaded into it (consolidated by
+the strategy that wrote it: for an adapter run, only the adapters, the frozen base being rebuilt), and
+`launcher.groups.quantization.merged_state_dict` writes a float32 state dict that loads into
 `build_model(spec.model)`, the model without quantization or adapters. The command then checks
 that both models give the same logits on one batch of random tokens and prints the difference.
 """
@@ -19,6 +20,7 @@ from torch import nn
 
 from launcher.exits import ExitStatus
 from launcher.groups import checkpoint, quantization
+from launcher.groups.adapters import load_checkpoint_state
 from launcher.groups.model.build import build_model
 from launcher.groups.quantization import merged_state_dict
 from launcher.parallel.registry import strategy_module
@@ -41,7 +43,7 @@ def load_adapted(ckpt: Path) -> tuple[RunSpec, nn.Module]:
     torch.manual_seed(spec.train.seed)
     model = quantization.apply(build_model(spec.model), spec.quantization, spec.precision)
     state = strategy_module(spec.parallel.strategy).consolidate(ckpt)
-    model.load_state_dict(state)
+    load_checkpoint_state(model, state)
     return spec, model.eval()
 
 

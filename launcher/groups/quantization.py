@@ -2,8 +2,8 @@
 
 `apply` runs between building the model and wrapping it in a strategy (see launcher.rank.build): it
 replaces the linear layers of the transformer blocks by bitsandbytes layers (embeddings and the
-output head, tied to the token embedding, stay full precision), then wraps the layers LoRA targets
-and freezes everything but the adapters. Quantized layers keep one weight layout on every device
+output head, tied to the token embedding, stay full precision), then injects peft adapters into the
+layers LoRA targets and freezes everything but the adapters (launcher.groups.adapters). Quantized layers keep one weight layout on every device
 (bitsandbytes' CPU inference repacking is lossy, so it is off) and their state dicts round-trip
 through `load_state_dict`, so a checkpoint restores them bit for bit. `merged_state_dict` goes the
 other way: adapters folded in, low-bit weights dequantized, a plain float32 state dict.
@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-from launcher.groups.adapters import LoRAConfig, LoRALinear, add_adapters, replace_module
+from launcher.groups.adapters import LoRAConfig, adapter_layers, add_adapters, folded_weight
 from launcher.groups.precision import PrecisionConfig, train_dtype
 
 METHODS = ("none", "int8", "nf4")
@@ -36,6 +36,12 @@ class QuantizationConfig:
     int8_threshold: float = 6.0
     """int8: activation magnitude above which a feature goes through the fp16 outlier path (0: none)."""
     lora: LoRAConfig = field(default_factory=LoRAConfig)
+
+
+def replace_module(model: nn.Module, name: str, new: nn.Module) -> None:
+    """Put `new` where the submodule `name` was."""
+    parent_name, _, leaf = name.rpartition(".")
+    setattr(model.get_submodule(parent_name), leaf, new)
 
 
 def quantizable_linears(model: nn.Module) -> dict[str, nn.Linear]:
@@ -141,7 +147,7 @@ def apply(
     *,
     device: str | torch.device = "cpu",
 ) -> nn.Module:
-    """Quantize the blocks' linear layers, then add LoRA adapters and freeze the rest (QLoRA).
+    """Quantize the blocks' linear layers, then add peft LoRA adapters and freeze the rest (QLoRA).
 
     Pure in the sense that matters for resume: the result depends only on `model` and the configs,
     and on torch's global RNG for the adapters' initial A matrices.
@@ -154,7 +160,7 @@ def apply(
         for name, linear in linears.items():
             replace_module(model, name, quantize_linear(linear, cfg, dtype, str(device)))
     if cfg.lora.rank > 0:
-        add_adapters(model, cfg.lora, list(linears))
+        add_adapters(model, cfg.lora, list(linears), quantized=cfg.method)
     return model
 
 
@@ -172,40 +178,35 @@ def dequantized_weight(layer: nn.Module) -> torch.Tensor:
     return bnbf.int8_vectorwise_dequant(codes, scales).float()
 
 
-def _plain_linear_state(layer: nn.Module, prefix: str) -> dict[str, torch.Tensor]:
-    """weight (merged, dequantized) and bias of `layer` under `prefix`, as a plain nn.Linear has them."""
-    base = layer.base if isinstance(layer, LoRALinear) else layer
-    weight = dequantized_weight(base)
-    if isinstance(layer, LoRALinear):
-        weight = weight + layer.delta_weight().to(weight.device)
-    state = {f"{prefix}weight": weight.cpu()}
-    if base.bias is not None:
-        state[f"{prefix}bias"] = base.bias.detach().float().cpu()
-    return state
-
-
 @torch.no_grad()
 def merged_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
     """A plain float32 state dict of `model` with adapters folded in and quantized weights dequantized.
 
-    It loads into the same architecture built without quantization or adapters.
+    It loads into the same architecture built without quantization or adapters. The fold is ours
+    (launcher.groups.adapters.folded_weight, on peft's delta and DoRA norm) rather than peft's
+    merge, which would quantize the merged weight back into the bitsandbytes layer.
     """
-    special = {
-        name: module
-        for name, module in model.named_modules()
-        if isinstance(module, LoRALinear) or (is_quantized(module) and not name.endswith(".base"))
+    adapted = adapter_layers(model)
+    special: dict[str, tuple[nn.Module, nn.Module | None]] = {
+        name: (layer.get_base_layer(), layer) for name, layer in adapted.items()
     }
+    for name, module in model.named_modules():
+        if is_quantized(module) and not name.endswith(".base_layer"):
+            special[name] = (module, None)
     prefixes = tuple(f"{name}." for name in special)
     state = {
         key: value.detach().float().cpu() if value.is_floating_point() else value.detach().cpu()
         for key, value in model.state_dict().items()
         if not key.startswith(prefixes)
     }
-    for name, module in special.items():
-        state.update(_plain_linear_state(module, f"{name}."))
+    for name, (base, layer) in special.items():
+        weight = dequantized_weight(base)
+        state[f"{name}.weight"] = (folded_weight(layer, weight) if layer is not None else weight).cpu()
+        if base.bias is not None:
+            state[f"{name}.bias"] = base.bias.detach().float().cpu()
     return state
 
 
 def has_adapters_or_quantization(model: nn.Module) -> bool:
     """Whether `model` holds LoRA adapters or quantized layers (then export must merge)."""
-    return any(isinstance(m, LoRALinear) or is_quantized(m) for m in model.modules())
+    return bool(adapter_layers(model)) or any(is_quantized(m) for m in model.modules())

@@ -18,6 +18,7 @@ from torch import nn
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_hook
 from torch.nn.parallel import DistributedDataParallel
 
+from launcher.groups.adapters import checkpoint_state, load_checkpoint_state
 from launcher.groups.checkpoint import load_tensor_file
 from launcher.groups.checkpoint_files import CheckpointFiles
 from launcher.groups.optimizer import build_optimizer
@@ -91,7 +92,7 @@ class DDPStrategy:
     def save(self, out: CheckpointFiles) -> None:
         """Rank 0 writes the replicated state once; PowerSGD state is written by every rank."""
         if self.rank == 0:
-            out.save(self.model.module.state_dict(), "model.pt")
+            out.save(checkpoint_state(self.model.module), "model.pt")
             out.save(self.optimizer.state_dict(), "optimizer.pt")
             if self.scaler is not None:
                 out.save(self.scaler.state_dict(), "scaler.pt")
@@ -100,7 +101,7 @@ class DDPStrategy:
 
     def load(self, directory: Path) -> None:
         """Every rank loads rank 0's files (and its own PowerSGD state)."""
-        self.model.module.load_state_dict(load_tensor_file(directory / "model.pt"))
+        load_checkpoint_state(self.model.module, load_tensor_file(directory / "model.pt"))
         self.optimizer.load_state_dict(load_tensor_file(directory / "optimizer.pt"))
         if self.scaler is not None:
             self.scaler.load_state_dict(load_tensor_file(directory / "scaler.pt"))
@@ -135,5 +136,6 @@ def build(model: nn.Module, setup: Setup) -> DDPStrategy:
 
 
 def consolidate(directory: Path) -> dict[str, torch.Tensor]:
-    """The full model state dict of a checkpoint written by this strategy (offline, one process)."""
+    """The model state dict of a checkpoint written by this strategy (offline, one process): the full
+    one, or with adapters only the trainable parameters (load it with adapters.load_checkpoint_state)."""
     return load_tensor_file(directory / "model.pt")

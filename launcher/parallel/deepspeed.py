@@ -23,6 +23,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from launcher.groups.adapters import check_loaded_keys, frozen_keys, has_adapters
 from launcher.groups.checkpoint_files import CheckpointFiles
 from launcher.groups.optimizer import build_optimizer, param_groups
 from launcher.parallel import deepspeed_config as ds_config
@@ -31,6 +32,8 @@ from launcher.parallel.strategy import Setup, StepResult
 
 TAG = "deepspeed"
 """Sub-directory of a checkpoint holding DeepSpeed's files (its `tag`)."""
+MODULE_FILE = "mp_rank_00_model_states.pt"
+"""DeepSpeed's file of the module state (and, at stage 0, the whole fp32 model); ZeRO-3 prefixes it per rank."""
 
 
 def accelerator_env(device_type: str) -> dict[str, str]:
@@ -127,6 +130,9 @@ class DeepSpeedStrategy:
         # DeepSpeed wrapper that checks the gradient norm and skips a non-finite step itself.
         self.guard_here = self.stage == 0 and not (self.fp16 or self.engine.bfloat16_enabled())
         self.world_size, self.rank = setup.dist.world_size, setup.dist.rank
+        self.adapters = has_adapters(model)
+        if self.adapters:
+            _module_state_without_frozen(self.engine)
         self._boundary = True
         self._loss_ok = torch.ones((), dtype=torch.bool, device=device)
 
@@ -212,17 +218,29 @@ class DeepSpeedStrategy:
         """Every rank writes its part through DeepSpeed (it synchronizes); DeepSpeed's `latest` file is not written.
 
         DeepSpeed names a rank's partitions `*zero_pp_rank_<R>_*`; each rank hashes its own, rank 0's
-        manifest adds the shared files (the module states, DeepSpeed's recovery script).
+        manifest adds the shared files (the module states, DeepSpeed's recovery script). With adapters
+        the frozen base is left out (`exclude_frozen_parameters`): it is rebuilt from the spec.
         """
-        self.engine.save_checkpoint(str(out.directory), tag=TAG, client_state={}, save_latest=False)
+        self.engine.save_checkpoint(
+            str(out.directory), tag=TAG, client_state={}, save_latest=False,
+            exclude_frozen_parameters=self.adapters,
+        )  # fmt: skip
         out.adopt((out.directory / TAG).glob(f"*pp_rank_{self.rank}_*"))
 
     def load(self, directory: Path) -> None:
-        """Restore model, optimizer, loss scaler and DeepSpeed's counters, with weights_only reads."""
+        """Restore model, optimizer, loss scaler and DeepSpeed's counters, with weights_only reads.
+
+        An adapter checkpoint lacks the frozen base: its module keys are checked to be exactly the
+        trainable ones before DeepSpeed loads it non-strictly.
+        """
         with weights_only_loads():
+            if self.adapters:
+                saved = torch.load(module_states_file(directory), map_location="cpu")["module"]
+                check_loaded_keys(self.engine.module, saved)
             path, _ = self.engine.load_checkpoint(
-                str(directory), tag=TAG, load_optimizer_states=True, load_lr_scheduler_states=False
-            )
+                str(directory), tag=TAG, load_optimizer_states=True, load_lr_scheduler_states=False,
+                load_module_strict=not self.adapters,
+            )  # fmt: skip
         if path is None:
             raise FileNotFoundError(f"no DeepSpeed checkpoint under {directory / TAG}")
 
@@ -235,16 +253,44 @@ class DeepSpeedStrategy:
             return {k: v.detach().clone() for k, v in module.state_dict().items()}
 
 
+def _module_state_without_frozen(engine: object) -> None:
+    """Make `engine.save_checkpoint(exclude_frozen_parameters=True)` keep only the trainable parameters.
+
+    DeepSpeed drops frozen parameters by their first name only, so a tied alias (the output head
+    sharing the token embedding) and bitsandbytes' quantization statistics would stay in the module
+    file; the same filter as every other strategy's (adapters.frozen_keys) leaves out all of them.
+    """
+    full = engine.module_state_dict
+
+    def module_state_dict(*args: object, exclude_frozen_parameters: bool = False, **kwargs: object) -> dict:
+        state = full(*args, exclude_frozen_parameters=exclude_frozen_parameters, **kwargs)
+        if exclude_frozen_parameters:
+            for key in frozen_keys(engine.module) & set(state):
+                del state[key]
+        return state
+
+    engine.module_state_dict = module_state_dict
+
+
+def module_states_file(directory: Path) -> Path:
+    """The file with the module's state-dict keys in a checkpoint (rank 0's, under ZeRO-3)."""
+    files = sorted((Path(directory) / TAG).glob(f"*{MODULE_FILE}"))
+    if not files:
+        raise FileNotFoundError(f"no DeepSpeed module states under {Path(directory) / TAG}")
+    return files[0]
+
+
 def build(model: nn.Module, setup: Setup) -> DeepSpeedStrategy:
     """Registry entry point."""
     return DeepSpeedStrategy(model, setup)
 
 
 def consolidate(directory: Path) -> dict[str, torch.Tensor]:
-    """The full fp32 model state dict of a checkpoint written by this strategy (offline, one process).
+    """The fp32 model state dict of a checkpoint written by this strategy (offline, one process).
 
     ZeRO 1-3 (and bf16) checkpoints hold fp32 master weights in the optimizer shards, merged by
-    DeepSpeed's zero_to_fp32; a fp32 stage 0 checkpoint holds the whole module in one file.
+    DeepSpeed's zero_to_fp32; a fp32 stage 0 checkpoint holds the whole module in one file. An
+    adapter run's checkpoint yields only the trainable parameters (adapters.load_checkpoint_state).
     """
     from launcher.groups.checkpoint import load_tensor_file
 
@@ -256,4 +302,4 @@ def consolidate(directory: Path) -> dict[str, torch.Tensor]:
         with weights_only_loads():
             state = get_fp32_state_dict_from_zero_checkpoint(str(directory), tag=TAG)
         return {k: v.float() if v.is_floating_point() else v for k, v in state.items()}
-    return load_tensor_file(files / "mp_rank_00_model_states.pt")["module"]
+    return load_tensor_file(files / MODULE_FILE)["module"]

@@ -3,7 +3,8 @@
 Both strategies leave every parameter a DTensor, so one optimizer, one clip over DTensors and one
 checkpoint format serve them. Checkpoints are written sharded with torch.distributed.checkpoint
 (DCP): every rank writes its own shards into `dcp/` of the checkpoint directory, and a load
-reshards to whatever mesh the resuming run has, so the world size may change between sessions.
+reshards to whatever mesh the resuming run has, so the world size may change between sessions. With
+adapters only the trainable parameters are written (the frozen base is rebuilt from the spec).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from torch.distributed.checkpoint.state_dict import (
     set_state_dict,
 )
 
+from launcher.groups.adapters import check_loaded_keys, frozen_keys, has_adapters
 from launcher.groups.checkpoint import load_tensor_file
 from launcher.groups.checkpoint_files import CheckpointFiles
 from launcher.groups.optimizer import OptimizerConfig, build_optimizer
@@ -62,6 +64,7 @@ class DTensorStrategy:
         self._optimizer_device = optimizer_device
         self.optimizer = build_optimizer(model, _optimizer_config(setup, scaler), optimizer_device)
         self.max_grad_norm = setup.spec.train.max_grad_norm
+        self.adapters = has_adapters(model)
 
     def no_sync(self) -> contextlib.AbstractContextManager:
         """Skip gradient communication for a non-final micro batch."""
@@ -91,9 +94,18 @@ class DTensorStrategy:
         """This rank's local shards of parameters, gradients and optimizer state."""
         return state_bytes(self.model, self.optimizer)
 
+    def _state(self) -> tuple[dict, dict]:
+        """Model and optimizer state as DCP saves it; with adapters without the frozen base."""
+        options = StateDictOptions(ignore_frozen_params=self.adapters)
+        model_state, optim_state = get_state_dict(self.model, self.optimizer, options=options)
+        if self.adapters:  # torch drops a frozen parameter by its first name only: drop tied aliases too
+            frozen = frozen_keys(self.model)
+            model_state = {k: v for k, v in model_state.items() if k not in frozen}
+        return model_state, optim_state
+
     def save(self, out: CheckpointFiles) -> None:
         """Every rank writes its shards of model and optimizer state into `dcp/` (DCP names them by rank)."""
-        model_state, optim_state = get_state_dict(self.model, self.optimizer)
+        model_state, optim_state = self._state()
         dcp_dir = out.directory / DCP_DIR
         dcp.save({"model": model_state, "optim": optim_state}, checkpoint_id=dcp_dir)
         out.adopt(
@@ -103,13 +115,20 @@ class DTensorStrategy:
             out.save(self.scaler.state_dict(), SCALER_FILE)
 
     def load(self, directory: Path) -> None:
-        """Restore what `save` wrote, resharded to this run's mesh (any world size)."""
-        model_state, optim_state = get_state_dict(self.model, self.optimizer)
+        """Restore what `save` wrote, resharded to this run's mesh (any world size).
+
+        With adapters, the checkpoint's model keys must be exactly the trainable ones (checked on its
+        metadata: DCP alone would ignore extra keys), and only those are set.
+        """
+        model_state, optim_state = self._state()
+        if self.adapters:
+            check_loaded_keys(self.model, saved_model_keys(directory))
         state = {"model": model_state, "optim": optim_state}
         dcp.load(state, checkpoint_id=directory / DCP_DIR)
         set_state_dict(
-            self.model, self.optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"]
-        )
+            self.model, self.optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"],
+            options=StateDictOptions(strict=not self.adapters),
+        )  # fmt: skip
         if self.scaler is not None:
             self.scaler.load_state_dict(load_tensor_file(directory / SCALER_FILE))
 
@@ -144,7 +163,8 @@ def consolidate(directory: Path) -> dict[str, torch.Tensor]:
     """The full model state dict of a DCP checkpoint, offline in one process (no process group).
 
     Keys are the unwrapped model's (FSDP2 and tensor parallel keep parameter names), so the result
-    loads into `launcher.groups.model.gpt.build_model` with `load_state_dict`.
+    loads into `launcher.groups.model.gpt.build_model` with `load_state_dict`; an adapter run's holds
+    only the trainable parameters (adapters.load_checkpoint_state).
     """
     from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 
@@ -153,6 +173,12 @@ def consolidate(directory: Path) -> dict[str, torch.Tensor]:
         dcp_to_torch_save(Path(directory) / DCP_DIR, target)
         full = torch.load(target, map_location="cpu", weights_only=True)
     return {k: v for k, v in full["model"].items()}
+
+
+def saved_model_keys(directory: Path) -> set[str]:
+    """The model state-dict keys a DCP checkpoint holds (read from its metadata, no tensor loaded)."""
+    metadata = dcp.FileSystemReader(Path(directory) / DCP_DIR).read_metadata()
+    return {key.removeprefix("model.") for key in metadata.state_dict_metadata if key.startswith("model.")}
 
 
 def is_dcp_checkpoint(directory: Path) -> bool:

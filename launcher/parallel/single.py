@@ -8,6 +8,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from launcher.groups.adapters import checkpoint_state, load_checkpoint_state
 from launcher.groups.checkpoint import load_tensor_file
 from launcher.groups.checkpoint_files import CheckpointFiles
 from launcher.groups.optimizer import build_optimizer
@@ -55,14 +56,14 @@ class SingleStrategy:
 
     def save(self, out: CheckpointFiles) -> None:
         """Model, optimizer and scaler state as three files."""
-        out.save(self.model.state_dict(), "model.pt")
+        out.save(checkpoint_state(self.model), "model.pt")
         out.save(self.optimizer.state_dict(), "optimizer.pt")
         if self.scaler is not None:
             out.save(self.scaler.state_dict(), "scaler.pt")
 
     def load(self, directory: Path) -> None:
         """Restore what `save` wrote."""
-        self.model.load_state_dict(load_tensor_file(directory / "model.pt"))
+        load_checkpoint_state(self.model, load_tensor_file(directory / "model.pt"))
         self.optimizer.load_state_dict(load_tensor_file(directory / "optimizer.pt"))
         if self.scaler is not None:
             self.scaler.load_state_dict(load_tensor_file(directory / "scaler.pt"))
@@ -78,5 +79,6 @@ def build(model: nn.Module, setup: Setup) -> SingleStrategy:
 
 
 def consolidate(directory: Path) -> dict[str, torch.Tensor]:
-    """The full model state dict of a checkpoint written by this strategy (offline, one process)."""
+    """The model state dict of a checkpoint written by this strategy (offline, one process): the full
+    one, or with adapters only the trainable parameters (load it with adapters.load_checkpoint_state)."""
     return load_tensor_file(directory / "model.pt")

@@ -115,7 +115,10 @@ def count_params(spec: RunSpec) -> ParamCounts:
     shapes = _linear_shapes(cfg)
     block_linear = cfg.n_layer * sum(i * o for i, o in shapes.values())
     rank, targets = spec.quantization.lora.rank, lora_targets(spec)
-    adapters = cfg.n_layer * sum(rank * (i + o) for name, (i, o) in shapes.items() if name in targets)
+    magnitude = 1 if spec.quantization.lora.dora else 0  # DoRA: one trained magnitude per output row
+    adapters = cfg.n_layer * sum(
+        rank * (i + o) + magnitude * o for name, (i, o) in shapes.items() if name in targets
+    )
     quantized = spec.quantization.method != "none"
     trainable = adapters or (total - block_linear if quantized else total)
     return ParamCounts(total=total, block_linear=block_linear, adapters=adapters, trainable=trainable)

@@ -1,4 +1,4 @@
-"""Rules of the quantization group (int8 / nf4 weights, LoRA adapters), checked before anything starts."""
+"""Rules of the quantization group (int8 / nf4 weights, LoRA/DoRA adapters through peft), checked before anything starts."""
 
 from __future__ import annotations
 
@@ -61,7 +61,26 @@ def _lora_settings(spec: RunSpec, hw: Hardware) -> Iterator[SpecError]:
         )
     if not 0.0 <= lora.dropout < 1.0:
         yield SpecError(("quantization.lora.dropout",), f"must lie in [0, 1), got {lora.dropout}.")
+    if importlib.util.find_spec("peft") is None:
+        yield SpecError(
+            ("quantization.lora.rank",),
+            "LoRA adapters are built by peft, which is not installed. Install it with "
+            "`pip install -e '.[hf]'` (or `pip install peft`), or use quantization.lora.rank=0.",
+        )
     yield from _lora_targets(spec)
+    yield from _dora(spec)
+
+
+def _dora(spec: RunSpec) -> Iterator[SpecError]:
+    q = spec.quantization
+    if q.lora.dora and q.method == "int8":
+        yield SpecError(
+            ("quantization.lora.dora", "quantization.method"),
+            "DoRA on int8 weights fails in peft 0.21 with bitsandbytes 0.50: to take the weight's norm, peft "
+            "dequantizes the int8 layer and re-creates its weight, which loses the row scales, so the "
+            "second forward pass breaks (seen on the CPU). Use DoRA on nf4 (`quantization=nf4_lora "
+            "quantization.lora.dora=true`) or full-precision weights (`quantization=dora`), or plain LoRA on int8.",
+        )
 
 
 def _lora_targets(spec: RunSpec) -> Iterator[SpecError]:
@@ -75,12 +94,12 @@ def _lora_targets(spec: RunSpec) -> Iterator[SpecError]:
             "linear layer of the blocks.",
         )
         return
-    known = model_linears(spec)
+    known = model_linears(spec)  # None for a local model: the build checks its layers (same message)
     unknown = [t for t in targets if known is not None and t.rsplit(".", 1)[-1] not in known]
     if unknown:
         yield SpecError(
             ("quantization.lora.targets", "model.kind"),
-            f"{', '.join(unknown)} {'is' if len(unknown) == 1 else 'are'} not among this model's adaptable "
+            f"{', '.join(unknown)} {'matches' if len(unknown) == 1 else 'match'} none of this model's adaptable "
             f"linear layers ({', '.join(known)}); embeddings and the output head (tied to the token "
             "embedding) stay full precision and untargeted. Choose from that list, or use null for all.",
         )
