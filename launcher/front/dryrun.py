@@ -58,11 +58,6 @@ def provenance(choices: dict[str, str | None], task_overrides: list[str]) -> dic
 
 def print_plan(console: Console, spec: RunSpec) -> None:
     """Print the memory plan of a valid spec."""
-    if spec.model.kind != "gpt":
-        console.print(
-            f"memory plan: not available for model.kind={spec.model.kind} (the planner sizes the built-in GPT)."
-        )
-        return
     memory = plan(spec)
     console.print(
         f"memory plan: per {memory.device_type} device, {memory.world_size} rank(s), "

@@ -1,4 +1,4 @@
-"""`train-export SOURCE OUT [--format pt|hf] [--merge] [--force]`: a run's weights outside the launcher.
+"""`train-export SOURCE OUT [--format pt|hf] [--merge | --adapter] [--force]`: a run's weights outside the launcher.
 
 SOURCE is a `checkpoints/step_N` directory or a run directory (its newest complete checkpoint is
 used). The run's spec.yaml names the strategy; that strategy's module (the registry entry's)
@@ -12,11 +12,15 @@ dequantizes int8/nf4 weights) instead. Either way the result loads at world size
   (`launcher.groups.model.hf_export` converts the weights; `launcher.front.hf_folder` writes the
   folder, tokenizer files included). Its logits are compared with the launcher's model before the
   folder is renamed into place.
+- `--adapter`: the LoRA/DoRA adapters alone, as a PEFT folder (adapter_config.json +
+  adapter_model.safetensors) that `PeftModel.from_pretrained(base_model, OUT)` loads
+  (launcher.front.adapter_folder).
 """
 
 from __future__ import annotations
 
 import argparse
+import shutil
 import sys
 from pathlib import Path
 from typing import Any
@@ -149,6 +153,27 @@ def export(source: Path, out: Path, *, fmt: str = "pt", merge: bool = False, for
     return step_dir
 
 
+def export_adapter(source: Path, out: Path, *, merge: bool, force: bool) -> Path:
+    """Write `source`'s adapters as a PEFT adapter folder `out`; returns `out`."""
+    from launcher.front.adapter_folder import write_adapter_folder
+    from launcher.front.hf_folder import refuse_existing
+
+    if merge:
+        raise ExportError(
+            "--adapter writes the adapters alone (they stay separate from the base model) and --merge folds "
+            "them into the weights: choose one."
+        )
+    step_dir, _ = locate(source)
+    refuse_existing(out, force=force)
+    partial = out.with_name(f".{out.name}.partial")
+    shutil.rmtree(partial, ignore_errors=True)
+    write_adapter_folder(step_dir, partial)
+    if out.exists():
+        shutil.rmtree(out)  # only --force gets here with content; the new folder is complete
+    partial.replace(out)
+    return step_dir
+
+
 def main(argv: list[str] | None = None) -> int:
     """Console entry point of `train-export`."""
     parser = argparse.ArgumentParser(
@@ -164,11 +189,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--merge", action="store_true", help="fold LoRA adapters and dequantize int8/nf4 weights first"
     )
+    parser.add_argument(
+        "--adapter",
+        action="store_true",
+        help="write the LoRA/DoRA adapters alone as a PEFT folder (PeftModel.from_pretrained(base, OUT))",
+    )
     parser.add_argument("--force", action="store_true", help="replace an existing, non-empty OUT folder")
     args = parser.parse_args(argv)
     try:
-        used = export(args.checkpoint, args.out, fmt=args.fmt, merge=args.merge, force=args.force)
-    except (ExportError, KeyError, FileNotFoundError) as err:
+        if args.adapter:
+            used = export_adapter(args.checkpoint, args.out, merge=args.merge, force=args.force)
+        else:
+            used = export(args.checkpoint, args.out, fmt=args.fmt, merge=args.merge, force=args.force)
+    except (ExportError, KeyError, FileNotFoundError, ValueError) as err:
         print(f"error: {err}", file=sys.stderr)
         return ExitStatus.INVALID_SPEC
     except MismatchError as err:

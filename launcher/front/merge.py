@@ -41,7 +41,9 @@ def load_adapted(ckpt: Path) -> tuple[RunSpec, nn.Module]:
     """The run's spec and its model as training built it, with the checkpoint's weights, on the CPU."""
     spec = load_spec(ckpt.parent.parent / "spec.yaml")
     torch.manual_seed(spec.train.seed)
-    model = quantization.apply(build_model(spec.model), spec.quantization, spec.precision)
+    model = quantization.apply(
+        build_model(spec.model), spec.quantization, spec.precision, strategy=spec.parallel.strategy
+    )
     state = strategy_module(spec.parallel.strategy).consolidate(ckpt)
     load_checkpoint_state(model, state)
     return spec, model.eval()

@@ -7,6 +7,10 @@ layers LoRA targets and freezes everything but the adapters (launcher.groups.ada
 (bitsandbytes' CPU inference repacking is lossy, so it is off) and their state dicts round-trip
 through `load_state_dict`, so a checkpoint restores them bit for bit. `merged_state_dict` goes the
 other way: adapters folded in, low-bit weights dequantized, a plain float32 state dict.
+
+nf4 has two stores (`quantization.nf4_backend`): bitsandbytes' Linear4bit, or torchao's NF4Tensor as
+the frozen weight of a plain nn.Linear (launcher.groups.nf4), which FSDP2 can shard; `auto` takes
+torchao under parallel=fsdp and bitsandbytes elsewhere.
 """
 
 from __future__ import annotations
@@ -17,10 +21,12 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
+from launcher.groups import nf4
 from launcher.groups.adapters import LoRAConfig, adapter_layers, add_adapters, folded_weight
 from launcher.groups.precision import PrecisionConfig, train_dtype
 
 METHODS = ("none", "int8", "nf4")
+NF4_BACKENDS = ("auto", "bitsandbytes", "torchao")
 # Linear layers that stay full precision whatever the method: the output head (often tied).
 KEEP_FULL_PRECISION = ("lm_head",)
 
@@ -32,7 +38,9 @@ class QuantizationConfig:
     method: str = "none"
     """none (full precision), int8 (bitsandbytes LLM.int8) or nf4 (bitsandbytes 4-bit NormalFloat)."""
     double_quant: bool = True
-    """nf4: quantize the per-block scales too (about 0.4 bit per weight less)."""
+    """nf4 (bitsandbytes): quantize the per-block scales too (about 0.4 bit per weight less; torchao always does)."""
+    nf4_backend: str = "auto"
+    """nf4 store: bitsandbytes, torchao (NF4Tensor, shardable by FSDP2) or auto (torchao under parallel=fsdp, else bitsandbytes)."""
     int8_threshold: float = 6.0
     """int8: activation magnitude above which a feature goes through the fp16 outlier path (0: none)."""
     lora: LoRAConfig = field(default_factory=LoRAConfig)
@@ -136,8 +144,17 @@ def quantize_linear(linear: nn.Linear, cfg: QuantizationConfig, dtype: torch.dty
 
 
 def is_quantized(module: nn.Module) -> bool:
-    """Whether `module` is one of the bitsandbytes layers `quantize_linear` builds."""
-    return _LAYER_CLASSES is not None and isinstance(module, _LAYER_CLASSES)
+    """Whether `module` is one of the bitsandbytes layers `quantize_linear` builds, or a linear layer with an NF4Tensor weight."""
+    if _LAYER_CLASSES is not None and isinstance(module, _LAYER_CLASSES):
+        return True
+    return isinstance(module, nn.Linear) and nf4.is_nf4(module.weight)
+
+
+def nf4_backend(cfg: QuantizationConfig, strategy: str) -> str:
+    """Which library stores nf4 weights for a run under `strategy` (parallel.strategy)."""
+    if cfg.nf4_backend != "auto":
+        return cfg.nf4_backend
+    return "torchao" if strategy == "fsdp" else "bitsandbytes"
 
 
 def apply(
@@ -146,26 +163,35 @@ def apply(
     precision: PrecisionConfig,
     *,
     device: str | torch.device = "cpu",
+    strategy: str = "single",
 ) -> nn.Module:
     """Quantize the blocks' linear layers, then add peft LoRA adapters and freeze the rest (QLoRA).
 
-    Pure in the sense that matters for resume: the result depends only on `model` and the configs,
-    and on torch's global RNG for the adapters' initial A matrices.
+    `strategy` is the run's parallel.strategy (nf4_backend=auto reads it). Pure in the sense that
+    matters for resume: the result depends only on `model` and the configs, and on torch's global
+    RNG for the adapters' initial A matrices.
     """
     if cfg.method == "none" and cfg.lora.rank == 0:
         return model
     linears = quantizable_linears(model)
-    if cfg.method != "none":
+    peft_sees = cfg.method
+    if cfg.method == "nf4" and nf4_backend(cfg, strategy) == "torchao":
+        for linear in linears.values():
+            nf4.quantize_linear(linear.to(device))
+        peft_sees = "none"  # a plain nn.Linear whose weight dequantizes itself in F.linear
+    elif cfg.method != "none":
         dtype = train_dtype(precision)  # quantized layers compute in the autocast dtype
         for name, linear in linears.items():
             replace_module(model, name, quantize_linear(linear, cfg, dtype, str(device)))
     if cfg.lora.rank > 0:
-        add_adapters(model, cfg.lora, list(linears), quantized=cfg.method)
+        add_adapters(model, cfg.lora, list(linears), quantized=peft_sees)
     return model
 
 
 def dequantized_weight(layer: nn.Module) -> torch.Tensor:
-    """The float32 weight a plain or bitsandbytes linear layer represents."""
+    """The float32 weight a plain, bitsandbytes or torchao-nf4 linear layer represents."""
+    if nf4.is_nf4(layer.weight):
+        return nf4.dequantize(layer.weight)
     if not is_quantized(layer):
         return layer.weight.detach().float()
     import bitsandbytes.functional as bnbf

@@ -9,7 +9,9 @@ stage 3 and shard_grad_op (no reshard after forward) keeps whole weights like st
 trainable parameters have gradients and optimizer state (LoRA: the adapters); quantized weights
 take 0.5 (nf4 with double quantization) or 1 (int8) byte per parameter plus their constants;
 offload moves states to host memory; tensor parallelism divides the block weights by tp_size.
-Activations come from `launcher.plan.activations`.
+Activations come from `launcher.plan.activations`. A Hugging Face model is counted from its config
+(launcher.groups.model.shape: exact parameters and block linears from a meta-device build; the
+activations of the GPT of its width, depth and heads, a gated MLP counted 1.5 times as wide).
 """
 
 from __future__ import annotations
@@ -19,7 +21,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from launcher.groups.model.config import ModelConfig, config_num_params, ff_width, vocab_size
+from launcher.groups.model.config import vocab_size
+from launcher.groups.model.shape import model_shape
 from launcher.plan import activations as acts
 from launcher.spec import RunSpec
 
@@ -84,17 +87,11 @@ class MemoryPlan:
         return self.parameters + self.gradients + self.optimizer_states + self.activations + self.buffers
 
 
-def _linear_shapes(cfg: ModelConfig) -> dict[str, tuple[int, int]]:
-    """Block linear layer name -> (in, out) features."""
-    d, ff = cfg.d_model, ff_width(cfg)
-    return {
-        "q_proj": (d, d),
-        "k_proj": (d, d),
-        "v_proj": (d, d),
-        "o_proj": (d, d),
-        "up": (d, ff),
-        "down": (ff, d),
-    }
+def gpt_view(spec: RunSpec) -> RunSpec:
+    """`spec` with a Hugging Face model replaced by the GPT of the same width, depth and heads (for the formulas)."""
+    if spec.model.kind == "gpt":
+        return spec
+    return dataclasses.replace(spec, model=model_shape(spec.model).equivalent)
 
 
 def lora_targets(spec: RunSpec) -> tuple[str, ...]:
@@ -102,7 +99,7 @@ def lora_targets(spec: RunSpec) -> tuple[str, ...]:
     lora = spec.quantization.lora
     if lora.rank <= 0:
         return ()
-    names = _linear_shapes(spec.model)
+    names = model_shape(spec.model).block_linears
     if lora.targets is None:
         return tuple(names)
     return tuple(name for name in names if any(name.endswith(t.rsplit(".", 1)[-1]) for t in lora.targets))
@@ -110,9 +107,10 @@ def lora_targets(spec: RunSpec) -> tuple[str, ...]:
 
 def count_params(spec: RunSpec) -> ParamCounts:
     """Parameters of the spec's model by role, without building it."""
-    cfg = spec.model
-    total = config_num_params(cfg)
-    shapes = _linear_shapes(cfg)
+    shape = model_shape(spec.model)
+    cfg = shape.equivalent
+    total = shape.num_params
+    shapes = shape.block_linears
     block_linear = cfg.n_layer * sum(i * o for i, o in shapes.values())
     rank, targets = spec.quantization.lora.rank, lora_targets(spec)
     magnitude = 1 if spec.quantization.lora.dora else 0  # DoRA: one trained magnitude per output row
@@ -298,7 +296,7 @@ def model_states(spec: RunSpec, n: int) -> _States:
             adapters=counts.adapters // tp,
             trainable=round(counts.trainable * share),
         )
-    return MODEL_STATES[spec.parallel.strategy](spec, counts, n)
+    return MODEL_STATES[spec.parallel.strategy](gpt_view(spec), counts, n)
 
 
 def plan(spec: RunSpec, world: int | None = None, device_type: str | None = None) -> MemoryPlan:
@@ -308,6 +306,8 @@ def plan(spec: RunSpec, world: int | None = None, device_type: str | None = None
     n = world or max(spec.launcher.world_size, 1)
     kind = device_type or resolve_device(spec.launcher.device)
     states = model_states(spec, n)
+    num_params = count_params(spec).total
+    spec = gpt_view(spec)  # activations of a Hugging Face model: those of the GPT of its shape
     mem, p = spec.memory, spec.parallel
     mixed = spec.precision.bf16 or spec.precision.fp16
     shape = acts.ActivationShape(
@@ -345,7 +345,7 @@ def plan(spec: RunSpec, world: int | None = None, device_type: str | None = None
         host_bytes=round(host),
         world_size=n,
         device_type=kind,
-        num_params=count_params(spec).total,
+        num_params=num_params,
         notes=tuple(notes),
     )
 

@@ -69,7 +69,9 @@ def build(spec: RunSpec, dist: DistContext, run_dir: Path | None = None) -> Comp
     mesh = dist.dims.build_mesh(device.type) if STRATEGIES[spec.parallel.strategy].device_mesh else None
     empty = pretrained.deferred(spec)
     model = build_model(spec.model, empty=empty)
-    model = quantization.apply(model, spec.quantization, spec.precision, device=device)
+    model = quantization.apply(
+        model, spec.quantization, spec.precision, device=device, strategy=spec.parallel.strategy
+    )
     if dist.dims.tp > 1:
         model = apply_tensor_parallel(
             model if empty else model.to(device),

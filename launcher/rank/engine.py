@@ -102,8 +102,12 @@ class Engine:
         out.save(rng_state(), f"rng_rank{self.parts.dist.rank}.pt")
 
     def weights_finite(self) -> bool:
-        """Whether every rank's parameters (its local shards) hold finite values (collective)."""
-        local = [getattr(p, "ds_tensor", p) for p in self.parts.strategy.model.parameters()]
+        """Whether every rank's trained parameters (its local shards) hold finite values (collective).
+
+        Frozen parameters (a quantized base under adapters) never change, so they are not read.
+        """
+        params = [p for p in self.parts.strategy.model.parameters() if p.requires_grad]
+        local = [getattr(p, "ds_tensor", p) for p in params]
         local = [t.to_local() if isinstance(t, DTensor) else t for t in local]
         ok = all(bool(torch.isfinite(t).all()) for t in local if t.is_floating_point() and t.numel())
         return self.parts.dist.all_true(ok)

@@ -6,14 +6,16 @@ import importlib.util
 from collections.abc import Iterator
 
 from launcher.groups.model.hf import PRESET_LINEARS, is_preset
+from launcher.groups.nf4 import GROUP, shape_problem
+from launcher.groups.quantization import NF4_BACKENDS, nf4_backend
 from launcher.rules.hardware import Hardware
 from launcher.rules.values import Rule
 from launcher.spec import RunSpec, SpecError
 
 # The linear layers of the built-in GPT's blocks (launcher.groups.model.gpt), by name suffix.
 GPT_LINEARS = ("q_proj", "k_proj", "v_proj", "o_proj", "up", "down")
-# Strategies that shard or re-lay out the weights themselves, which bitsandbytes layers do not support.
-WEIGHT_SHARDING = ("fsdp", "tp")
+TORCHAO_STRATEGIES = ("single", "fsdp")
+"""Strategies torchao's NF4 weights are supported under (FSDP2 shards them; one process keeps them whole)."""
 
 
 def model_linears(spec: RunSpec) -> tuple[str, ...] | None:
@@ -105,27 +107,110 @@ def _lora_targets(spec: RunSpec) -> Iterator[SpecError]:
         )
 
 
+def _tensor_parallel(spec: RunSpec) -> bool:
+    p = spec.parallel
+    return p.strategy == "tp" or (p.strategy == "fsdp" and p.tp_size > 1)
+
+
 def _strategies(spec: RunSpec, hw: Hardware) -> Iterator[SpecError]:
     q, p = spec.quantization, spec.parallel
-    if q.method != "none" and (
-        p.strategy in WEIGHT_SHARDING or (p.strategy == "deepspeed" and p.zero_stage == 3)
+    keys = ("quantization.method", "parallel.strategy")
+    if q.method != "none" and _tensor_parallel(spec):
+        yield SpecError(
+            (*keys, "parallel.tp_size"),
+            f"{q.method} weights cannot be split by tensor parallelism (it re-lays out each projection as a "
+            "DTensor shard; low-bit weights keep their scales in blocks). Use `parallel=fsdp` with "
+            "parallel.tp_size=1 (nf4), `parallel=ddp` or DeepSpeed ZeRO 0-2.",
+        )
+    elif q.method == "int8" and p.strategy == "fsdp":
+        yield SpecError(
+            keys,
+            "int8 weights cannot be sharded by FSDP2: bitsandbytes keeps each int8 matrix with its row scales "
+            "as one packed tensor. Use `quantization=nf4_lora` (FSDP2 shards torchao's NF4 tensors), "
+            "`parallel=ddp` or DeepSpeed ZeRO 0-2.",
+        )
+    elif q.method == "nf4" and p.strategy == "fsdp" and q.nf4_backend == "bitsandbytes":
+        yield SpecError(
+            ("quantization.nf4_backend", "parallel.strategy"),
+            "bitsandbytes' 4-bit matrices cannot be sharded by FSDP2 (the packed codes and their scales are "
+            "one tensor plus a side object). Use quantization.nf4_backend=torchao (or auto, the default), "
+            "whose NF4 tensors shard with their scales.",
+        )
+    elif q.method != "none" and p.strategy == "deepspeed" and p.zero_stage == 3:
+        yield SpecError(
+            (*keys, "parallel.zero_stage"),
+            f"{q.method} weights cannot be partitioned by ZeRO-3: bitsandbytes keeps each quantized matrix "
+            "with its scales as one packed tensor. Use DeepSpeed ZeRO 0-2 (they replicate the frozen "
+            "quantized weights and shard only what trains), `parallel=fsdp` with nf4, or `quantization=lora`.",
+        )
+    elif (
+        q.method == "nf4" and nf4_backend(q, p.strategy) == "torchao" and p.strategy not in TORCHAO_STRATEGIES
     ):
-        how = f"parallel.strategy={p.strategy}" + (
-            f" with zero_stage={p.zero_stage}" if p.strategy == "deepspeed" else ""
-        )
         yield SpecError(
-            ("quantization.method", "parallel.strategy", "parallel.zero_stage"),
-            f"{q.method} weights cannot be sharded by {how}: bitsandbytes keeps each quantized matrix "
-            "with its scales as one packed tensor. Use `parallel=ddp` or DeepSpeed ZeRO 0-2 (they "
-            "replicate the frozen quantized weights and shard only what trains), or `quantization=lora`.",
+            ("quantization.nf4_backend", "parallel.strategy"),
+            f"torchao's NF4 weights are supported under {' and '.join(TORCHAO_STRATEGIES)}; parallel.strategy="
+            f"{p.strategy} replicates weights, which bitsandbytes' nf4 does with less overhead. Use "
+            "quantization.nf4_backend=bitsandbytes (or auto, the default).",
         )
-    if q.lora.rank > 0 and p.strategy == "tp":
+    if q.lora.rank > 0 and _tensor_parallel(spec):
         yield SpecError(
-            ("quantization.lora.rank", "parallel.strategy"),
+            ("quantization.lora.rank", "parallel.strategy", "parallel.tp_size"),
             "tensor parallelism shards the q/k/v/o and MLP projections that LoRA wraps, so the two do not "
-            "combine. Use `parallel=ddp` (or another data-parallel strategy) with LoRA, or drop the adapters.",
+            "combine. Use `parallel=fsdp` (tp_size 1), `parallel=ddp` or a DeepSpeed option with LoRA, or drop the adapters.",
         )
 
 
-RULES: tuple[Rule, ...] = (_quantized_needs_adapters, _lora_settings, _strategies)
+def _nf4_store(spec: RunSpec, hw: Hardware) -> Iterator[SpecError]:
+    q, p = spec.quantization, spec.parallel
+    if q.nf4_backend not in NF4_BACKENDS:
+        yield SpecError(
+            ("quantization.nf4_backend",),
+            f"must be one of {', '.join(NF4_BACKENDS)}, got {q.nf4_backend!r}.",
+        )
+        return
+    if q.method != "nf4" or nf4_backend(q, p.strategy) != "torchao":
+        return
+    if importlib.util.find_spec("torchao") is None:
+        yield SpecError(
+            ("quantization.nf4_backend",),
+            "nf4 weights under FSDP2 are torchao NF4 tensors, and torchao is not installed. Install it with "
+            "`pip install -e '.[ao]'` (or `pip install torchao`).",
+        )
+        return
+    if q.lora.dora:
+        yield SpecError(
+            ("quantization.lora.dora", "quantization.nf4_backend"),
+            "DoRA needs the dequantized weight's row norms at every step, which peft reads from bitsandbytes "
+            "layers only. Use LoRA (quantization.lora.dora=false) with torchao's nf4, or DoRA with "
+            "`parallel=ddp` (bitsandbytes nf4).",
+        )
+    yield from _nf4_shapes(spec)
+
+
+def _nf4_shapes(spec: RunSpec) -> Iterator[SpecError]:
+    """Every quantized matrix must split into whole NF4 groups, on every FSDP2 shard."""
+    from launcher.groups.model.shape import model_shape
+
+    p = spec.parallel
+    shards = spec.launcher.world_size // max(p.replicate_degree, 1) if p.strategy == "fsdp" else 1
+    try:
+        linears = model_shape(spec.model).block_linears
+    except (OSError, ValueError, KeyError):
+        return  # launcher.rules.hf_model says what is wrong with the model folder
+    problems = [
+        problem
+        for name, (fan_in, fan_out) in linears.items()
+        if (problem := shape_problem(name, fan_out, fan_in, shards)) is not None
+    ]
+    if problems:
+        yield SpecError(
+            ("quantization.method", "quantization.nf4_backend", "model.d_model"),
+            f"torchao's NF4 stores weights in groups of {GROUP} (64 per scale, 256 scales per factor), split "
+            f"over {shards} FSDP2 shard(s): {'; '.join(problems[:3])}. Use a model whose block matrices "
+            f"hold a multiple of {GROUP} x {shards} weights (a 4096-wide Llama-style model does on up to 256 ranks), fewer "
+            "ranks, or `parallel=ddp` with bitsandbytes' nf4.",
+        )
+
+
+RULES: tuple[Rule, ...] = (_quantized_needs_adapters, _lora_settings, _strategies, _nf4_store)
 """This module's rules, in the order they report."""

@@ -131,13 +131,6 @@ def _combinations(spec: RunSpec, hw: Hardware) -> Iterator[SpecError]:
             "all-reduced so every rank skips together), whose flag the fused optimizer kernel cannot take. "
             "Use optimizer.implementation=foreach (or auto), or `precision=bf16`, which needs no scaler.",
         )
-    q = spec.quantization
-    if q.method != "none" or q.lora.rank > 0:
-        yield SpecError(
-            ("parallel.strategy", "quantization.method", "quantization.lora.rank"),
-            f"parallel.strategy={p.strategy} shards plain weights as DTensors; low-bit (bitsandbytes) weights and "
-            "LoRA-wrapped layers are not supported by it. Use `parallel=ddp` or `parallel=single` for QLoRA/LoRA.",
-        )
 
 
 RULES: tuple[Rule, ...] = (_foreign_keys, _degrees, _model_shape, _combinations)

@@ -1,6 +1,7 @@
-"""LoRA (peft) on real ranks (gloo, 2 processes) under DeepSpeed ZeRO-2 and ZeRO-3, and FSDP2 where the
-rules allow it: loss parity with one process, exact resume from an adapter-only checkpoint, and its
-offline consolidation (the base rebuilt from the spec, the adapters loaded into it)."""
+"""LoRA (peft) on real ranks (gloo, 2 processes) under DeepSpeed ZeRO-2 and ZeRO-3 and FSDP2, and QLoRA
+under FSDP2 (torchao's NF4 base sharded with the adapters): loss parity with one process, exact resume
+from an adapter-only checkpoint, and its offline consolidation (the base rebuilt from the spec, the
+adapters loaded into it)."""
 
 from __future__ import annotations
 
@@ -11,22 +12,25 @@ import torch
 
 from conftest import TINY, losses, run_inline, run_ranks
 from launcher.front import merge
-from launcher.front.cli import precheck
 from launcher.groups import checkpoint
 from launcher.parallel.deepspeed import module_states_file
 from launcher.parallel.dtensor import saved_model_keys
 
 TWO_RANKS = ["launcher=local", "launcher.nproc=2"]
 LORA = [*TINY, "quantization=lora", "train.eval_every=null", "train.max_steps=8", "checkpoint.every=4"]
-OPTIONS = ["zero2", "zero3", "fsdp"]
+# QLoRA: NF4 needs block matrices of whole 16384-weight groups per shard (d_model 256); no adapter
+# dropout, whose masks differ between one process and two ranks.
+QLORA = ["quantization=nf4_lora", "quantization.lora.dropout=0", "model.d_model=256", "model.n_head=4"]
+OPTIONS = {
+    "zero2": ["parallel=zero2"],
+    "zero3": ["parallel=zero3"],
+    "fsdp": ["parallel=fsdp"],
+    "fsdp-qlora": ["parallel=fsdp", *QLORA],
+}
+# The one-process reference of each option: the same model and adapters (torchao's NF4 for QLoRA, which
+# `nf4_backend=auto` picks under FSDP2).
+REFERENCE = {"fsdp-qlora": [*QLORA, "quantization.nf4_backend=torchao"]}
 _runs: dict[str, Path] = {}
-
-
-def _allowed(option: str) -> None:
-    """Skip where the rules refuse LoRA under this strategy (FSDP2: launcher.rules.sharding decides)."""
-    errors = precheck([*LORA, *TWO_RANKS, f"parallel={option}"])
-    if errors:
-        pytest.skip(f"refused before launch: {errors[0].message}")
 
 
 @pytest.fixture(scope="module")
@@ -36,7 +40,7 @@ def straight(tmp_path_factory):
     def run(option: str) -> Path:
         if option not in _runs:
             run_dir = tmp_path_factory.mktemp(option) / "run"
-            proc = run_ranks([*LORA, *TWO_RANKS, f"parallel={option}"], run_dir, timeout=600)
+            proc = run_ranks([*LORA, *TWO_RANKS, *OPTIONS[option]], run_dir, timeout=600)
             assert proc.returncode == 0, proc.stderr[-4000:]
             _runs[option] = run_dir
         return _runs[option]
@@ -45,17 +49,23 @@ def straight(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def one_process(tmp_path_factory) -> Path:
-    """One process with the 2-rank job's global batch (micro batch 8 = 2 ranks x 4)."""
-    run_dir = tmp_path_factory.mktemp("one") / "run"
-    assert run_inline([*LORA, "train.micro_batch_size=8"], run_dir) == 0
-    return run_dir
+def one_process(tmp_path_factory):
+    """One process with the 2-rank job's global batch (micro batch 8 = 2 ranks x 4), per reference."""
+
+    def run(option: str) -> Path:
+        key = f"one:{' '.join(REFERENCE.get(option, []))}"
+        if key not in _runs:
+            run_dir = tmp_path_factory.mktemp("one") / "run"
+            assert run_inline([*LORA, *REFERENCE.get(option, []), "train.micro_batch_size=8"], run_dir) == 0
+            _runs[key] = run_dir
+        return _runs[key]
+
+    return run
 
 
 @pytest.mark.parametrize("option", OPTIONS)
 def test_lora_losses_match_one_process(straight, one_process, option: str) -> None:
-    _allowed(option)
-    got, want = losses(straight(option)), losses(one_process)
+    got, want = losses(straight(option)), losses(one_process(option))
     assert got.keys() == want.keys()
     for step in want:  # fp32, same init and data: equal up to summation order (measured < 2e-7)
         assert got[step] == pytest.approx(want[step], rel=1e-5), (step, got[step], want[step])
@@ -63,20 +73,40 @@ def test_lora_losses_match_one_process(straight, one_process, option: str) -> No
 
 @pytest.mark.parametrize("option", OPTIONS)
 def test_lora_resume_is_exact_from_adapters_alone(straight, tmp_path, option: str) -> None:
-    _allowed(option)
     split = tmp_path / "split"
-    first = run_ranks([*LORA, *TWO_RANKS, f"parallel={option}", "train.stop_after=4"], split, timeout=600)
+    first = run_ranks([*LORA, *TWO_RANKS, *OPTIONS[option], "train.stop_after=4"], split, timeout=600)
     assert first.returncode == 0, first.stderr[-4000:]
     step_dir = checkpoint.good_checkpoints(split)[0]
     _, model = merge.load_adapted(step_dir)  # offline: base rebuilt, consolidated adapters loaded (checked)
     trainable = {n for n, p in model.named_parameters() if p.requires_grad}
-    if option == "fsdp":
+    if option.startswith("fsdp"):
         saved = saved_model_keys(step_dir)
     else:
         saved = set(
             torch.load(module_states_file(step_dir), map_location="cpu", weights_only=False)["module"]
         )
     assert saved == trainable  # no frozen key, not even the output head tied to the embedding
-    second = run_ranks([*LORA, *TWO_RANKS, f"parallel={option}", "resume=auto"], split, timeout=600)
+    second = run_ranks([*LORA, *TWO_RANKS, *OPTIONS[option], "resume=auto"], split, timeout=600)
     assert second.returncode == 0, second.stderr[-4000:]
     assert losses(split) == losses(straight(option))  # bitwise, step by step
+
+
+def test_qlora_from_fsdp2_exports_merged_and_as_adapters(straight, tmp_path) -> None:
+    """The sharded QLoRA run leaves as a Hugging Face folder (adapters folded into the dequantized NF4
+    base) with the adapted model's logits, or as a PEFT adapter folder."""
+    from peft import PeftConfig
+    from transformers import AutoModelForCausalLM
+
+    from launcher.front import export
+
+    run_dir = straight("fsdp-qlora")
+    assert export.main([str(run_dir), str(tmp_path / "hf"), "--format", "hf", "--merge"]) == 0
+    exported = AutoModelForCausalLM.from_pretrained(tmp_path / "hf").eval()
+    _, adapted = merge.load_adapted(checkpoint.good_checkpoints(run_dir)[0])
+    tokens = torch.randint(0, 256, (2, 32), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        torch.testing.assert_close(exported(input_ids=tokens).logits, adapted(tokens), rtol=1e-5, atol=1e-5)
+    assert export.main([str(run_dir), str(tmp_path / "peft"), "--adapter"]) == 0
+    config = PeftConfig.from_pretrained(str(tmp_path / "peft"))
+    assert config.r == 16 and (tmp_path / "peft" / "adapter_model.safetensors").is_file()
+    assert export.main([str(run_dir), str(tmp_path / "both"), "--adapter", "--merge"]) == 2

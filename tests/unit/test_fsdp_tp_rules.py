@@ -45,7 +45,10 @@ def _messages(*argv: str) -> list[str]:
             ["parallel=fsdp", *LOCAL2, "parallel.prefetch_layers=-1"],
             "parallel.prefetch_layers: must be 0 or more, got -1",
         ),
-        (["parallel=fsdp", *LOCAL2, "quantization.lora.rank=8"], "LoRA-wrapped layers are not supported"),
+        (
+            ["parallel=tp_fsdp", "launcher=local", "launcher.nproc=4", "quantization.lora.rank=8"],
+            "tensor parallelism shards the q/k/v/o",
+        ),
     ],
     ids=[
         "heads",
@@ -61,7 +64,7 @@ def _messages(*argv: str) -> list[str]:
         "zero-with-fsdp",
         "fp16-fused",
         "prefetch",
-        "lora",
+        "lora-with-tp",
     ],
 )
 def test_bad_specs_are_refused_with_their_fix(argv: list[str], expected: str) -> None:

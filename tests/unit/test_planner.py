@@ -25,6 +25,28 @@ def test_parameter_count_matches_the_built_model(shape: dict) -> None:
     assert planner.count_params(spec).total == num_params(build_model(cfg))
 
 
+LLAMA_2_7B = {
+    "model_type": "llama", "hidden_size": 4096, "intermediate_size": 11008, "num_hidden_layers": 32,
+    "num_attention_heads": 32, "num_key_value_heads": 32, "vocab_size": 32000, "max_position_embeddings": 4096,
+    "tie_word_embeddings": False, "rms_norm_eps": 1e-5,
+}  # fmt: skip
+
+
+def test_hugging_face_models_are_counted_from_their_config(tmp_path) -> None:
+    """Llama-2-7B's config alone (no weights): its published 6,738,415,616 parameters, and a plan."""
+    import json
+
+    pytest.importorskip("transformers")
+    (tmp_path / "config.json").write_text(json.dumps(LLAMA_2_7B))
+    cfg = ModelConfig(kind="hf", hf_config=str(tmp_path), vocab_size=32000)
+    spec = RunSpec(model=cfg)
+    counts = planner.count_params(spec)
+    assert counts.total == 6_738_415_616
+    assert counts.block_linear == 32 * (4 * 4096 * 4096 + 3 * 4096 * 11008)
+    memory = planner.plan(spec, world=8)
+    assert memory.num_params == counts.total and memory.parameters == 4 * counts.total  # single: whole fp32
+
+
 @pytest.mark.parametrize("stage", [0, 1, 2, 3])
 def test_zero_stages_shard_as_the_paper_says(stage: int) -> None:
     world = 8

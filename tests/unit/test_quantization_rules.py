@@ -62,18 +62,48 @@ def test_dora_and_rslora_options() -> None:
     assert "loses the row scales" in message and "quantization=dora" in message
 
 
-def test_quantized_weights_cannot_be_sharded() -> None:
+def test_quantized_weights_cannot_be_sharded_by_zero3() -> None:
     errors = _errors("quantization=nf4_lora", "parallel=zero3", "launcher=local")
     message = errors[("quantization.method", "parallel.strategy", "parallel.zero_stage")]
-    assert "deepspeed with zero_stage=3" in message and "Use `parallel=ddp`" in message
+    assert "cannot be partitioned by ZeRO-3" in message and "DeepSpeed ZeRO 0-2" in message
     assert "one packed tensor" in message  # the reason
     assert _errors("quantization=nf4_lora", "parallel=zero2", "launcher=local") == {}
     assert _errors("quantization=lora", "parallel=zero3", "launcher=local") == {}
 
 
-def test_lora_with_tensor_parallel_is_refused() -> None:
-    errors = _errors("quantization=lora", "parallel.strategy=tp", "launcher=local", "launcher.nproc=2")
-    assert "tensor parallelism shards" in errors[("quantization.lora.rank", "parallel.strategy")]
+FSDP2 = ("parallel=fsdp", "launcher=local", "launcher.nproc=2")
+WIDE = ("model.d_model=256", "model.n_head=4")  # block matrices of whole 16384-weight NF4 groups per shard
+
+
+@pytest.mark.parametrize(
+    ("argv", "keys", "needle"),
+    [
+        (("quantization=lora", "parallel.strategy=tp", "launcher=local", "launcher.nproc=2"),
+         ("quantization.lora.rank", "parallel.strategy", "parallel.tp_size"), "tensor parallelism shards"),
+        (("quantization=nf4_lora", "parallel=tp_fsdp", "launcher=local", "launcher.nproc=4", *WIDE),
+         ("quantization.method", "parallel.strategy", "parallel.tp_size"), "cannot be split by tensor parallelism"),
+        (("quantization=int8_lora", *FSDP2), ("quantization.method", "parallel.strategy"), "int8 weights cannot be sharded by FSDP2"),
+        (("quantization=nf4_lora", "quantization.nf4_backend=bitsandbytes", *FSDP2, *WIDE),
+         ("quantization.nf4_backend", "parallel.strategy"), "nf4_backend=torchao (or auto"),
+        (("quantization=nf4_lora", *FSDP2), ("quantization.method", "quantization.nf4_backend", "model.d_model"),
+         "cannot be split into 2 row shards"),
+        (("quantization=nf4_lora", "quantization.lora.dora=true", *FSDP2, *WIDE),
+         ("quantization.lora.dora", "quantization.nf4_backend"), "DoRA needs"),
+        (("quantization=nf4_lora", "quantization.nf4_backend=torchao", "parallel=ddp", "launcher=local",
+          "launcher.nproc=2", *WIDE), ("quantization.nf4_backend", "parallel.strategy"), "bitsandbytes (or auto"),
+        (("quantization=nf4_lora", "quantization.nf4_backend=fast"), ("quantization.nf4_backend",), "must be one of"),
+    ],
+)  # fmt: skip
+def test_adapters_and_low_bits_per_strategy(
+    argv: tuple[str, ...], keys: tuple[str, ...], needle: str
+) -> None:
+    errors = _errors(*argv)
+    assert needle in errors[keys], errors
+
+
+def test_adapters_and_nf4_are_accepted_under_fsdp2() -> None:
+    assert _errors("quantization=lora", *FSDP2) == {}
+    assert _errors("quantization=nf4_lora", *FSDP2, *WIDE) == {}  # auto: torchao's NF4 under FSDP2
 
 
 def test_optimizer_rules() -> None:
