@@ -180,8 +180,9 @@ def _nf4_store(spec: RunSpec, hw: Hardware) -> Iterator[SpecError]:
     if q.lora.dora:
         yield SpecError(
             ("quantization.lora.dora", "quantization.nf4_backend"),
-            "DoRA needs the dequantized weight's row norms at every step, which peft reads from bitsandbytes "
-            "layers only. Use LoRA (quantization.lora.dora=false) with torchao's nf4, or DoRA with "
+            "DoRA rescales by the dequantized base weight's row norms, and peft dequantizes through "
+            "`weight.dequantize()`, whose torchao NF4Tensor form it cannot call (it fails at the first step). "
+            "Use LoRA (quantization.lora.dora=false) with torchao's nf4, or DoRA with "
             "`parallel=ddp` (bitsandbytes nf4).",
         )
     yield from _nf4_shapes(spec)
