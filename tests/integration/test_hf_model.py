@@ -55,6 +55,18 @@ def test_preset_checkpointing_gives_the_same_gradients(preset: str) -> None:
     assert not enable_checkpointing(build_model(ModelConfig(n_layer=1, d_model=32, n_head=2)))
 
 
+@pytest.mark.parametrize(("preset", "layer_class"), [("llama", "LlamaDecoderLayer"), ("gpt2", "GPT2Block")])
+def test_decoder_layers_are_what_fsdp_shards_and_compile_traces(preset: str, layer_class: str) -> None:
+    """FSDP2 and compile take a transformers model layer by layer (the class of `_no_split_modules`)."""
+    from launcher.groups.compile import compiled_modules
+    from launcher.groups.model.hf import decoder_layers
+
+    model = build_model(ModelConfig(kind="hf", hf_config=preset, n_layer=3, d_model=32, n_head=2))
+    layers = decoder_layers(model)
+    assert layers is not None and len(layers) == 3 and type(layers[0]).__name__ == layer_class
+    assert compiled_modules(model) == list(layers)
+
+
 def test_model_path_loads_the_weights_and_hf_config_only_the_shape(tmp_path) -> None:
     torch.manual_seed(0)
     source = build_model(ModelConfig(kind="hf", hf_config="llama", n_layer=1, d_model=32, n_head=2))

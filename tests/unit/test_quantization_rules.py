@@ -88,7 +88,7 @@ WIDE = ("model.d_model=256", "model.n_head=4")  # block matrices of whole 16384-
         (("quantization=nf4_lora", *FSDP2), ("quantization.method", "quantization.nf4_backend", "model.d_model"),
          "cannot be split into 2 row shards"),
         (("quantization=nf4_lora", "quantization.lora.dora=true", *FSDP2, *WIDE),
-         ("quantization.lora.dora", "quantization.nf4_backend"), "DoRA needs"),
+         ("quantization.lora.dora", "quantization.nf4_backend"), "DoRA rescales"),
         (("quantization=nf4_lora", "quantization.nf4_backend=torchao", "parallel=ddp", "launcher=local",
           "launcher.nproc=2", *WIDE), ("quantization.nf4_backend", "parallel.strategy"), "bitsandbytes (or auto"),
         (("quantization=nf4_lora", "quantization.nf4_backend=fast"), ("quantization.nf4_backend",), "must be one of"),
