@@ -303,6 +303,7 @@ def strip_hydra(cfg: DictConfig) -> DictConfig:
 def validate(cfg: DictConfig) -> tuple[RunSpec | None, list[SpecError]]:
     """Schema and cross-field rules on a composed config: the spec, or every violation found."""
     from launcher.front.vocab import fill_vocab
+    from launcher.front.warmup import fit_warmup
     from launcher.groups.launcher import resolve_backend
     from launcher.rules import check, detect_hardware
     from launcher.spec import InvalidSpec
@@ -319,6 +320,7 @@ def validate(cfg: DictConfig) -> tuple[RunSpec | None, list[SpecError]]:
     spec, errors = fill_vocab(cfg, spec)
     if errors:
         return None, errors
+    spec = fit_warmup(cfg, spec)
     errors = check(spec, detect_hardware(spec))
     return (None, errors) if errors else (spec, [])
 

@@ -170,3 +170,14 @@ def test_auto_backend_picks_local_for_several_ranks() -> None:
     assert errors == [] and spec.launcher.backend == "local"
     spec, errors = compose.validate(compose.compose([]))
     assert errors == [] and spec.launcher.backend == "inline"
+
+
+def test_a_default_warmup_is_fitted_to_a_short_run_and_a_typed_one_is_checked(capsys) -> None:
+    """`train train.max_steps=5` runs (the default 20 warmup steps become 0, with a note)."""
+    spec, errors = compose.validate(compose.compose(["train.max_steps=5"]))
+    assert errors == [] and spec.scheduler.warmup_steps == 0
+    assert "warms up for 0 step(s)" in capsys.readouterr().err
+    spec, errors = compose.validate(compose.compose(["train.max_steps=50"]))
+    assert errors == [] and spec.scheduler.warmup_steps == 20  # it fits: unchanged
+    typed = precheck(["train.max_steps=5", "scheduler.warmup_steps=20"])
+    assert [e.keys for e in typed] == [("scheduler.warmup_steps", "train.max_steps")]
