@@ -30,10 +30,7 @@ import torch
 from rich.console import Console
 from torch import nn
 
-from launcher.groups import nf4
-
 if TYPE_CHECKING:
-    nf4.quiet_import()
     from peft import LoraConfig
 
 ADAPTER = "default"
@@ -84,7 +81,6 @@ def chosen_layers(candidates: Iterable[str], targets: list[str] | None) -> list[
 
 def peft_config(cfg: LoRAConfig, layers: list[str], *, fan_in_fan_out: bool = False) -> LoraConfig:
     """The peft.LoraConfig of `cfg` for exactly the modules named in `layers` (full names)."""
-    nf4.quiet_import()
     from peft import LoraConfig
 
     return LoraConfig(
@@ -116,7 +112,6 @@ def add_adapters(
     `quantized` is the quantization method the candidates were built with (none, int8, nf4): peft
     then wraps them in its bitsandbytes LoRA layers (checked here).
     """
-    nf4.quiet_import()
     from peft import inject_adapter_in_model
     from peft.tuners.lora import LoraLayer
 

@@ -14,11 +14,6 @@ FSDP2 each rank's share of rows must still be a whole number of those blocks.
 
 from __future__ import annotations
 
-import contextlib
-import importlib.util
-import io
-import sys
-import warnings
 from typing import Any
 
 import torch
@@ -33,21 +28,10 @@ GROUP = BLOCK_SIZE * SCALER_BLOCK_SIZE
 
 
 def torchao_quantization() -> Any:
-    """`torchao.quantization`, imported without the notices its optional CUDA kernels print on a CPU machine.
-
-    peft imports torchao on its own when it is installed, so adapters call this first too.
-    """
-    with warnings.catch_warnings(), contextlib.redirect_stderr(io.StringIO()):
-        warnings.simplefilter("ignore")
-        import torchao.quantization
+    """`torchao.quantization`, imported on first use (its CPU-machine notices are silenced in launcher/__init__)."""
+    import torchao.quantization
 
     return torchao.quantization
-
-
-def quiet_import() -> None:
-    """Import torchao once, silently, if it is installed (before peft, which imports it loudly)."""
-    if "torchao" not in sys.modules and importlib.util.find_spec("torchao") is not None:
-        torchao_quantization()
 
 
 def shape_problem(name: str, out_features: int, in_features: int, num_shards: int = 1) -> str | None:

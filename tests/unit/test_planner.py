@@ -45,6 +45,12 @@ def test_hugging_face_models_are_counted_from_their_config(tmp_path) -> None:
     assert counts.block_linear == 32 * (4 * 4096 * 4096 + 3 * 4096 * 11008)
     memory = planner.plan(spec, world=8)
     assert memory.num_params == counts.total and memory.parameters == 4 * counts.total  # single: whole fp32
+    resized = RunSpec(
+        model=ModelConfig(kind="hf", hf_config=str(tmp_path), vocab_size=32064, resize_embeddings=True)
+    )
+    assert (
+        planner.count_params(resized).total == counts.total + 2 * 64 * 4096
+    )  # embedding and untied head grow
 
 
 @pytest.mark.parametrize("stage", [0, 1, 2, 3])

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from torch import nn
 
-from launcher.groups.model.config import ModelConfig, config_num_params
+from launcher.groups.model.config import ModelConfig
+from launcher.groups.model.shape import model_shape
 
 
 def build_model(cfg: ModelConfig, *, empty: bool = False) -> nn.Module:
@@ -36,11 +37,9 @@ def num_params(model: nn.Module) -> int:
 def flops_per_token(cfg: ModelConfig, seq_len: int) -> float:
     """Training FLOPs per token, 6 * N + 12 * n_layer * d_model * seq_len (forward + backward).
 
-    N counts the parameters from the config alone, without building the model, with a tied
-    embedding counted once; the second term is the attention score and value products.
+    N counts the parameters without building real weights (launcher.groups.model.shape: the GPT's
+    config formula, a Hugging Face model's meta-device build), a tied embedding counted once; the
+    second term is the attention score and value products.
     """
-    if cfg.kind == "hf":
-        from launcher.groups.model.hf import hf_flops_per_token
-
-        return hf_flops_per_token(cfg, seq_len)
-    return float(6 * config_num_params(cfg) + 12 * cfg.n_layer * cfg.d_model * seq_len)
+    shape = model_shape(cfg)
+    return float(6 * shape.num_params + 12 * shape.equivalent.n_layer * shape.equivalent.d_model * seq_len)

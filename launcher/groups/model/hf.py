@@ -170,7 +170,8 @@ def build_hf_model(cfg: ModelConfig, *, empty: bool = False, announce: bool = Tr
     hf.config.use_cache = False
     rows = hf.get_input_embeddings().num_embeddings
     if cfg.resize_embeddings and cfg.vocab_size is not None and cfg.vocab_size != rows:
-        hf.resize_token_embeddings(cfg.vocab_size)  # new rows: drawn from the seeded generator, like init
+        # new rows: drawn from the seeded generator, like init (an empty build has no values to draw from)
+        hf.resize_token_embeddings(cfg.vocab_size, mean_resizing=not empty)
         source += f", token embedding resized {rows} -> {cfg.vocab_size} for the tokenizer"
     if announce and int(os.environ.get("RANK", "0")) == 0:
         Console().print(
@@ -244,18 +245,3 @@ def enable_checkpointing(model: nn.Module, every_n_layers: int = 1) -> bool:
         hf.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
     hf.enable_input_require_grads()
     return True
-
-
-def hf_flops_per_token(cfg: ModelConfig, seq_len: int) -> float:
-    """Training FLOPs per token, 6 * N + 12 * layers * width * seq_len, N counted on the meta device."""
-    from transformers import AutoModelForCausalLM
-
-    config = hf_config(cfg)
-    with torch.device("meta"):
-        hf = AutoModelForCausalLM.from_config(config, trust_remote_code=False)
-    num_params = sum(p.numel() for p in hf.parameters())  # a tied matrix is listed once
-    if cfg.vocab_size is not None and cfg.resize_embeddings:
-        rows = hf.get_input_embeddings().num_embeddings
-        tied = hf.config.tie_word_embeddings
-        num_params += (cfg.vocab_size - rows) * config.hidden_size * (1 if tied else 2)
-    return float(6 * num_params + 12 * config.num_hidden_layers * config.hidden_size * seq_len)
