@@ -14,7 +14,7 @@ class ParallelConfig:
     """Strategy choice and every strategy's settings (each strategy reads only its own)."""
 
     strategy: str = "single"
-    """single, ddp, fsdp, deepspeed or tp (see launcher.parallel.registry.STRATEGIES)."""
+    """single, ddp, fsdp, deepspeed, tp or pp (see launcher.parallel.registry.STRATEGIES)."""
     # --- DDP ---
     bucket_mb: float = 25.0
     """DDP gradient bucket size in MiB."""
@@ -53,3 +53,14 @@ class ParallelConfig:
     """Tensor-parallel degree (column/row-wise attention and MLP); with fsdp, a 2-D mesh dp x tp."""
     sequence_parallel: bool = False
     """Run the norms on sequence shards between tensor-parallel regions (needs tp_size > 1)."""
+    # --- pipeline parallel ---
+    pp_size: int = 1
+    """Pipeline stages' ranks: the layers are split into pp_size (x pp_stages_per_rank) consecutive stages."""
+    pp_schedule: str = "1f1b"
+    """gpipe, 1f1b, interleaved_1f1b or zero_bubble (torch.distributed.pipelining's schedules)."""
+    pp_microbatches: int = 4
+    """Pipeline micro batches each train.micro_batch_size batch is cut into (it must divide it)."""
+    pp_stages_per_rank: int = 1
+    """Stages each rank holds; interleaved_1f1b and zero_bubble need 2 or more (zero_bubble: exactly 2, V-shaped)."""
+    pp_split: list[int] | None = None
+    """null: balanced automatically (parameters and FLOPs, embedding and head counted); or the first layer of each stage after the first, e.g. [3, 6]."""

@@ -25,12 +25,12 @@ from launcher.groups.optimizer import build_optimizer
 from launcher.groups.precision import make_grad_scaler
 from launcher.parallel.guarded_step import guarded_step
 from launcher.parallel.state_bytes import state_bytes
-from launcher.parallel.strategy import Setup, StepResult
+from launcher.parallel.strategy import Setup, StepResult, WholeModelVerbs
 
 _POWERSGD_FIELDS = ("error_dict", "p_memory_dict", "q_memory_dict", "iter")
 
 
-class DDPStrategy:
+class DDPStrategy(WholeModelVerbs):
     """DistributedDataParallel over all ranks, with the single strategy's guarded step."""
 
     def __init__(self, model: nn.Module, setup: Setup) -> None:

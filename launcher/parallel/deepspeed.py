@@ -28,7 +28,7 @@ from launcher.groups.checkpoint_files import CheckpointFiles
 from launcher.groups.optimizer import build_optimizer, param_groups
 from launcher.parallel import deepspeed_config as ds_config
 from launcher.parallel.state_bytes import optimizer_state_bytes
-from launcher.parallel.strategy import Setup, StepResult
+from launcher.parallel.strategy import Setup, StepResult, WholeModelVerbs
 
 TAG = "deepspeed"
 """Sub-directory of a checkpoint holding DeepSpeed's files (its `tag`)."""
@@ -106,7 +106,7 @@ def weights_only_loads() -> Iterator[None]:
             os.environ["TORCH_FORCE_WEIGHTS_ONLY_LOAD"] = previous
 
 
-class DeepSpeedStrategy:
+class DeepSpeedStrategy(WholeModelVerbs):
     """ZeRO 0-3 through a DeepSpeed engine, driven by the launcher's loop."""
 
     def __init__(self, model: nn.Module, setup: Setup) -> None:

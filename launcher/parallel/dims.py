@@ -27,13 +27,17 @@ if TYPE_CHECKING:
     from launcher.groups.parallel import ParallelConfig
 
 MESH_DIMS = ("replicate", "shard", "tp")
-"""Names of the mesh dimensions, outermost first."""
+"""Names of the mesh dimensions, outermost first; a pipeline-parallel run adds "pp" outside them."""
 
 
 @dataclass(frozen=True, kw_only=True)
 class ParallelDims:
     """Degrees of a run's mesh; their product is the world size."""
 
+    pp: int = 1
+    """Pipeline-parallel degree (outermost: each pipeline stage's ranks form one data x tensor-parallel block)."""
+    pp_last: int = 0
+    """Pipeline rank holding the last stage, which computes the loss (pp - 1; 0 for the V-shaped zero_bubble)."""
     replicate: int = 1
     """Replicas of the sharded group (FSDP2 hybrid sharding); 1 without."""
     shard: int = 1
@@ -47,13 +51,14 @@ class ParallelDims:
         errors = degree_errors(parallel, world_size)
         if errors:
             raise ValueError("; ".join(str(e) for e in errors))
-        tp, replicate = parallel.tp_size, parallel.replicate_degree
-        return cls(replicate=replicate, shard=world_size // (tp * replicate), tp=tp)
+        tp, replicate, pp = parallel.tp_size, parallel.replicate_degree, parallel.pp_size
+        last = 0 if parallel.pp_schedule == "zero_bubble" else pp - 1
+        return cls(pp=pp, pp_last=last, replicate=replicate, shard=world_size // (tp * replicate * pp), tp=tp)
 
     @property
     def world_size(self) -> int:
         """Ranks of the mesh."""
-        return self.replicate * self.shard * self.tp
+        return self.pp * self.replicate * self.shard * self.tp
 
     @property
     def dp_size(self) -> int:
@@ -62,38 +67,68 @@ class ParallelDims:
 
     def dp_rank(self, rank: int) -> int:
         """Which data shard the tensor-parallel group of `rank` reads."""
-        return rank // self.tp
+        return (rank // self.tp) % self.dp_size
+
+    def pp_rank(self, rank: int) -> int:
+        """Which pipeline stage (or stages) `rank` holds: its position along the outermost dimension."""
+        return rank // (self.dp_size * self.tp)
+
+    def counts_data(self, rank: int) -> bool:
+        """Whether `rank` reports its data group's tokens and loss: tensor-parallel peers and earlier
+        pipeline stages hold the same batch, and only the last stage holds the loss."""
+        return self.tp_rank(rank) == 0 and self.pp_rank(rank) == self.pp_last
 
     def tp_rank(self, rank: int) -> int:
         """Position of `rank` inside its tensor-parallel group."""
         return rank % self.tp
 
     def build_mesh(self, device_type: str) -> DeviceMesh:
-        """The named mesh ("replicate", "shard", "tp") over the process group, laid out row-major."""
+        """The named mesh ("replicate", "shard", "tp"; "pp" outermost with a pipeline) over the process group, row-major."""
         from torch.distributed.device_mesh import init_device_mesh
 
+        if self.pp > 1:
+            return init_device_mesh(
+                device_type, (self.pp, self.replicate, self.shard, self.tp), mesh_dim_names=("pp", *MESH_DIMS)
+            )
         return init_device_mesh(device_type, (self.replicate, self.shard, self.tp), mesh_dim_names=MESH_DIMS)
 
 
 def degree_errors(parallel: ParallelConfig, world_size: int) -> list[SpecError]:
     """Why the spec's degrees do not fit `world_size` ranks (empty when they do)."""
     p = parallel
-    if p.tp_size < 1 or p.replicate_degree < 1:
+    if p.tp_size < 1 or p.replicate_degree < 1 or p.pp_size < 1:
         return [
             SpecError(
-                ("parallel.tp_size", "parallel.replicate_degree"),
-                f"tp_size ({p.tp_size}) and replicate_degree ({p.replicate_degree}) must be at least 1.",
+                ("parallel.tp_size", "parallel.replicate_degree", "parallel.pp_size"),
+                f"tp_size ({p.tp_size}), replicate_degree ({p.replicate_degree}) and pp_size ({p.pp_size}) "
+                "must be at least 1.",
             )
         ]
     errors = []
-    group = p.tp_size * p.replicate_degree
+    group = p.tp_size * p.replicate_degree * p.pp_size
     if world_size % group:
         errors.append(
             SpecError(
-                ("launcher.nproc", "launcher.nnodes", "parallel.tp_size", "parallel.replicate_degree"),
+                (
+                    "launcher.nproc",
+                    "launcher.nnodes",
+                    "parallel.pp_size",
+                    "parallel.tp_size",
+                    "parallel.replicate_degree",
+                ),
                 f"the world size ({world_size} = launcher.nnodes x launcher.nproc) must be a multiple of "
-                f"parallel.tp_size x parallel.replicate_degree ({p.tp_size} x {p.replicate_degree}). "
+                f"parallel.pp_size x parallel.tp_size x parallel.replicate_degree ({p.pp_size} x {p.tp_size} x "
+                f"{p.replicate_degree} = {group}); the data-parallel degree is the world size divided by it. "
                 "Change launcher.nproc or the degrees.",
+            )
+        )
+    if p.strategy == "pp" and p.pp_size < 2:
+        errors.append(
+            SpecError(
+                ("parallel.strategy", "parallel.pp_size"),
+                f"strategy pp splits the layers into pipeline stages on different ranks, so it needs pp_size >= 2 "
+                f"(got {p.pp_size}). Set `parallel.pp_size=2` (and launcher.nproc to a multiple of it), or use "
+                "`parallel=fsdp` to shard without a pipeline.",
             )
         )
     if p.strategy == "tp" and (p.tp_size < 2 or world_size != p.tp_size):
@@ -173,16 +208,17 @@ class DistContext:
         """
         if self.world_size == 1:
             return value
-        counted = value if self.dims.tp_rank(self.rank) == 0 else 0
+        counted = value if self.dims.counts_data(self.rank) else 0
         tensor = torch.tensor(float(counted), dtype=torch.float32, device=self.device)
         dist.all_reduce(tensor)
         return tensor / self.dp_size
 
     def data_sum(self, values: list[float]) -> list[float]:
-        """Sum numbers over data-parallel groups, each counted once (tensor-parallel peers hold the same)."""
-        if self.dims.tp == 1:
+        """Sum numbers over data-parallel groups, each counted once (tensor-parallel peers hold the same,
+        and only a pipeline's last stage holds the loss)."""
+        if self.dims.tp == 1 and self.dims.pp == 1:
             return self.sum(values)
-        return self.sum([v if self.dims.tp_rank(self.rank) == 0 else 0.0 for v in values])
+        return self.sum([v if self.dims.counts_data(self.rank) else 0.0 for v in values])
 
 
 def backend_name(device_type: str) -> str:

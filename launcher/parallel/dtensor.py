@@ -33,14 +33,14 @@ from launcher.groups.precision import PrecisionConfig
 from launcher.parallel.dims import DistContext
 from launcher.parallel.guarded_step import guarded_step
 from launcher.parallel.state_bytes import state_bytes
-from launcher.parallel.strategy import Setup, StepResult
+from launcher.parallel.strategy import Setup, StepResult, WholeModelVerbs
 
 DCP_DIR = "dcp"
 """Subdirectory of a checkpoint that holds the DCP shards of model and optimizer."""
 SCALER_FILE = "scaler.pt"
 
 
-class DTensorStrategy:
+class DTensorStrategy(WholeModelVerbs):
     """Loop verbs for a model whose parameters are all DTensors (FSDP2, tensor parallel, or both).
 
     `no_sync` is given by the wrapping strategy (FSDP2 defers its reduce-scatter; tensor parallel

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 import torch
 from torch.distributed.tensor import DTensor
@@ -18,19 +18,23 @@ def guarded_step(
     *,
     max_grad_norm: float | None,
     loss_ok: torch.Tensor,
+    clip: Callable[[list[torch.Tensor], float | None], torch.Tensor] | None = None,
 ) -> StepResult:
     """Unscale, clip, and step only if loss and gradients are finite; always clear the gradients.
 
     Fused optimizers skip a non-finite step on the device (the `found_inf` input GradScaler also
     uses), so nothing is read back to the host; other optimizers read one boolean, which costs
-    nothing on a CPU.
+    nothing on a CPU. `clip(params, max_norm)`, where given, clips and returns the global norm instead.
     """
     if scaler is not None:
         scaler.unscale_(optimizer)
     params = [p for p in params if p.grad is not None]
-    norm = torch.nn.utils.clip_grad_norm_(params, max_grad_norm or math.inf, foreach=True)
-    if isinstance(norm, DTensor):  # sharded gradients: the global norm, the same on every rank
-        norm = norm.full_tensor()
+    if clip is not None:  # a strategy whose norm spans more than this rank's mesh (pipeline stages)
+        norm = clip(params, max_grad_norm)
+    else:
+        norm = torch.nn.utils.clip_grad_norm_(params, max_grad_norm or math.inf, foreach=True)
+        if isinstance(norm, DTensor):  # sharded gradients: the global norm, the same on every rank
+            norm = norm.full_tensor()
     grads_ok = torch.isfinite(norm)
     if scaler is not None:
         scaler.step(optimizer)  # skips by itself when it found inf/NaN gradients

@@ -30,6 +30,7 @@ STRATEGIES: dict[str, StrategyEntry] = {
     "deepspeed": StrategyEntry(module="launcher.parallel.deepspeed", process_group=True, device_mesh=False),
     "fsdp": StrategyEntry(module="launcher.parallel.fsdp", process_group=True, device_mesh=True),
     "tp": StrategyEntry(module="launcher.parallel.tensor_parallel", process_group=True, device_mesh=True),
+    "pp": StrategyEntry(module="launcher.parallel.pipeline", process_group=True, device_mesh=True),
 }
 """Every option of parallel.strategy."""
 

@@ -15,10 +15,10 @@ from launcher.groups.optimizer import build_optimizer
 from launcher.groups.precision import make_grad_scaler
 from launcher.parallel.guarded_step import guarded_step
 from launcher.parallel.state_bytes import state_bytes
-from launcher.parallel.strategy import Setup, StepResult
+from launcher.parallel.strategy import Setup, StepResult, WholeModelVerbs
 
 
-class SingleStrategy:
+class SingleStrategy(WholeModelVerbs):
     """Plain PyTorch on one device: the reference every other strategy must match."""
 
     def __init__(self, model: nn.Module, setup: Setup) -> None:

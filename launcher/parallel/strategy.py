@@ -16,11 +16,15 @@ from typing import TYPE_CHECKING, Protocol
 import torch
 from torch import nn
 
+from launcher.groups.model.loss import lm_loss, model_inputs
+from launcher.groups.precision import autocast
+
 if TYPE_CHECKING:
     from torch.distributed.device_mesh import DeviceMesh
 
     from launcher.groups.batching import BatchSplit
     from launcher.groups.checkpoint_files import CheckpointFiles
+    from launcher.groups.metrics import PhaseTimer
     from launcher.parallel.dims import DistContext
     from launcher.spec import RunSpec
 
@@ -53,6 +57,39 @@ class Setup:
     """Set when the model was built empty: fills the wrapped (sharded) model with its pretrained weights."""
 
 
+class WholeModelVerbs:
+    """forward_backward and eval_loss of a strategy whose `model` maps token ids to logits on every rank.
+
+    Only the pipeline strategy differs: its stages pass hidden states between ranks.
+    """
+
+    model: nn.Module
+    backward: Callable[[torch.Tensor], None]
+    """Backward through the (loss-scaled) normalized loss: each strategy's own."""
+
+    def forward_backward(
+        self,
+        batch: dict[str, torch.Tensor],
+        normalizer: torch.Tensor | float,
+        dtype: torch.dtype,
+        timer: PhaseTimer,
+    ) -> torch.Tensor:
+        """Forward under autocast, backward of the summed token loss / `normalizer`; returns the summed loss."""
+        timer.start("forward")
+        with autocast(dtype, batch["input_ids"].device.type):
+            token_loss_sum, _ = lm_loss(self.model(**model_inputs(batch)), batch["labels"])
+        timer.start("backward")
+        self.backward(token_loss_sum / normalizer)
+        return token_loss_sum.detach()
+
+    def eval_loss(
+        self, batch: dict[str, torch.Tensor], dtype: torch.dtype
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(summed token loss, counted tokens) of a held-out batch (the caller disables gradients)."""
+        with autocast(dtype, batch["input_ids"].device.type):
+            return lm_loss(self.model(**model_inputs(batch)), batch["labels"])
+
+
 class Strategy(Protocol):
     """The loop's verbs, adapted to one parallel backend. The loop never forks per strategy."""
 
@@ -65,8 +102,20 @@ class Strategy(Protocol):
         """Accumulate this micro batch's gradients without communicating them."""
         ...
 
-    def backward(self, loss: torch.Tensor) -> None:
-        """Backward through the (loss-scaled) normalized loss."""
+    def forward_backward(
+        self,
+        batch: dict[str, torch.Tensor],
+        normalizer: torch.Tensor | float,
+        dtype: torch.dtype,
+        timer: PhaseTimer,
+    ) -> torch.Tensor:
+        """Forward and backward of one micro batch, its loss divided by `normalizer`; returns the summed token loss."""
+        ...
+
+    def eval_loss(
+        self, batch: dict[str, torch.Tensor], dtype: torch.dtype
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(summed token loss, counted tokens) of a held-out batch, without gradients."""
         ...
 
     def step(self, *, loss_ok: torch.Tensor) -> StepResult:

@@ -139,7 +139,8 @@ def apply_tensor_parallel(model: nn.Module, tp_mesh: DeviceMesh, *, sequence_par
         top["norm_f"] = SequenceParallel()
     else:
         top["norm_f"] = ReplicateParallel(converted)
-    parallelize_module(model, tp_mesh, top)
+    present = {k: v for k, v in top.items() if getattr(model, k.split(".")[0], None) is not None}
+    parallelize_module(model, tp_mesh, present)  # a pipeline stage lacks the parts other stages hold
     for block in model.blocks:
         if not sequence_parallel:
             parallelize_module(

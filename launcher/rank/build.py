@@ -6,7 +6,8 @@ the data-parallel wrap):
 1. weights, created identically on every rank (same seed) before anything wraps them; a pretrained
    Hugging Face folder under fsdp/tp is built empty instead and read into the shards after step 7
    (launcher.parallel.pretrained);
-2. quantization and adapters, which change which parameters exist;
+2. quantization and adapters, which change which parameters exist; under strategy pp the model is
+   then cut into this rank's pipeline stages, and steps 3, 4 and 6 apply to each stage;
 3. tensor parallelism, which splits the blocks' projections into DTensors (and needs them on the device);
 4. activation checkpointing and offload, which wrap the (split) blocks' forward;
 5. the micro-batch search (memory.auto_micro_batch), which measures that eager model and chooses a
@@ -24,6 +25,8 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from torch import nn
+from torch.distributed.device_mesh import DeviceMesh
 
 from launcher.groups import device as devices
 from launcher.groups import memory, quantization
@@ -37,6 +40,7 @@ from launcher.groups.precision import apply_backend_flags
 from launcher.groups.scheduler import build_scheduler
 from launcher.parallel import pretrained
 from launcher.parallel.dims import DistContext
+from launcher.parallel.pipeline_stage import plan_stages, split_model
 from launcher.parallel.registry import STRATEGIES, build_strategy
 from launcher.parallel.strategy import Setup
 from launcher.parallel.tensor_parallel import apply_tensor_parallel
@@ -61,6 +65,19 @@ def _corpus(spec: RunSpec, dist: DistContext) -> Corpus:
     return load_corpus(spec.data, spec.tokenizer)
 
 
+def _prepare(
+    model: nn.Module, spec: RunSpec, dist: DistContext, mesh: DeviceMesh | None, empty: bool
+) -> nn.Module:
+    """Steps 3 and 4 on a whole model or one pipeline stage: tensor parallelism, then checkpointing and offload."""
+    if dist.dims.tp > 1:
+        model = apply_tensor_parallel(
+            model if empty else model.to(dist.device),
+            mesh["tp"],
+            sequence_parallel=spec.parallel.sequence_parallel,
+        )
+    return memory.apply(model, spec.memory)
+
+
 def build(spec: RunSpec, dist: DistContext, run_dir: Path | None = None) -> Components:
     """Build model, strategy, optimizer, scheduler and data for this rank."""
     seed_everything(spec.train.seed)
@@ -72,19 +89,20 @@ def build(spec: RunSpec, dist: DistContext, run_dir: Path | None = None) -> Comp
     model = quantization.apply(
         model, spec.quantization, spec.precision, device=device, strategy=spec.parallel.strategy
     )
-    if dist.dims.tp > 1:
-        model = apply_tensor_parallel(
-            model if empty else model.to(device),
-            mesh["tp"],
-            sequence_parallel=spec.parallel.sequence_parallel,
+    if spec.parallel.strategy == "pp":  # this rank's stages, each prepared below as a whole model would be
+        plan = plan_stages(spec.model, spec.parallel, spec.data.seq_len, dist.dims.pp_rank(dist.rank))
+        model = nn.ModuleList(
+            [_prepare(stage, spec, dist, mesh, empty) for stage in split_model(model, plan)]
         )
-    model = memory.apply(model, spec.memory)
+    else:
+        model = _prepare(model, spec, dist, mesh, empty)
     batch = BatchSplit(
         micro_batch_size=spec.train.micro_batch_size, grad_accum_steps=spec.train.grad_accum_steps
     )
     if spec.memory.auto_micro_batch:
         batch = fit_micro_batch(model, spec, device, run_dir=run_dir, is_main=dist.is_main)
-    model = compile_model(model, spec.compile)
+    for module in model if spec.parallel.strategy == "pp" else [model]:
+        compile_model(module, spec.compile)
     load_weights = (lambda wrapped: pretrained.load_into_shards(wrapped, spec.model, dist)) if empty else None
     setup = Setup(spec=spec, dist=dist, batch=batch, mesh=mesh, load_weights=load_weights)
     strategy = build_strategy(model, setup)

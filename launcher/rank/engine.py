@@ -26,8 +26,7 @@ from launcher.groups import checkpoint, metrics, profiling
 from launcher.groups.batching import Batches, BatchSplit
 from launcher.groups.checkpoint_files import CheckpointFiles
 from launcher.groups.data.sequences import PackedSequences, val_batches
-from launcher.groups.model.loss import lm_loss, model_inputs
-from launcher.groups.precision import autocast, eval_dtype, train_dtype
+from launcher.groups.precision import eval_dtype, train_dtype
 from launcher.parallel.dims import DistContext
 from launcher.parallel.strategy import Strategy
 from launcher.rank.nonfinite import ADVICE, NonFiniteGuard, NonFiniteStop
@@ -220,12 +219,7 @@ class Engine:
         for i, batch in enumerate(batches):
             sync = i == len(batches) - 1
             with contextlib.nullcontext() if sync else strategy.no_sync():
-                self.timer.start("forward")
-                with autocast(dtype, self.device.type):
-                    token_loss_sum, _ = lm_loss(strategy.model(**model_inputs(batch)), batch["labels"])
-                self.timer.start("backward")
-                strategy.backward(token_loss_sum / tokens_per_rank)
-            loss_sum += token_loss_sum.detach()
+                loss_sum += strategy.forward_backward(batch, tokens_per_rank, dtype, self.timer)
         self.timer.start("optimizer")
         result = strategy.step(loss_ok=torch.isfinite(loss_sum))
         with warnings.catch_warnings():  # a skipped step still advances the schedule, on purpose
@@ -291,8 +285,7 @@ class Engine:
         )
         for batch in batches:
             batch = {k: v.to(self.device, non_blocking=True) for k, v in batch.items()}
-            with autocast(eval_dtype(self.spec.precision), self.device.type):
-                loss_sum, n = lm_loss(model(**model_inputs(batch)), batch["labels"])
+            loss_sum, n = self.parts.strategy.eval_loss(batch, eval_dtype(self.spec.precision))
             total += loss_sum
             count += n
         model.train()

@@ -126,7 +126,12 @@ class GPT(nn.Module):
             nn.init.normal_(block.mlp.down.weight, mean=0.0, std=residual_std)
 
     def forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor | None = None) -> torch.Tensor:
-        """Token ids [B, T] (and positions [B, T] restarting at packed documents) -> logits [B, T, vocab_size]."""
+        """Token ids [B, T] (and positions [B, T] restarting at packed documents) -> logits [B, T, vocab_size].
+
+        A pipeline stage (launcher.parallel.pipeline_stage) lacks the parts other stages hold: without
+        embeddings it takes the previous stage's hidden states [B, T, d_model] instead of token ids,
+        and without the head it returns its hidden states.
+        """
         seq = input_ids.shape[1]
         if seq > self.cfg.max_seq_len:
             raise ValueError(f"sequence of {seq} tokens exceeds the context of {self.cfg.max_seq_len}.")
@@ -135,7 +140,12 @@ class GPT(nn.Module):
             position_ids = torch.arange(seq, device=input_ids.device)
         else:
             mask = document_mask(position_ids)
-        x = self.emb_dropout(self.tok_emb(input_ids) + self.pos_emb(position_ids))
+        if self.tok_emb is None:
+            x = input_ids
+        else:
+            x = self.emb_dropout(self.tok_emb(input_ids) + self.pos_emb(position_ids))
         for block in self.blocks:
             x = block(x, attn_mask=mask)
+        if self.lm_head is None:
+            return x
         return self.lm_head(self.norm_f(x))

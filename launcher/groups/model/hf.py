@@ -130,6 +130,8 @@ class HFCausalLM(nn.Module):
     def __init__(self, hf: nn.Module) -> None:
         super().__init__()
         self.hf = hf
+        self.pipeline_stage = False
+        """Set on a pipeline stage (hf_stage): the forward walks the parts this stage holds."""
 
     def forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor | None = None) -> torch.Tensor:
         """Token ids [B, T] -> next-token logits [B, T, vocab_size], without a key-value cache.
@@ -137,7 +139,71 @@ class HFCausalLM(nn.Module):
         Position ids that restart inside a row make transformers build a block-diagonal (packed
         documents) mask in families that support it (Llama and its relatives).
         """
+        if self.pipeline_stage:
+            return self._stage_forward(input_ids, position_ids)
         return self.hf(input_ids=input_ids, position_ids=position_ids, use_cache=False).logits
+
+    def _stage_forward(self, inputs: torch.Tensor, position_ids: torch.Tensor | None) -> torch.Tensor:
+        """A Llama-style stage: token ids or the previous stage's hidden states in, hidden states or logits out.
+
+        It repeats the family's own forward (mask, rotary tables, layers, norm, head) over the parts
+        this stage holds, so every stage builds the same mask and position tables from the positions.
+        """
+        from transformers.masking_utils import create_causal_mask
+
+        base = self.hf.model
+        hidden = inputs if base.embed_tokens is None else base.embed_tokens(inputs)
+        if position_ids is None:
+            position_ids = torch.arange(hidden.shape[1], device=hidden.device).unsqueeze(0)
+        mask = create_causal_mask(
+            config=base.config, inputs_embeds=hidden, attention_mask=None, past_key_values=None,
+            position_ids=position_ids,
+        )  # fmt: skip
+        position_embeddings = base.rotary_emb(hidden, position_ids=position_ids)
+        for layer in base.layers:
+            hidden = layer(
+                hidden,
+                attention_mask=mask,
+                position_embeddings=position_embeddings,
+                position_ids=position_ids,
+            )
+        if self.hf.lm_head is None:
+            return hidden
+        return self.hf.lm_head(base.norm(hidden))
+
+
+PIPELINE_PARTS = ("embed_tokens", "layers", "norm", "rotary_emb")
+"""What a transformers model's base must hold (Llama and its relatives) for hf_stage to cut it."""
+
+
+def pipeline_problem(hf: nn.Module) -> str | None:
+    """Why a transformers model cannot be cut into pipeline stages (None: it can)."""
+    base = getattr(hf, "model", None)
+    missing = [name for name in PIPELINE_PARTS if base is None or not hasattr(base, name)]
+    if missing or not hasattr(hf, "lm_head"):
+        return (
+            f"{type(hf).__name__} is not laid out like Llama (model.embed_tokens, model.layers, model.norm, "
+            "model.rotary_emb, lm_head), which pipeline stages are cut from"
+        )
+    return None
+
+
+def hf_stage(model: HFCausalLM, layers: range, *, first: bool, last: bool) -> HFCausalLM:
+    """Keep `layers` of a Llama-style model (and its embedding if first, its norm and head if last)."""
+    from launcher.groups.model.stage_layers import StageLayers
+
+    problem = pipeline_problem(model.hf)
+    if problem:
+        raise ValueError(problem + ".")
+    base = model.hf.model
+    base.layers = StageLayers({i: base.layers[i] for i in layers})
+    if not first:
+        base.embed_tokens = None
+    if not last:
+        base.norm = None
+        model.hf.lm_head = None
+    model.pipeline_stage = True
+    return model
 
 
 def _load(cfg: ModelConfig, config: Any, *, empty: bool) -> tuple[nn.Module, str]:
@@ -219,7 +285,7 @@ def decoder_layers(model: nn.Module) -> nn.ModuleList | None:
         return None
     names = set(getattr(model.hf, "_no_split_modules", None) or ())
     for module in model.hf.modules():
-        if isinstance(module, nn.ModuleList) and len(module) and type(module[0]).__name__ in names:
+        if isinstance(module, nn.ModuleList) and len(module) and type(next(iter(module))).__name__ in names:
             return module
     return None
 

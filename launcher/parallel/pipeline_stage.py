@@ -1,0 +1,146 @@
+"""Cutting a model into pipeline stages that keep the whole model's parameter names.
+
+A stage is a copy of the model with only its run of decoder layers, the embeddings on the first
+stage and the final norm and head on the last; the other parts are set to None and the model's
+forward passes hidden states through where they are missing. The kept layers stay under their
+index in the whole model (`blocks.5` stays `blocks.5`), so a stage's state-dict keys are the
+unwrapped model's: DCP checkpoints of different stage splits, and exports, line up key by key.
+
+A tied embedding and head sit on the first and last stage as two copies with the same initial
+values; `TiedCopies` adds their gradients together after backward (one all-reduce between the
+two stages' ranks), so both copies take the same update and stay equal, exactly as one tied
+matrix would in a single process.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.tensor import DTensor
+
+from launcher.groups.model.config import ModelConfig
+from launcher.groups.model.shape import model_shape
+from launcher.groups.model.stage_layers import StageLayers
+from launcher.parallel.pipeline_split import part_costs, stage_ranges, stages_of_rank
+
+if TYPE_CHECKING:
+    from launcher.groups.parallel import ParallelConfig
+    from launcher.parallel.dims import ParallelDims
+
+
+@dataclass(frozen=True, kw_only=True)
+class StagePlan:
+    """The stages of a run and the ones this rank holds."""
+
+    ranges: list[range]
+    """Layers of every stage, in pipeline order."""
+    local: list[int]
+    """Stage indices this rank holds, in the order its schedule expects."""
+
+    @property
+    def num_stages(self) -> int:
+        """Stages of the whole pipeline."""
+        return len(self.ranges)
+
+
+def plan_stages(model_cfg: ModelConfig, parallel: ParallelConfig, seq_len: int, pp_rank: int) -> StagePlan:
+    """Which layers make each stage (explicit pp_split or balanced) and which stages `pp_rank` holds."""
+    cfg = model_shape(model_cfg).equivalent
+    num_stages = parallel.pp_size * parallel.pp_stages_per_rank
+    ranges = stage_ranges(cfg.n_layer, num_stages, parallel.pp_split, part_costs(cfg, seq_len))
+    local = stages_of_rank(pp_rank, parallel.pp_size, parallel.pp_stages_per_rank, parallel.pp_schedule)
+    return StagePlan(ranges=ranges, local=local)
+
+
+def _gpt_stage(model: nn.Module, layers: range, *, first: bool, last: bool) -> nn.Module:
+    model.blocks = StageLayers({i: model.blocks[i] for i in layers})
+    if not first:
+        model.tok_emb = None
+        model.pos_emb = None
+    if not last:
+        model.norm_f = None
+        model.lm_head = None
+    return model
+
+
+def make_stage(model: nn.Module, layers: range, *, first: bool, last: bool, copy_model: bool) -> nn.Module:
+    """The stage of `model` holding `layers` (a copy when the rank holds several stages)."""
+    stage = copy.deepcopy(model) if copy_model else model
+    if isinstance(getattr(stage, "blocks", None), nn.ModuleList):
+        return _gpt_stage(stage, layers, first=first, last=last)
+    from launcher.groups.model.hf import HFCausalLM, hf_stage
+
+    if isinstance(stage, HFCausalLM):
+        return hf_stage(stage, layers, first=first, last=last)
+    raise ValueError(f"{type(model).__name__}: no decoder layers found to cut into pipeline stages.")
+
+
+def split_model(model: nn.Module, plan: StagePlan) -> list[nn.Module]:
+    """This rank's stage modules, in schedule order."""
+    return [
+        make_stage(
+            model,
+            plan.ranges[s],
+            first=s == 0,
+            last=s == plan.num_stages - 1,
+            copy_model=len(plan.local) > 1,
+        )
+        for s in plan.local
+    ]
+
+
+def tied_pair(model_cfg: ModelConfig) -> tuple[str, str] | None:
+    """Names of the tied embedding and head weights the first and last stage each hold a copy of, or None."""
+    if model_cfg.kind == "gpt":
+        return ("tok_emb.weight", "lm_head.weight") if model_cfg.tie_embeddings else None
+    cfg = model_shape(model_cfg).equivalent
+    return ("hf.model.embed_tokens.weight", "hf.lm_head.weight") if cfg.tie_embeddings else None
+
+
+def _local(tensor: torch.Tensor) -> torch.Tensor:
+    return tensor.to_local() if isinstance(tensor, DTensor) else tensor
+
+
+class TiedCopies:
+    """Keeps the first stage's embedding and the last stage's head, one tied matrix, equal: their gradients are summed.
+
+    Every rank builds the same pair groups (dist.new_group is collective); a rank joins the group
+    of its data x tensor coordinate when it holds the first or the last stage on another rank than
+    its partner. A rank holding both (the V-shaped schedule) sums locally.
+    """
+
+    def __init__(
+        self, stages: list[nn.Module], names: tuple[str, str], dims: ParallelDims, rank: int, *, v_shape: bool
+    ) -> None:
+        params = {name: p for stage in stages for name, p in stage.named_parameters()}
+        self.copies = [params[n] for n in names if n in params]
+        """This rank's copies (the embedding first where it holds it)."""
+        first_rank, last_rank = 0, 0 if v_shape else dims.pp - 1
+        block = dims.world_size // dims.pp
+        self.group = None
+        if first_rank != last_rank:
+            for coordinate in range(block):
+                ranks = [first_rank * block + coordinate, last_rank * block + coordinate]
+                group = dist.new_group(ranks)
+                if rank in ranks:
+                    self.group = group
+        self.counted = self.copies[:1] if names[0] in params else []
+        """The copy the gradient norm counts (the embedding's, on the first stage), so the tie counts once."""
+
+    def sync_grads(self) -> None:
+        """Sum the copies' gradients (local and across the two stages' ranks); every copy gets the sum."""
+        grads = [p.grad for p in self.copies if p.grad is not None]
+        if not grads:
+            return
+        total = _local(grads[0]).clone()
+        for grad in grads[1:]:
+            total += _local(grad)
+        if self.group is not None:
+            dist.all_reduce(total, group=self.group)
+        for grad in grads:
+            _local(grad).copy_(total)
