@@ -19,6 +19,7 @@ from launcher.rules import (
     memory,
     numbers,
     optimizer,
+    pipeline,
     precision,
     profiling,
     quantization,
@@ -50,6 +51,7 @@ AREAS = (
     records,
     ddp,
     sharding,
+    pipeline,
 )
 """The rule modules `check` runs, in the order their errors are reported."""
 

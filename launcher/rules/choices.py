@@ -10,6 +10,7 @@ from launcher.groups.memory import ACTIVATION_CHECKPOINTING
 from launcher.groups.optimizer import OPTIMIZERS
 from launcher.groups.quantization import METHODS
 from launcher.groups.scheduler import SCHEDULES
+from launcher.parallel.pipeline_split import SCHEDULES as PP_SCHEDULES
 from launcher.parallel.registry import STRATEGIES
 from launcher.rules.hardware import Hardware
 from launcher.rules.values import Rule, choice
@@ -22,6 +23,7 @@ DEVICES = ("auto", "cpu", "cuda")
 
 def _names(spec: RunSpec, hw: Hardware) -> Iterator[SpecError]:
     yield from choice("parallel.strategy", spec.parallel.strategy, sorted(STRATEGIES), "parallel strategy")
+    yield from choice("parallel.pp_schedule", spec.parallel.pp_schedule, PP_SCHEDULES, "pipeline schedule")
     yield from choice("optimizer.name", spec.optimizer.name, sorted(OPTIMIZERS), "optimizer")
     yield from choice("scheduler.name", spec.scheduler.name, SCHEDULES, "schedule")
     yield from choice("data.kind", spec.data.kind, DATA_KINDS, "data kind")

@@ -15,7 +15,8 @@ from launcher.spec import RunSpec, SpecError
 
 DEEPSPEED_KEYS = ("zero_stage", "offload_optimizer", "offload_params", "deepspeed_config")
 # Settings of other strategies that a DeepSpeed run would silently ignore.
-# (nf4/int8 weights with ZeRO-3 are refused by launcher.rules.quantization.)
+# (nf4/int8 weights with ZeRO-3 are refused by launcher.rules.quantization; the pipeline keys,
+# parallel.pp_*, by launcher.rules.pipeline for every strategy but pp, with ZeRO's own reason.)
 FOREIGN_KEYS = (
     "bucket_mb",
     "static_graph",

@@ -1,9 +1,15 @@
-"""Rules of resuming: a fresh start never mixes runs, the checkpoint exists and its layout fits this spec."""
+"""Rules of resuming: a fresh start never mixes runs, the checkpoint exists and its layout fits this spec.
+
+Which strategy wrote a checkpoint is read from its run directory's spec.yaml (as train-export does,
+but as plain YAML: one key, no interpolation, whatever schema wrote it); a pipeline's (strategy pp)
+checkpoint is resumed only by strategy pp, and strategy pp resumes only a pipeline's checkpoints."""
 
 from __future__ import annotations
 
 from collections.abc import Iterator
 from pathlib import Path
+
+import yaml
 
 from launcher.groups import checkpoint
 from launcher.parallel.deepspeed import TAG
@@ -13,6 +19,8 @@ from launcher.rules.values import Rule
 from launcher.spec import RunSpec, SpecError
 
 DTENSOR_STRATEGIES = ("fsdp", "tp")
+DCP_STRATEGIES = (*DTENSOR_STRATEGIES, "pp")
+"""Strategies whose checkpoints are DCP shards (a pipeline's past _pipeline_boundary is pp's own)."""
 
 
 def _resume(spec: RunSpec, hw: Hardware) -> Iterator[SpecError]:
@@ -55,6 +63,45 @@ def _checkpoint_to_resume(spec: RunSpec) -> Path | None:
     return found[0] if found else None
 
 
+def written_by(step_dir: Path) -> str | None:
+    """The parallel.strategy of the run that wrote a checkpoint, from its run directory's spec.yaml (None: unknown)."""
+    try:
+        raw = yaml.safe_load((Path(step_dir).parent.parent / "spec.yaml").read_text())
+        strategy = raw["parallel"]["strategy"]
+    except (OSError, yaml.YAMLError, TypeError, KeyError):
+        return None
+    return strategy if isinstance(strategy, str) else None
+
+
+def _pipeline_boundary(newest: Path, strategy: str, sharded: bool) -> Iterator[SpecError]:
+    """A checkpoint crosses between strategy pp and the others only through exported weights."""
+    writer = written_by(newest)
+    if writer is None and sharded:
+        return  # no spec.yaml beside it: fsdp, tp and pp all write DCP shards, so it cannot be told
+    by_pipeline = writer == "pp"  # without a spec.yaml, a full (non-DCP) checkpoint is not a pipeline's
+    if by_pipeline == (strategy == "pp"):
+        return
+    run_dir = newest.parent.parent
+    export = (
+        f"export its weights (`train-export {run_dir} OUT --format hf`, or `train-export {run_dir} weights.pt`) "
+        "and start a new run from them (e.g. `model=hf model.path=OUT`)"
+    )
+    if by_pipeline:
+        yield SpecError(
+            ("resume", "parallel.strategy"),
+            f"{newest} was written by strategy pp (a pipeline, says {run_dir}/spec.yaml), and only strategy pp "
+            f"resumes it, not parallel.strategy={strategy}. Resume it with `parallel=pp` (any parallel.pp_size "
+            f"and pp_schedule: its DCP keys are the whole model's), or {export}.",
+        )
+    else:
+        yield SpecError(
+            ("resume", "parallel.strategy"),
+            f"{newest} was written by strategy {writer or 'single, ddp or deepspeed (it holds no dcp/ shards)'}, "
+            "and a pipeline (parallel.strategy=pp) resumes only checkpoints of strategy pp. Resume it with the "
+            f"strategy that wrote it, or {export} under `parallel=pp`.",
+        )
+
+
 def _resume_layout(spec: RunSpec, hw: Hardware) -> Iterator[SpecError]:
     newest = _checkpoint_to_resume(spec)
     if newest is None:
@@ -62,7 +109,11 @@ def _resume_layout(spec: RunSpec, hw: Hardware) -> Iterator[SpecError]:
     strategy = spec.parallel.strategy
     sharded, world = is_dcp_checkpoint(newest), spec.launcher.world_size
     num_ranks = _num_checkpoint_ranks(newest)
-    if sharded and strategy not in DTENSOR_STRATEGIES:
+    crossing = list(_pipeline_boundary(newest, strategy, sharded))
+    if crossing:
+        yield from crossing
+        return
+    if sharded and strategy not in DCP_STRATEGIES:
         yield SpecError(
             ("resume", "parallel.strategy"),
             f"{newest} is a sharded (DCP) checkpoint of strategy fsdp or tp, which parallel.strategy={strategy} "

@@ -1,6 +1,9 @@
 """Rules of the `fsdp` and `tp` strategies, checked before launch: mesh degrees against the world
 size (through launcher.parallel.dims, their one owner) and the model's shape, options that only
-one of them reads, fp16's scaler. Resuming a sharded (DCP) checkpoint is launcher.rules.resume's."""
+one of them reads, fp16's scaler. Strategy `pp` reads the FSDP2 keys and tp_size too (FSDP2 and
+tensor parallelism inside each stage), so its degrees and tensor-parallel shapes are checked here;
+its pipeline keys are launcher.rules.pipeline's. Resuming a sharded (DCP) checkpoint is
+launcher.rules.resume's."""
 
 from __future__ import annotations
 
@@ -13,6 +16,10 @@ from launcher.rules.values import Rule
 from launcher.spec import RunSpec, SpecError
 
 DTENSOR_STRATEGIES = ("fsdp", "tp")
+MESH_STRATEGIES = (*DTENSOR_STRATEGIES, "pp")
+"""Strategies laid out on launcher.parallel.dims' mesh: their degrees, FSDP2 and tp_size keys are checked here."""
+FSDP_STRATEGIES = ("fsdp", "pp")
+"""Strategies that read the FSDP2 keys (pp shards each stage over its data-parallel ranks)."""
 FSDP_KEYS = ("reshard_after_forward", "replicate_degree", "cpu_offload", "prefetch_layers")
 TP_KEYS = ("tp_size", "sequence_parallel")
 _DEFAULTS = ParallelConfig()
@@ -26,8 +33,9 @@ def _foreign_keys(spec: RunSpec, hw: Hardware) -> Iterator[SpecError]:
     p = spec.parallel
     if p.strategy == "deepspeed":  # its own rules name what it ignores
         return
-    fsdp_keys = [] if p.strategy == "fsdp" else _changed(p, FSDP_KEYS)
-    tp_keys = [] if p.strategy in DTENSOR_STRATEGIES else _changed(p, TP_KEYS)
+    fsdp_keys = [] if p.strategy in FSDP_STRATEGIES else _changed(p, FSDP_KEYS)
+    # pp reads tp_size; its sequence_parallel is refused by launcher.rules.pipeline.
+    tp_keys = [] if p.strategy in MESH_STRATEGIES else _changed(p, TP_KEYS)
     if fsdp_keys:
         yield SpecError(
             ("parallel.strategy", *fsdp_keys),
@@ -44,7 +52,7 @@ def _foreign_keys(spec: RunSpec, hw: Hardware) -> Iterator[SpecError]:
 
 def _degrees(spec: RunSpec, hw: Hardware) -> Iterator[SpecError]:
     p = spec.parallel
-    if p.strategy not in DTENSOR_STRATEGIES:
+    if p.strategy not in MESH_STRATEGIES:
         return
     if p.prefetch_layers < 0:
         yield SpecError(("parallel.prefetch_layers",), f"must be 0 or more, got {p.prefetch_layers}.")
@@ -78,7 +86,7 @@ def _hf_tp(spec: RunSpec) -> Iterator[SpecError]:
             f"heads ({heads}), key-value heads ({kv_heads}) and MLP width ({width}) must be multiples of "
             f"parallel.tp_size ({p.tp_size}). Choose a tp_size that divides them.",
         )
-    if p.sequence_parallel:
+    if p.sequence_parallel and p.strategy != "pp":  # pp refuses it for every model (launcher.rules.pipeline)
         yield SpecError(
             ("parallel.sequence_parallel", "model.kind"),
             "sequence parallelism is implemented for the built-in GPT's blocks; a Hugging Face model runs "
@@ -88,11 +96,12 @@ def _hf_tp(spec: RunSpec) -> Iterator[SpecError]:
 
 def _model_shape(spec: RunSpec, hw: Hardware) -> Iterator[SpecError]:
     p, m = spec.parallel, spec.model
-    if p.strategy not in DTENSOR_STRATEGIES or p.tp_size <= 1:
+    if p.strategy not in MESH_STRATEGIES or p.tp_size <= 1:
         return
     if m.kind == "hf":
         yield from _hf_tp(spec)
         return
+    sequence_parallel = p.sequence_parallel and p.strategy != "pp"  # pp refuses it (launcher.rules.pipeline)
     d_ff = m.d_ff if m.d_ff is not None else 4 * m.d_model
     if m.n_head % p.tp_size or d_ff % p.tp_size:
         yield SpecError(
@@ -100,13 +109,13 @@ def _model_shape(spec: RunSpec, hw: Hardware) -> Iterator[SpecError]:
             f"tensor parallelism gives each rank whole heads and an equal slice of the MLP, so model.n_head "
             f"({m.n_head}) and the MLP width ({d_ff}) must be multiples of parallel.tp_size ({p.tp_size}).",
         )
-    if p.sequence_parallel and spec.data.seq_len % p.tp_size:
+    if sequence_parallel and spec.data.seq_len % p.tp_size:
         yield SpecError(
             ("parallel.sequence_parallel", "data.seq_len"),
             f"sequence parallelism splits each sequence into {p.tp_size} equal parts, so data.seq_len "
             f"({spec.data.seq_len}) must be a multiple of parallel.tp_size.",
         )
-    if p.sequence_parallel and not spec.data.packing:
+    if sequence_parallel and not spec.data.packing:
         yield SpecError(
             ("parallel.sequence_parallel", "data.packing"),
             "sequence parallelism needs every batch to be data.seq_len long, but unpacked batches are as long as "
