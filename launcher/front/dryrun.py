@@ -11,9 +11,18 @@ from rich.table import Table
 
 from launcher.front.compose import config_dir, strip_hydra
 from launcher.groups.data.sources import describe
+from launcher.groups.model.shape import model_shape
 from launcher.groups.tokenizer import load_tokenizer, padded_vocab_size
 from launcher.launch import backend
-from launcher.plan.planner import plan, plan_table
+from launcher.parallel.pipeline_split import (
+    MULTI_STAGE_SCHEDULES,
+    bubble_fraction,
+    part_costs,
+    stage_ranges,
+    stages_of_rank,
+)
+from launcher.plan.pipeline import PipelineLayout, PipelinePlan, RankPlan, pipeline_plan
+from launcher.plan.planner import format_bytes, plan, plan_table
 from launcher.spec import RunSpec, SpecError, redacted_container, schema_node
 
 
@@ -56,8 +65,77 @@ def provenance(choices: dict[str, str | None], task_overrides: list[str]) -> dic
     return sources
 
 
+def pipeline_layout(spec: RunSpec) -> PipelineLayout:
+    """Where a pp run's stages sit, placed by the functions the ranks place them with."""
+    p, cfg = spec.parallel, model_shape(spec.model).equivalent
+    num_stages = p.pp_size * p.pp_stages_per_rank
+    ranges = stage_ranges(cfg.n_layer, num_stages, p.pp_split, part_costs(cfg, spec.data.seq_len))
+    return PipelineLayout(
+        stage_layers=tuple(ranges),
+        rank_stages=tuple(
+            tuple(stages_of_rank(r, p.pp_size, p.pp_stages_per_rank, p.pp_schedule)) for r in range(p.pp_size)
+        ),
+        bubble=bubble_fraction(p.pp_size, p.pp_microbatches, p.pp_schedule, p.pp_stages_per_rank),
+    )
+
+
+def _stage_text(rank: RankPlan, num_stages: int) -> str:
+    """A rank's stages' contents, e.g. 'emb 0-1 / 4-5' (emb: the embeddings, head: final norm and LM head)."""
+    parts = []
+    for stage, layers in zip(rank.stages, rank.layers, strict=True):
+        span = f"{layers[0]}-{layers[-1]}" if len(layers) > 1 else f"{layers[0]}"
+        parts.append(
+            " ".join([*(["emb"] if stage == 0 else []), span, *(["head"] if stage == num_stages - 1 else [])])
+        )
+    return " / ".join(parts)
+
+
+def bubble_line(pipeline: PipelinePlan, pp_size: int) -> str:
+    """The schedule's theoretical bubble with its formula, e.g. 'schedule 1f1b: bubble (p-1)/(m+p-1) = 0.20'."""
+    p, m, v = pp_size, pipeline.microbatches, pipeline.stages_per_rank
+    multi = pipeline.schedule in MULTI_STAGE_SCHEDULES
+    formula = "(p-1)/(v*m+p-1)" if multi else "(p-1)/(m+p-1)"
+    values = f"p={p}, m={m}" + (f", v={v}" if multi else "")
+    bound = (
+        ", an upper bound: deferred weight gradients fill most of it"
+        if pipeline.schedule == "zero_bubble"
+        else ""
+    )
+    return f"schedule {pipeline.schedule}: bubble {formula} = {pipeline.bubble:.2f} ({values}{bound})"
+
+
+def print_pipeline_plan(console: Console, spec: RunSpec) -> None:
+    """Print a pp run's plan: the largest pipeline rank's memory, every rank's stages, the bubble."""
+    pipeline = pipeline_plan(spec, pipeline_layout(spec))
+    worst, memory = pipeline.worst, pipeline.memory
+    console.print(
+        f"memory plan: per {memory.device_type} device, {memory.world_size} rank(s), "
+        f"{memory.num_params / 1e6:,.2f}M parameters; the largest pipeline rank ({worst.pp_rank})"
+    )
+    console.print(plan_table(memory))
+    for note in memory.notes:
+        console.print(f"  [dim]{note}", highlight=False)
+    table = Table(title="pipeline stages", title_justify="left", box=None, padding=(0, 2, 0, 0))
+    for column in ("pipeline rank", "stages", "layers", "params", "est. memory"):
+        table.add_column(column, justify="right" if column in ("params", "est. memory") else "left")
+    num_stages = len(pipeline.ranks) * pipeline.stages_per_rank
+    for rank in pipeline.ranks:
+        table.add_row(
+            str(rank.pp_rank),
+            ", ".join(str(s) for s in rank.stages),
+            _stage_text(rank, num_stages),
+            f"{rank.num_params / 1e6:,.2f}M",
+            format_bytes(rank.memory.total),
+        )
+    console.print(table, highlight=False)
+    console.print(bubble_line(pipeline, spec.parallel.pp_size), markup=False, highlight=False)
+
+
 def print_plan(console: Console, spec: RunSpec) -> None:
     """Print the memory plan of a valid spec."""
+    if spec.parallel.strategy == "pp":
+        print_pipeline_plan(console, spec)
+        return
     memory = plan(spec)
     console.print(
         f"memory plan: per {memory.device_type} device, {memory.world_size} rank(s), "

@@ -84,13 +84,34 @@ def layer_bytes(cfg: ModelConfig, shape: ActivationShape, mode: str = "none") ->
     return norms + attention + mlp
 
 
+def loss_grad_bytes(cfg: ModelConfig, shape: ActivationShape) -> int:
+    """The loss's two float32 logits-sized gradients: alive only while one micro batch runs backward."""
+    return 2 * shape.micro_batch * shape.seq_len * vocab_size(cfg) * FP32
+
+
 def head_bytes(cfg: ModelConfig, shape: ActivationShape) -> int:
     """Final norm, LM head input, logits and the loss's float32 log-probabilities and gradients."""
     tokens = shape.micro_batch * shape.seq_len
     logits = tokens * vocab_size(cfg)
     casts = logits * shape.act_bytes if shape.act_bytes != FP32 else 0  # the 16-bit logits before .float()
     ids = 2 * tokens * INDEX
-    return _norm_bytes(cfg, shape) + tokens * cfg.d_model * shape.act_bytes + 3 * logits * FP32 + casts + ids
+    saved = _norm_bytes(cfg, shape) + tokens * cfg.d_model * shape.act_bytes + logits * FP32 + casts + ids
+    return saved + loss_grad_bytes(cfg, shape)
+
+
+def layers_bytes(
+    cfg: ModelConfig, shape: ActivationShape, layers: range, *, mode: str = "none", checkpoint_every: int = 1
+) -> tuple[int, int]:
+    """What the decoder `layers` keep for backward, and the extra of recomputing one checkpointed layer.
+
+    Layer i is checkpointed when i is a multiple of `checkpoint_every` (counted over the whole
+    model, so a pipeline stage checkpoints the same layers as the unsplit model).
+    """
+    every = max(checkpoint_every, 1)
+    chosen = 0 if mode == "none" else sum(1 for i in layers if i % every == 0)
+    full = layer_bytes(cfg, shape)
+    kept = (len(layers) - chosen) * full + chosen * layer_bytes(cfg, shape, mode)
+    return kept, (full - layer_bytes(cfg, shape, mode)) if chosen else 0
 
 
 def activation_bytes(
@@ -101,10 +122,7 @@ def activation_bytes(
     With checkpointing, the chosen blocks keep only what their recomputation needs, and one block
     at a time is recomputed in full during backward.
     """
-    every = max(checkpoint_every, 1)
-    chosen = 0 if mode == "none" else len(range(0, cfg.n_layer, every))
-    plain = cfg.n_layer - chosen
-    total = plain * layer_bytes(cfg, shape) + chosen * layer_bytes(cfg, shape, mode)
-    if chosen:
-        total += layer_bytes(cfg, shape) - layer_bytes(cfg, shape, mode)  # the block being recomputed
-    return total + head_bytes(cfg, shape)
+    kept, recompute = layers_bytes(
+        cfg, shape, range(cfg.n_layer), mode=mode, checkpoint_every=checkpoint_every
+    )
+    return kept + recompute + head_bytes(cfg, shape)

@@ -54,6 +54,8 @@ class ParamCounts:
     """LoRA adapter parameters (0 without LoRA)."""
     trainable: int
     """Parameters that get gradients and optimizer state."""
+    head: int
+    """Weights of the LM head's matrix (vocab x d_model), which autocast copies to 16 bits; 0 where it is not held."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -119,7 +121,10 @@ def count_params(spec: RunSpec) -> ParamCounts:
     )
     quantized = spec.quantization.method != "none"
     trainable = adapters or (total - block_linear if quantized else total)
-    return ParamCounts(total=total, block_linear=block_linear, adapters=adapters, trainable=trainable)
+    head = vocab_size(cfg) * cfg.d_model
+    return ParamCounts(
+        total=total, block_linear=block_linear, adapters=adapters, trainable=trainable, head=head
+    )
 
 
 def quantized_bytes_per_param(method: str, double_quant: bool = True, in_features: int = 1) -> float:
@@ -144,8 +149,8 @@ def optimizer_state_bytes(spec: RunSpec) -> float:
 
 
 @dataclass(frozen=True, kw_only=True)
-class _States:
-    """Model-state bytes per device, and where offload put the rest."""
+class ModelStates:
+    """Model-state bytes per device, and where offload put the rest (what MODEL_STATES' formulas return)."""
 
     parameters: float
     gradients: float
@@ -170,7 +175,7 @@ def _weight_bytes(spec: RunSpec, counts: ParamCounts, bytes_16: int) -> float:
     return low_bits + (counts.total - counts.block_linear) * bytes_16 + counts.adapters * 4
 
 
-def _replica(spec: RunSpec, counts: ParamCounts, n: int) -> _States:
+def _replica(spec: RunSpec, counts: ParamCounts, n: int) -> ModelStates:
     """single and tp (and DDP's base): float32 weights and gradients under autocast, a full replica per rank.
 
     (Tensor parallelism has already divided the block weights in `counts`.)
@@ -181,8 +186,8 @@ def _replica(spec: RunSpec, counts: ParamCounts, n: int) -> _States:
     if (
         _mixed(spec) and spec.quantization.method == "none"
     ):  # autocast caches a 16-bit copy of each matmul weight
-        buffers += 2.0 * (counts.block_linear + vocab_size(spec.model) * spec.model.d_model)
-    return _States(
+        buffers += 2.0 * (counts.block_linear + counts.head)
+    return ModelStates(
         parameters=weights,
         gradients=grads,
         optimizer_states=states,
@@ -192,7 +197,7 @@ def _replica(spec: RunSpec, counts: ParamCounts, n: int) -> _States:
     )
 
 
-def _ddp(spec: RunSpec, counts: ParamCounts, n: int) -> _States:
+def _ddp(spec: RunSpec, counts: ParamCounts, n: int) -> ModelStates:
     """A full replica; without gradient_as_bucket_view DDP's buckets hold a second copy of the gradients."""
     states = _replica(spec, counts, n)
     if spec.parallel.gradient_as_bucket_view:
@@ -200,7 +205,7 @@ def _ddp(spec: RunSpec, counts: ParamCounts, n: int) -> _States:
     return dataclasses.replace(states, buffers=states.buffers + states.gradients)
 
 
-def _fsdp(spec: RunSpec, counts: ParamCounts, n: int) -> _States:
+def _fsdp(spec: RunSpec, counts: ParamCounts, n: int) -> ModelStates:
     """FSDP2: weights, gradients and optimizer state sharded over the data-parallel group (full_shard ~ ZeRO-3)."""
     p = spec.parallel
     shard = max(n // (max(p.tp_size, 1) * max(p.replicate_degree, 1)), 1)
@@ -219,7 +224,7 @@ def _fsdp(spec: RunSpec, counts: ParamCounts, n: int) -> _States:
     )
     if p.cpu_offload:
         host = kept + grads / shard + states / shard
-        return _States(
+        return ModelStates(
             parameters=0.0,
             gradients=0.0,
             optimizer_states=0.0,
@@ -227,7 +232,7 @@ def _fsdp(spec: RunSpec, counts: ParamCounts, n: int) -> _States:
             host_bytes=host,
             note=note + ", weights/grads/states offloaded to CPU",
         )
-    return _States(
+    return ModelStates(
         parameters=kept,
         gradients=grads / shard,
         optimizer_states=states / shard,
@@ -237,7 +242,7 @@ def _fsdp(spec: RunSpec, counts: ParamCounts, n: int) -> _States:
     )
 
 
-def _deepspeed(spec: RunSpec, counts: ParamCounts, n: int) -> _States:
+def _deepspeed(spec: RunSpec, counts: ParamCounts, n: int) -> ModelStates:
     """DeepSpeed ZeRO 0-3: 2+2+12 bytes per parameter in mixed precision, 4+4+8 in float32, sharded by stage."""
     p, trainable = spec.parallel, counts.trainable
     mixed = spec.precision.bf16 or spec.precision.fp16
@@ -263,7 +268,7 @@ def _deepspeed(spec: RunSpec, counts: ParamCounts, n: int) -> _States:
         if mixed
         else f"ZeRO stage {stage} over N={n}, float32"
     )
-    return _States(
+    return ModelStates(
         parameters=weights,
         gradients=grads,
         optimizer_states=states,
@@ -273,19 +278,26 @@ def _deepspeed(spec: RunSpec, counts: ParamCounts, n: int) -> _States:
     )
 
 
-MODEL_STATES: dict[str, Callable[[RunSpec, ParamCounts, int], _States]] = {
+def _pipeline(spec: RunSpec, counts: ParamCounts, n: int) -> ModelStates:
+    """pp: one pipeline rank's stages (`counts` are theirs), FSDP2-sharded over the n / (pp x tp) data-parallel ranks."""
+    states = _fsdp(spec, counts, n // max(spec.parallel.pp_size, 1))
+    return dataclasses.replace(states, note=f"this pipeline rank's stages only; {states.note}")
+
+
+MODEL_STATES: dict[str, Callable[[RunSpec, ParamCounts, int], ModelStates]] = {
     "single": _replica,
     "tp": _replica,
     "ddp": _ddp,
     "fsdp": _fsdp,
     "deepspeed": _deepspeed,
+    "pp": _pipeline,
 }
 """Model-state formulas per parallel strategy (a test holds its keys to the strategy registry's)."""
 
 
-def model_states(spec: RunSpec, n: int) -> _States:
-    """Weights, gradients and optimizer state per device for `n` ranks."""
-    counts = count_params(spec)
+def model_states(spec: RunSpec, n: int, counts: ParamCounts | None = None) -> ModelStates:
+    """Weights, gradients and optimizer state per device for `n` ranks (of `counts`, default the whole model)."""
+    counts = counts or count_params(spec)
     tp = max(spec.parallel.tp_size, 1)
     if tp > 1:  # the block linears are split over the tensor-parallel group; the rest is replicated
         split = counts.block_linear // tp
@@ -295,41 +307,37 @@ def model_states(spec: RunSpec, n: int) -> _States:
             block_linear=split,
             adapters=counts.adapters // tp,
             trainable=round(counts.trainable * share),
+            head=counts.head,
         )
     return MODEL_STATES[spec.parallel.strategy](gpt_view(spec), counts, n)
 
 
-def plan(spec: RunSpec, world: int | None = None, device_type: str | None = None) -> MemoryPlan:
-    """The per-device memory of one rank of `spec` on `world` ranks (default: the spec's own)."""
-    from launcher.groups.device import resolve_device
-
-    n = world or max(spec.launcher.world_size, 1)
-    kind = device_type or resolve_device(spec.launcher.device)
-    states = model_states(spec, n)
-    num_params = count_params(spec).total
-    spec = gpt_view(spec)  # activations of a Hugging Face model: those of the GPT of its shape
-    mem, p = spec.memory, spec.parallel
-    mixed = spec.precision.bf16 or spec.precision.fp16
-    shape = acts.ActivationShape(
-        micro_batch=spec.train.micro_batch_size,
+def activation_shape(spec: RunSpec, micro_batch: int | None = None) -> acts.ActivationShape:
+    """What one rank pushes through the model at a time (default: train.micro_batch_size sequences)."""
+    p = spec.parallel
+    return acts.ActivationShape(
+        micro_batch=micro_batch or spec.train.micro_batch_size,
         seq_len=spec.data.seq_len,
-        act_bytes=2 if mixed else 4,
+        act_bytes=2 if _mixed(spec) else 4,
         tp_size=max(p.tp_size, 1),
         sequence_parallel=p.sequence_parallel,
     )
-    activations = acts.activation_bytes(
-        spec.model, shape, mode=mem.activation_checkpointing, checkpoint_every=mem.checkpoint_every
-    )
+
+
+def device_plan(
+    spec: RunSpec,
+    states: ModelStates,
+    activations: float,
+    *,
+    kept: float,
+    world: int,
+    kind: str,
+    notes: list[str],
+) -> MemoryPlan:
+    """One rank's plan from its model states and activations: offload (`kept` stays), CUDA context, slack."""
     host = states.host_bytes
-    notes = [
-        states.note,
-        f"activations: micro batch {shape.micro_batch} x {shape.seq_len} tokens, "
-        f"checkpointing {mem.activation_checkpointing}, logits {shape.micro_batch * shape.seq_len}"
-        f" x {vocab_size(spec.model)} x 4 B x 3",
-    ]
-    if mem.offload_activations and kind == "cuda":
-        host += activations
-        activations = acts.head_bytes(spec.model, shape) + acts.layer_bytes(spec.model, shape)
+    if spec.memory.offload_activations and kind == "cuda":
+        host, activations = host + activations, kept
         notes.append("activations offloaded to CPU: one block and the logits stay on the device")
     buffers = states.buffers
     if kind == "cuda":
@@ -343,11 +351,38 @@ def plan(spec: RunSpec, world: int | None = None, device_type: str | None = None
         activations=round(activations),
         buffers=round(buffers),
         host_bytes=round(host),
-        world_size=n,
+        world_size=world,
         device_type=kind,
-        num_params=num_params,
+        num_params=count_params(spec).total,
         notes=tuple(notes),
     )
+
+
+def plan(spec: RunSpec, world: int | None = None, device_type: str | None = None) -> MemoryPlan:
+    """The per-device memory of one rank of `spec` on `world` ranks (default: the spec's own).
+
+    Strategy pp differs per pipeline rank: `launcher.plan.pipeline.pipeline_plan` plans it.
+    """
+    from launcher.groups.device import resolve_device
+
+    if spec.parallel.strategy == "pp":
+        raise ValueError("strategy pp is planned per pipeline rank: launcher.plan.pipeline.pipeline_plan")
+    n = world or max(spec.launcher.world_size, 1)
+    kind = device_type or resolve_device(spec.launcher.device)
+    states = model_states(spec, n)
+    gpt = gpt_view(spec)  # activations of a Hugging Face model: those of the GPT of its shape
+    mem, shape = spec.memory, activation_shape(spec)
+    activations = acts.activation_bytes(
+        gpt.model, shape, mode=mem.activation_checkpointing, checkpoint_every=mem.checkpoint_every
+    )
+    notes = [
+        states.note,
+        f"activations: micro batch {shape.micro_batch} x {shape.seq_len} tokens, "
+        f"checkpointing {mem.activation_checkpointing}, logits {shape.micro_batch * shape.seq_len}"
+        f" x {vocab_size(gpt.model)} x 4 B x 3",
+    ]
+    kept = acts.head_bytes(gpt.model, shape) + acts.layer_bytes(gpt.model, shape)
+    return device_plan(spec, states, activations, kept=kept, world=n, kind=kind, notes=notes)
 
 
 def format_bytes(num: float) -> str:
