@@ -129,6 +129,8 @@ class PipelineStrategy:
         self.block = self.dist.world_size // self.dist.dims.pp
         self.hidden_size = model_shape(spec.model).equivalent.d_model
         self.scaler = make_sharded_scaler(spec.precision, device.type)
+        if self.scaler is not None:  # only the last stage scales a loss: start every rank's scale alike
+            self.scaler.scale(torch.zeros((), device=device))
         self.optimizer = build_optimizer(self.model, _optimizer_config(setup, self.scaler), device.type)
         self.max_grad_norm = spec.train.max_grad_norm
         names = tied_pair(spec.model)
