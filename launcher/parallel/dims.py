@@ -106,7 +106,16 @@ def degree_errors(parallel: ParallelConfig, world_size: int) -> list[SpecError]:
         ]
     errors = []
     group = p.tp_size * p.replicate_degree * p.pp_size
-    if world_size % group:
+    if world_size % group and p.pp_size == 1:
+        errors.append(
+            SpecError(
+                ("launcher.nproc", "launcher.nnodes", "parallel.tp_size", "parallel.replicate_degree"),
+                f"the world size ({world_size} = launcher.nnodes x launcher.nproc) must be a multiple of "
+                f"parallel.tp_size x parallel.replicate_degree ({p.tp_size} x {p.replicate_degree}). "
+                "Change launcher.nproc or the degrees.",
+            )
+        )
+    elif world_size % group:
         errors.append(
             SpecError(
                 (

@@ -207,6 +207,24 @@ def _unsupported(spec: RunSpec, hw: Hardware) -> Iterator[SpecError]:
         )
 
 
+def _hf_layout(spec: RunSpec, hw: Hardware) -> Iterator[SpecError]:
+    """A Hugging Face model is cut into stages along the Llama layout (embed_tokens, layers, norm, lm_head)."""
+    if not _pipeline(spec) or spec.model.kind != "hf":
+        return
+    from launcher.groups.model.hf import build_hf_model, pipeline_problem
+
+    try:
+        problem = pipeline_problem(build_hf_model(spec.model, empty=True, announce=False).hf)
+    except (OSError, ValueError, KeyError):
+        return  # launcher.rules.hf_model says what is wrong with the model folder
+    if problem:
+        yield SpecError(
+            ("parallel.strategy", "model.path", "model.hf_config"),
+            f"{problem}, so strategy pp cannot place it on stages. Use `parallel=fsdp` (or ddp, or a DeepSpeed "
+            "ZeRO option) for this model; Llama, Qwen2, Mistral and their relatives can be pipelined.",
+        )
+
+
 RULES: tuple[Rule, ...] = (
     _foreign_keys,
     _stages_per_rank,
@@ -214,5 +232,6 @@ RULES: tuple[Rule, ...] = (
     _batch_split,
     _layers,
     _unsupported,
+    _hf_layout,
 )
 """This module's rules, in the order they report."""

@@ -33,7 +33,14 @@ INVALID_ALONE = {
     ("model", "hf"): ("model.path", "model.hf_config"),  # a model folder to name
 }
 # Options whose mesh needs several ranks: composed with that many local ranks.
-NEEDS_RANKS = {("parallel", "tp"): 2, ("parallel", "fsdp_hybrid"): 4, ("parallel", "tp_fsdp"): 4}
+NEEDS_RANKS = {
+    ("parallel", "tp"): 2,
+    ("parallel", "fsdp_hybrid"): 4,
+    ("parallel", "tp_fsdp"): 4,
+    ("parallel", "pp"): 2,
+    ("parallel", "pp_fsdp"): 4,
+    ("parallel", "pp_tp_fsdp"): 8,
+}
 
 
 def _options() -> list[tuple[str, str]]:
