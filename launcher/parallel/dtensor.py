@@ -62,7 +62,7 @@ class DTensorStrategy(WholeModelVerbs):
         self._no_sync = no_sync
         self.scaler = scaler
         self._optimizer_device = optimizer_device
-        self.optimizer = build_optimizer(model, _optimizer_config(setup, scaler), optimizer_device)
+        self.optimizer = build_optimizer(model, sharded_optimizer_config(setup, scaler), optimizer_device)
         self.max_grad_norm = setup.spec.train.max_grad_norm
         self.adapters = has_adapters(model)
 
@@ -151,7 +151,7 @@ def make_sharded_scaler(precision: PrecisionConfig, device_type: str) -> torch.a
     )
 
 
-def _optimizer_config(setup: Setup, scaler: torch.amp.GradScaler | None) -> OptimizerConfig:
+def sharded_optimizer_config(setup: Setup, scaler: torch.amp.GradScaler | None) -> OptimizerConfig:
     """The optimizer settings; fp16's sharded scaler breaks the fused kernel, so auto picks foreach."""
     cfg = setup.spec.optimizer
     if scaler is not None and cfg.implementation == "auto":

@@ -41,7 +41,7 @@ from launcher.groups.precision import PrecisionConfig
 from launcher.parallel.dtensor import DTensorStrategy, consolidate, make_sharded_scaler
 from launcher.parallel.strategy import Setup
 
-__all__ = ["apply_fsdp", "build", "consolidate", "mixed_precision_policy"]
+__all__ = ["apply_fsdp", "build", "consolidate", "data_mesh", "mixed_precision_policy"]
 
 
 def mixed_precision_policy(precision: PrecisionConfig) -> MixedPrecisionPolicy | None:
@@ -53,7 +53,7 @@ def mixed_precision_policy(precision: PrecisionConfig) -> MixedPrecisionPolicy |
     return None
 
 
-def _data_mesh(mesh: DeviceMesh, replicate: int) -> DeviceMesh:
+def data_mesh(mesh: DeviceMesh, replicate: int) -> DeviceMesh:
     """The mesh FSDP2 shards over: 1-D (shard) or 2-D (replicate, shard) for hybrid sharding."""
     return mesh["replicate", "shard"] if replicate > 1 else mesh["shard"]
 
@@ -119,7 +119,7 @@ def build(model: nn.Module, setup: Setup) -> DTensorStrategy:
     on_cuda = dist.device.type == "cuda"
     model = apply_fsdp(
         model if setup.load_weights is not None else model.to(dist.device),
-        _data_mesh(setup.mesh, dist.dims.replicate),
+        data_mesh(setup.mesh, dist.dims.replicate),
         parallel=spec.parallel,
         precision=spec.precision,
         pin_memory=on_cuda,

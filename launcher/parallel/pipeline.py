@@ -44,9 +44,9 @@ from launcher.groups.model.loss import lm_loss
 from launcher.groups.model.shape import model_shape
 from launcher.groups.optimizer import build_optimizer
 from launcher.groups.precision import autocast, train_dtype
-from launcher.parallel.dtensor import DCP_DIR, SCALER_FILE, _optimizer_config, make_sharded_scaler
+from launcher.parallel.dtensor import DCP_DIR, SCALER_FILE, make_sharded_scaler, sharded_optimizer_config
 from launcher.parallel.dtensor import consolidate as consolidate
-from launcher.parallel.fsdp import _data_mesh, apply_fsdp
+from launcher.parallel.fsdp import apply_fsdp, data_mesh
 from launcher.parallel.guarded_step import guarded_step
 from launcher.parallel.pipeline_stage import StagePlan, TiedCopies, plan_stages, tied_pair
 from launcher.parallel.state_bytes import state_bytes
@@ -131,7 +131,9 @@ class PipelineStrategy:
         self.scaler = make_sharded_scaler(spec.precision, device.type)
         if self.scaler is not None:  # only the last stage scales a loss: start every rank's scale alike
             self.scaler.scale(torch.zeros((), device=device))
-        self.optimizer = build_optimizer(self.model, _optimizer_config(setup, self.scaler), device.type)
+        self.optimizer = build_optimizer(
+            self.model, sharded_optimizer_config(setup, self.scaler), device.type
+        )
         self.max_grad_norm = spec.train.max_grad_norm
         names = tied_pair(spec.model)
         self.tied = (
@@ -324,7 +326,7 @@ def _prepare(parts: list[nn.Module], setup: Setup) -> list[nn.Module]:
     dist, spec = setup.dist, setup.spec
     parts = [part.to(dist.device) for part in parts]
     if dist.dims.dp_size > 1:
-        mesh = _data_mesh(setup.mesh, dist.dims.replicate)
+        mesh = data_mesh(setup.mesh, dist.dims.replicate)
         parts = [
             apply_fsdp(
                 part,
