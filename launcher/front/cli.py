@@ -1,7 +1,8 @@
 """`train`: compose the command line once, validate it once, then dry-run, sweep or launch it.
 
 Every spec problem is reported before anything starts, with exit status 2 and no traceback. Hydra's
-own flags that only print (--help, --cfg, --info, ...) are handed to Hydra's app unchanged.
+own flags that only print (--help, --cfg, --info, ...) are handed to Hydra's app unchanged; `--cfg`
+first checks the command line as a run would, so it prints only a config a run would accept.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ HYDRA_PRINT_FLAGS = (
     "--help", "-h", "--hydra-help", "--cfg", "-c", "--info", "-i", "--shell-completion", "-sc", "--version",
 )  # fmt: skip
 MULTIRUN_FLAGS = ("--multirun", "-m")
+CFG_FLAGS = ("--cfg", "-c")
 
 
 def precheck(argv: list[str]) -> list[SpecError]:
@@ -65,6 +67,19 @@ def run(argv: list[str]) -> int:
     return rundir.start(cfg, spec, run_dir)
 
 
+def _without_print_flags(argv: list[str]) -> list[str]:
+    """The command line a run would see: the printing flags (and `--cfg`'s value) removed."""
+    out, skip_next = [], False
+    for arg in argv:
+        if skip_next:
+            skip_next = False
+        elif arg.split("=", 1)[0] in HYDRA_PRINT_FLAGS:
+            skip_next = arg in ("--cfg", "-c", "--info", "-i", "--package", "-p")
+        else:
+            out.append(arg)
+    return out
+
+
 def _hydra_print(argv: list[str]) -> int:
     """Let Hydra's own app answer a flag that only prints (help, composed config, info)."""
     import hydra
@@ -86,7 +101,14 @@ def main() -> None:
     """Console entry point of `train`."""
     argv = compose.normalize(sys.argv[1:])
     compose.register_schemas()
-    if any(flag in HYDRA_PRINT_FLAGS for flag in compose.split_argv(argv)[0]):
+    flags = [flag.split("=", 1)[0] for flag in compose.split_argv(argv)[0]]
+    if any(flag in CFG_FLAGS for flag in flags):  # print only what a run would accept
+        argv = recipe_auto.resolve(argv, console=Console(stderr=True, highlight=False))
+        errors = precheck(_without_print_flags(argv))
+        if errors:
+            rundir.report(errors)
+            sys.exit(ExitStatus.INVALID_SPEC)
+    if any(flag in HYDRA_PRINT_FLAGS for flag in flags):
         sys.exit(_hydra_print(argv))
     argv = recipe_auto.resolve(argv, console=Console(stderr=True, highlight=False))
     try:

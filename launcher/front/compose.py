@@ -6,12 +6,20 @@ group here has one, so `+group=option` is rewritten to the bare form and both sp
 Overrides are checked against the schema before composing, so every typo, unknown option and wrong
 type is reported at once (Hydra would stop at the first, and lets `+key=value` bypass the schema).
 Composing sets no global state: Hydra's singletons are released when `compose` returns.
+
+A user's own config directories (`--config-dir DIR`, `hydra.searchpath=[file://DIR]`) join the
+shipped conf/: their options of existing groups and their own groups (an `experiment` group of
+`# @package _global_` overrides, selected with `+experiment=NAME`) are checked and composed
+like the shipped ones, and the result is validated by the same schema and rules.
+Hydra's launcher and sweeper plugins and `hydra.run.dir` are refused with what to use instead:
+`train` starts and sweeps runs itself (launcher=..., -m) and writes to `run_dir`.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import functools
+import re
 import typing
 from dataclasses import dataclass
 from importlib import resources
@@ -135,15 +143,48 @@ def config_dir() -> Path:
 
 
 @functools.cache
-def group_options() -> dict[str, list[str]]:
-    """Config group -> its option names, read from conf/<group>/*.yaml (recipes are group `recipe`)."""
-    root = config_dir()
-    groups = {}
-    for sub in sorted(p for p in root.iterdir() if p.is_dir() and not p.name.startswith("_")):
-        options = sorted(f.stem for f in sub.glob("*.yaml"))
-        if options:
-            groups[sub.name] = options
-    return groups
+def group_options(user_dirs: tuple[str, ...] = ()) -> dict[str, list[str]]:
+    """Config group -> its option names, from conf/<group>/*.yaml and the same layout in each user directory."""
+    groups: dict[str, set[str]] = {}
+    for root in (config_dir(), *map(Path, user_dirs)):
+        subs = (
+            [p for p in root.iterdir() if p.is_dir() and not p.name.startswith(("_", "."))]
+            if root.is_dir()
+            else []
+        )
+        for sub in subs:
+            options = {f.stem for f in sub.glob("*.yaml")}
+            if options and sub.name != "hydra":  # hydra/<group> options are Hydra's own (see _check_hydra)
+                groups.setdefault(sub.name, set()).update(options)
+    return {group: sorted(options) for group, options in sorted(groups.items())}
+
+
+def search_entries(overrides: list[str]) -> tuple[list[str], list[str]]:
+    """(the entries of a `hydra.searchpath=[...]` override, the other overrides)."""
+    entries: list[str] = []
+    rest: list[str] = []
+    for override in overrides:
+        key, sep, value = override.partition("=")
+        if sep and key.lstrip("+") == "hydra.searchpath":
+            value = value.replace("\\:", ":")  # a sweep point writes file\:// (Hydra's escaping)
+            entries += [e.strip().strip("'\"") for e in value.strip().strip("[]").split(",") if e.strip()]
+        else:
+            rest.append(override)
+    return entries, rest
+
+
+def user_dirs(overrides: list[str], source: ConfigSource) -> tuple[str, ...]:
+    """The user's config directories: each `hydra.searchpath` entry (file:// or pkg://), then `--config-dir`."""
+    dirs = []
+    for entry in search_entries(overrides)[0]:
+        scheme, sep, where = entry.partition("://")
+        if sep and scheme == "pkg":
+            dirs.append(str(resources.files(where.replace("/", "."))))
+        else:
+            dirs.append(str(Path(where if sep else entry).resolve()))
+    if source.config_dir:
+        dirs.append(str(Path(source.config_dir).resolve()))
+    return tuple(dirs)
 
 
 def normalize(argv: list[str]) -> list[str]:
@@ -196,7 +237,7 @@ def _field_type(path: str) -> tuple[type | None, list[str]]:
     return schema, []
 
 
-def check_overrides(overrides: list[str]) -> list[SpecError]:
+def check_overrides(overrides: list[str], dirs: tuple[str, ...] = ()) -> list[SpecError]:
     """Unknown groups, options and keys, and values of the wrong type, among command-line overrides."""
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
@@ -206,12 +247,16 @@ def check_overrides(overrides: list[str]) -> list[SpecError]:
     except Exception as err:  # Hydra's grammar error names the bad override
         return [parse_error(err, overrides)]
     scratch = schema_node()
+    groups = group_options(dirs)
     for override in parsed:
         key = override.key_or_group
-        if key.startswith("hydra.") or key == "hydra" or override.is_delete():
+        if key.partition("/")[0].partition(".")[0] == "hydra":
+            errors.extend(_check_hydra(key))
             continue
-        if key in group_options():
-            errors.extend(_check_option(key, override))
+        if override.is_delete():
+            continue
+        if key in groups:
+            errors.extend(_check_option(key, override, groups[key]))
             continue
         schema, known = _field_type(key)
         if schema is None and known:
@@ -236,8 +281,57 @@ def parse_error(err: Exception, overrides: list[str]) -> SpecError:
     return SpecError(("command line",), f"an override does not parse ({reason}).{hint}")
 
 
-def _check_option(group: str, override: typing.Any) -> list[SpecError]:
-    options = group_options()[group]
+PLUGIN_HINT = (
+    "`train` composes, starts and sweeps runs itself, so Hydra's launcher and sweeper plugins are not used. "
+    "Where runs go: launcher=inline|local|slurm (launcher.nproc, launcher.slurm.*); sweeps: "
+    "`train -m key=a,b` (also range(...) and choice(...)), one run per combination, each point validated first."
+)
+
+
+RUN_DIR_HINT = (
+    "hydra.run.dir is not where a run writes: `train` never changes into Hydra's run directory. Set "
+    "run_dir=PATH instead (checkpoints, logs, spec.yaml; default runs/<name>-<time>); a sweep's points go to "
+    "hydra.sweep.dir/hydra.sweep.subdir, which are honoured."
+)
+
+
+def _check_hydra(key: str) -> list[SpecError]:
+    """Hydra settings `train` does not honour: its launcher/sweeper plugins and its run directory."""
+    if key in ("hydra/launcher", "hydra/sweeper") or key.startswith(("hydra.launcher", "hydra.sweeper")):
+        return [
+            SpecError((key,), f"{key} is not supported: {PLUGIN_HINT} Remove {key} from the command line.")
+        ]
+    if key in ("hydra.run", "hydra.run.dir"):
+        return [SpecError((key,), RUN_DIR_HINT)]
+    return []
+
+
+def _check_node(cfg: DictConfig) -> list[SpecError]:
+    """The same Hydra settings when a config file (an experiment, say) set them rather than the command line."""
+    choices = cfg.hydra.runtime.choices
+    errors = [
+        SpecError(
+            (group,), f"{group}={choices[group]} is not supported: {PLUGIN_HINT} Remove it from your config."
+        )
+        for group in ("hydra/launcher", "hydra/sweeper")
+        if choices.get(group) not in (None, "basic")
+    ]
+    if OmegaConf.select(cfg, "hydra.run.dir") != ".":
+        errors.append(SpecError(("hydra.run.dir",), RUN_DIR_HINT))
+    return errors
+
+
+def _check_option(group: str, override: typing.Any, options: list[str]) -> list[SpecError]:
+    """An option that its group lacks, or a user's own group selected without the `+` Hydra needs."""
+    if group not in group_options() and not override.is_add():
+        value = override.get_value_element_as_str()
+        return [
+            SpecError(
+                (group,),
+                f"{group} is a group of your config directory that train.yaml's defaults list does not select: "
+                f"add it with +{group}={value} (Hydra's `+` appends a group that has no default).",
+            )
+        ]
     values = list(override.sweep_iterator()) if override.is_sweep_override() else [override.value()]
     errors = []
     for value in values:
@@ -277,21 +371,37 @@ def compose(overrides: list[str], source: ConfigSource | None = None) -> DictCon
         if source.config_path
         else initialize_config_module(config_module=CONFIG_MODULE, version_base="1.3")
     )
-    if source.config_dir:
-        overrides = [*overrides, f"hydra.searchpath=[file://{Path(source.config_dir).resolve()}]"]
+    dirs = user_dirs(overrides, source)
+    if dirs:  # one searchpath: --config-dir joins the user's own entries instead of replacing them
+        overrides = [
+            *search_entries(overrides)[1],
+            f"hydra.searchpath=[{','.join('file://' + d for d in dirs)}]",
+        ]
     with init:
         return hydra_compose(config_name=source.config_name, overrides=overrides, return_hydra_config=True)
 
 
 def compose_checked(overrides: list[str], source: ConfigSource) -> tuple[DictConfig | None, list[SpecError]]:
     """Check the overrides against the schema, then compose: the config, or every problem found."""
-    errors = check_overrides(overrides) if source.shipped else []
+    dirs = user_dirs(overrides, source)
+    missing = [d for d in dirs if not Path(d).is_dir()]
+    if missing:
+        return None, [
+            SpecError(
+                ("hydra.searchpath",),
+                f"config directory {missing[0]} does not exist. Give --config-dir (or hydra.searchpath) "
+                "a directory laid out like conf/: <group>/<option>.yaml, experiment/<name>.yaml.",
+            )
+        ]
+    errors = check_overrides(overrides, dirs) if source.shipped else []
     if errors:
         return None, errors
     try:
-        return compose(overrides, source), []
+        cfg = compose(overrides, source)
     except Exception as err:  # Hydra's composition errors: a missing option file, a bad interpolation, ...
         return None, [composition_error(err)]
+    errors = _check_node(cfg) if source.shipped else []
+    return (None, errors) if errors else (cfg, [])
 
 
 def strip_hydra(cfg: DictConfig) -> DictConfig:
@@ -361,9 +471,22 @@ def code_references(cfg: DictConfig) -> list[SpecError]:
 
 
 def composition_error(err: Exception) -> SpecError:
-    """One paragraph from a Hydra composition error, naming the key when Hydra gives it."""
-    text = str(err)
+    """One paragraph from a Hydra composition error and its causes (Hydra's reason), naming the key when given."""
+    chain: list[str] = []
+    cause: BaseException | None = err
+    while cause is not None and len(chain) < 5:
+        if str(cause) and not any(str(cause) in earlier for earlier in chain):
+            chain.append(str(cause))
+        cause = cause.__cause__ or cause.__context__
+    text = ":\n".join(chain)
     keys = [line.split("full_key:", 1)[1].strip() for line in text.splitlines() if "full_key:" in line]
     lines = [line.strip() for line in text.splitlines() if line.strip() and "full_key" not in line]
-    lines = [line for line in lines if not line.startswith(("reference_type", "object_type"))]
-    return SpecError(tuple(keys[:1]) or ("config",), " ".join(lines))
+    message = " ".join(line for line in lines if not line.startswith(("reference_type", "object_type")))
+    if "Error merging override ~" in text:
+        message += (
+            ". Every key of the schema stays in the spec, so none can be deleted: set it to another value "
+            "(key=null where its type allows) instead of ~key."
+        )
+    elif re.search(r"In '([^/']+)/[^']*'.*Key '\1' not in", message):  # an experiment without its header
+        message += ". A file of overrides (an experiment) sets top-level keys: put `# @package _global_` on its first line."
+    return SpecError(tuple(keys[:1]) or ("config",), message)

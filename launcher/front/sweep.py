@@ -22,6 +22,7 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 from rich.console import Console
+from rich.markup import escape  # overrides such as hydra.searchpath=[...] are not markup
 
 from launcher.exits import ExitStatus
 from launcher.front import compose, dryrun, rundir, sweep_status
@@ -192,7 +193,7 @@ def run(overrides: list[str], source: compose.ConfigSource) -> int:
         return ExitStatus.INVALID_SPEC
     if points and points[0].cfg.get("dry_run"):
         for point in points:
-            console.print(f"sweep point {point.num}: {' '.join(point.overrides)}")
+            console.print(f"sweep point {point.num}: {escape(' '.join(point.overrides))}")
             dryrun.show(point.cfg, point.spec, [], point.run_dir)
         return ExitStatus.OK
     console.print(f"sweep: {len(points)} point(s) in {sweep_dir}")
@@ -201,7 +202,7 @@ def run(overrides: list[str], source: compose.ConfigSource) -> int:
         if point.skip:
             console.print(f"sweep point {point.num}: {point.skip}")
             continue
-        console.print(f"sweep point {point.num}: {' '.join(point.overrides)} -> {point.run_dir}")
+        console.print(f"sweep point {point.num}: {escape(' '.join(point.overrides))} -> {point.run_dir}")
         codes.append(_start(point, console))
     wait = any(point.wait for point in points)
     if wait:
