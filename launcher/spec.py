@@ -19,6 +19,7 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
+from launcher.groups.aliases import alias_hint
 from launcher.groups.checkpoint import CheckpointConfig
 from launcher.groups.compile import CompileConfig
 from launcher.groups.data.config import DataConfig
@@ -156,8 +157,19 @@ def unknown_key_error(path: str, known: typing.Iterable[str]) -> SpecError:
     known = sorted(known)
     return SpecError(
         (path,),
-        f"unknown key.{did_you_mean(leaf, known)} Known keys here: {', '.join(known)}.",
+        f"unknown key.{_hint(path, leaf, known)} Known keys here: {', '.join(known)}.",
     )
+
+
+def _hint(path: str, leaf: str, known: list[str]) -> str:
+    """Another tool's name for one of our keys, the same name in another section, or the closest name here."""
+    alias = alias_hint(leaf)
+    if alias is not None:
+        return f" `{leaf}` is another tool's name: {alias}."
+    elsewhere = [k for k in public_keys() if k.rsplit(".", 1)[-1] == leaf and k != path]
+    if elsewhere:
+        return f" Did you mean {' or '.join(elsewhere)}?"
+    return did_you_mean(leaf, known)
 
 
 def unknown_keys(cfg: DictConfig, schema: type = RunSpec, prefix: str = "") -> list[SpecError]:

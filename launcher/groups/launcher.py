@@ -5,6 +5,10 @@ The backends themselves are launcher/launch/ (one module each).
 
 from __future__ import annotations
 
+import math
+import os
+import re
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 BACKENDS = ("auto", "inline", "local", "slurm")
@@ -23,8 +27,8 @@ class SlurmConfig:
     """Quality of service; null: the default."""
     constraint: str | None = None
     """Node features the job needs (sbatch --constraint), e.g. a100."""
-    time_min: int | None = 60
-    """Time limit in minutes; null: the partition's limit."""
+    time_min: str | None = "60"
+    """Time limit as sbatch --time takes it: minutes (90), MM:SS, HH:MM:SS, D-HH, D-HH:MM or D-HH:MM:SS; null: the partition's."""
     gpus_per_node: int = 0
     """GPUs per node (sbatch --gpus-per-node); with GPUs, launcher.nproc must equal it (one rank per GPU)."""
     cpus_per_task: int | None = None
@@ -80,3 +84,46 @@ def resolve_backend(config: LauncherConfig) -> str:
         return config.backend
     multi = config.world_size > 1 or config.max_restarts > 0
     return "local" if multi else "inline"
+
+
+TIME_FORMATS = "minutes (90), MM:SS, HH:MM:SS (1:30:00), D-HH, D-HH:MM or D-HH:MM:SS (2-00:00:00)"
+"""The time formats sbatch --time accepts, as error messages name them."""
+
+_TIME = re.compile(
+    r"(?:(?P<days>\d+)-(?P<dh>\d+)(?::(?P<dm>\d+)(?::(?P<ds>\d+))?)?|(?P<a>\d+)(?::(?P<b>\d+)(?::(?P<c>\d+))?)?)"
+)
+
+
+def time_limit_s(value: str | int | None) -> int | None:
+    """Seconds of an sbatch-style time limit (None for null); ValueError when it is not one of TIME_FORMATS."""
+    if value is None:
+        return None
+    text = str(value).strip()
+    match = _TIME.fullmatch(text)
+    if match is None:
+        raise ValueError(f"{text!r} is not a time limit")
+    g = {k: int(v) for k, v in match.groupdict().items() if v is not None}
+    if "days" in g:
+        return ((g["days"] * 24 + g["dh"]) * 60 + g.get("dm", 0)) * 60 + g.get("ds", 0)
+    if "c" in g:  # HH:MM:SS
+        return (g["a"] * 60 + g["b"]) * 60 + g["c"]
+    return g["a"] * 60 + g.get("b", 0)  # minutes, or MM:SS
+
+
+def time_limit_min(value: str | int | None) -> int | None:
+    """Whole minutes of an sbatch-style time limit, rounded up as sbatch does."""
+    seconds = time_limit_s(value)
+    return None if seconds is None else math.ceil(seconds / 60)
+
+
+def torchrun_world(env: Mapping[str, str] = os.environ) -> tuple[int, int] | None:
+    """(nproc, nnodes) of the torchrun job this process belongs to, from torch elastic's variables; None outside one.
+
+    Under `torchrun --nproc_per_node=N --nnodes=M -m launcher ...` every process composes the spec, and
+    launcher.nproc/nnodes must record N and M (the true world size), not the defaults.
+    """
+    if "TORCHELASTIC_RUN_ID" not in env or "LOCAL_WORLD_SIZE" not in env:
+        return None
+    nproc = int(env["LOCAL_WORLD_SIZE"])
+    world = int(env.get("WORLD_SIZE", nproc))
+    return nproc, max(1, world // max(1, nproc))

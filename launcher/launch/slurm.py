@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from launcher.exits import ExitStatus
+from launcher.groups.launcher import time_limit_min
 
 if TYPE_CHECKING:
     from launcher.spec import RunSpec
@@ -36,7 +37,7 @@ def _sbatch_lines(spec: RunSpec, run_dir: Path) -> list[str]:
         f"--signal={q(s.signal)}@{int(s.signal_lead_s)}",
     ]
     if s.time_min is not None:
-        options.append(f"--time={int(s.time_min)}")
+        options.append(f"--time={time_limit_min(s.time_min)}")
     for key, value in (
         ("partition", s.partition),
         ("account", s.account),

@@ -19,15 +19,35 @@ class Hardware:
     tf32: bool
     """TF32 matmuls exist there."""
     num_gpus: int
-    """CUDA devices visible to this process."""
+    """CUDA devices per node: visible to this process, or (a SLURM job) requested per node."""
+    requested: bool = False
+    """The facts describe a SLURM job's requested nodes, not the machine that submits it."""
 
 
 def detect_hardware(spec: RunSpec) -> Hardware:
-    """Probe the device the spec would run on."""
+    """Probe the device the spec would run on; for a SLURM job, judge the nodes it asks for instead."""
+    if spec.launcher.backend == "slurm":
+        return requested_hardware(spec)
     kind = device.resolve_device(spec.launcher.device)
     return Hardware(
         device_type=kind,
         bf16=device.bf16_supported(kind),
         tf32=device.tf32_supported(kind),
         num_gpus=device.num_gpus(),
+    )
+
+
+def requested_hardware(spec: RunSpec) -> Hardware:
+    """The nodes a SLURM job asks for: a login node often has no GPU, so probing it would judge the wrong machine.
+
+    GPU nodes are taken to support bf16 and TF32 (Ampere or newer); the rank checks the real device at start.
+    """
+    gpus = spec.launcher.slurm.gpus_per_node
+    cuda = spec.launcher.device == "cuda" or (spec.launcher.device == "auto" and gpus > 0)
+    return Hardware(
+        device_type="cuda" if cuda else "cpu",
+        bf16=True,
+        tf32=cuda,
+        num_gpus=max(gpus, 0),
+        requested=True,
     )

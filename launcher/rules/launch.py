@@ -15,7 +15,7 @@ MULTI_RANK_OPTIONS = "parallel=ddp, fsdp, tp (tensor parallel), zero0 ... zero3 
 
 
 def _hardware(spec: RunSpec, hw: Hardware) -> Iterator[SpecError]:
-    if spec.launcher.device == "cuda" and hw.num_gpus == 0:
+    if spec.launcher.device == "cuda" and hw.num_gpus == 0 and not hw.requested:  # slurm: rules/slurm.py
         yield SpecError(
             ("launcher.device",),
             "launcher.device=cuda but no CUDA GPU is visible to this process. Use `launcher.device=auto` "
@@ -97,12 +97,18 @@ def _restarts_need_checkpoints(spec: RunSpec, hw: Hardware) -> Iterator[SpecErro
 
 def _ranks_fit_devices(spec: RunSpec, hw: Hardware) -> Iterator[SpecError]:
     nproc = spec.launcher.nproc
-    if hw.device_type == "cuda" and spec.launcher.backend != "inline" and nproc > hw.num_gpus:
-        yield SpecError(
-            ("launcher.nproc", "launcher.device"),
-            f"launcher.nproc={nproc} ranks per node need one GPU each, but {hw.num_gpus} are visible "
-            f"(CUDA_VISIBLE_DEVICES). Set launcher.nproc={hw.num_gpus} or less, or launcher.device=cpu.",
-        )
+    if hw.requested or hw.device_type != "cuda" or spec.launcher.backend == "inline" or nproc <= hw.num_gpus:
+        return  # a SLURM job's GPUs per node are rules/slurm.py's to judge
+    fix = (
+        f"Set launcher.nproc={hw.num_gpus} or less"
+        if hw.num_gpus
+        else "Run on a machine with GPUs (or submit with `launcher=slurm launcher.slurm.gpus_per_node=N`)"
+    )
+    yield SpecError(
+        ("launcher.nproc", "launcher.device"),
+        f"launcher.nproc={nproc} ranks per node need one GPU each, but {hw.num_gpus} are visible "
+        f"(CUDA_VISIBLE_DEVICES). {fix}, or use launcher.device=cpu.",
+    )
 
 
 def _run_dir_free(spec: RunSpec, hw: Hardware) -> Iterator[SpecError]:

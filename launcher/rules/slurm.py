@@ -6,11 +6,36 @@ import shlex
 import signal
 from collections.abc import Iterator
 
+from launcher.groups.launcher import TIME_FORMATS, time_limit_s
 from launcher.rules.hardware import Hardware
 from launcher.rules.values import Rule
 from launcher.spec import RunSpec, SpecError
 
 _UNCATCHABLE = {"KILL", "STOP"}
+# sbatch options the generated script writes itself, and the key that sets each (extra_sbatch may not).
+_GENERATED = {
+    "nodes": "launcher.nnodes",
+    "ntasks-per-node": "launcher.nproc",
+    "ntasks": "launcher.nproc (tasks per node) and launcher.nnodes",
+    "time": "launcher.slurm.time_min",
+    "partition": "launcher.slurm.partition",
+    "account": "launcher.slurm.account",
+    "qos": "launcher.slurm.qos",
+    "constraint": "launcher.slurm.constraint",
+    "cpus-per-task": "launcher.slurm.cpus_per_task",
+    "mem": "launcher.slurm.mem_gb",
+    "gpus-per-node": "launcher.slurm.gpus_per_node",
+    "gpus": "launcher.slurm.gpus_per_node (x launcher.nnodes)",
+    "gres": "launcher.slurm.gpus_per_node",
+    "job-name": "name",
+    "output": "run_dir (the log is RUN_DIR/slurm/%j.out)",
+    "signal": "launcher.slurm.signal and launcher.slurm.signal_lead_s",
+    "requeue": "launcher.slurm.max_requeues",
+    "no-requeue": "launcher.slurm.max_requeues=0",
+    "open-mode": "nothing (the script appends to its log across requeues)",
+}
+_SHORT = {"N": "nodes", "n": "ntasks", "t": "time", "p": "partition", "A": "account", "q": "qos",
+          "C": "constraint", "c": "cpus-per-task", "J": "job-name", "o": "output", "G": "gpus"}  # fmt: skip
 _SIGNALS = sorted(
     s.name[3:] for s in signal.Signals if s.name.startswith("SIG") and not s.name.startswith("SIG_")
 )
@@ -68,7 +93,7 @@ def _resources(spec: RunSpec, hw: Hardware) -> Iterator[SpecError]:
     if not _slurm(spec):
         return
     s = spec.launcher.slurm
-    yield from _positive_or_null("launcher.slurm.time_min", s.time_min)
+    yield from _time_limit(s.time_min)
     yield from _positive_or_null("launcher.slurm.mem_gb", s.mem_gb)
     yield from _positive_or_null("launcher.slurm.cpus_per_task", s.cpus_per_task)
     if s.port is not None and not 1024 <= s.port <= 65535:
@@ -86,6 +111,26 @@ def _resources(spec: RunSpec, hw: Hardware) -> Iterator[SpecError]:
         yield from _extra_line(i, line)
 
 
+def _time_limit(value: str | None) -> Iterator[SpecError]:
+    try:
+        seconds = time_limit_s(value)
+    except ValueError:
+        seconds = -1
+    if seconds is not None and seconds <= 0:
+        yield SpecError(
+            ("launcher.slurm.time_min",),
+            f"{value!r} is not a time limit: give one as sbatch --time takes it, {TIME_FORMATS}, "
+            "or null for the partition's limit.",
+        )
+
+
+def _option_name(word: str) -> str:
+    """The long name of an sbatch option word: '--nodes=3' -> nodes, '-N3' -> nodes."""
+    if word.startswith("--"):
+        return word[2:].split("=", 1)[0]
+    return _SHORT.get(word[1:2], word[1:2])
+
+
 def _extra_line(i: int, line: str) -> Iterator[SpecError]:
     key = f"launcher.slurm.extra_sbatch[{i}]"
     try:
@@ -97,6 +142,15 @@ def _extra_line(i: int, line: str) -> Iterator[SpecError]:
         yield SpecError(
             (key,),
             f"{line!r} is not an sbatch option: give one option per entry, on one line, e.g. '--mail-type=END'.",
+        )
+        return
+    name = _option_name(words[0])
+    if name in _GENERATED and not (name == "gres" and "gpu" not in line):
+        yield SpecError(
+            (key,),
+            f"{line!r} sets --{name}, which the generated script already writes from {_GENERATED[name]}; "
+            "with both in the script sbatch would take one silently. Remove the entry and set "
+            f"{_GENERATED[name].split(' (')[0]} instead.",
         )
 
 
@@ -114,14 +168,22 @@ def _preemption(spec: RunSpec, hw: Hardware) -> Iterator[SpecError]:
         )
     if s.signal_lead_s <= 0:
         yield SpecError(("launcher.slurm.signal_lead_s",), f"must be positive, got {s.signal_lead_s}.")
-    elif s.time_min is not None and s.time_min > 0 and s.signal_lead_s >= s.time_min * 60:
+    elif _seconds(s.time_min) > 0 and s.signal_lead_s >= _seconds(s.time_min):
         yield SpecError(
             ("launcher.slurm.signal_lead_s", "launcher.slurm.time_min"),
-            f"the warning comes {s.signal_lead_s} s before a {s.time_min} min limit, that is, before the job "
+            f"the warning comes {s.signal_lead_s} s before the time limit ({s.time_min}), that is, before the job "
             "starts. Lower signal_lead_s (it must exceed one step plus a checkpoint) or raise time_min.",
         )
     if s.max_requeues < 0:
         yield SpecError(("launcher.slurm.max_requeues",), "must be 0 (never requeue) or more.")
+
+
+def _seconds(value: str | None) -> int:
+    """Seconds of a time limit; 0 for null or one _time_limit refuses."""
+    try:
+        return time_limit_s(value) or 0
+    except ValueError:
+        return 0
 
 
 RULES: tuple[Rule, ...] = (_geometry, _resources, _preemption)

@@ -126,3 +126,59 @@ def test_failed_submission_exits_5_with_slurms_reason(tmp_path) -> None:
     assert result.returncode == ExitStatus.SUBMIT_FAILED == 5, result.stdout + result.stderr
     assert "`sbatch` is not installed here" in result.stderr
     assert (tmp_path / "run" / "slurm" / "job.sbatch").is_file()  # kept for a look and a manual sbatch
+
+
+@pytest.mark.parametrize(
+    ("time", "option"),
+    [("90", "--time=90"), ("45:30", "--time=46"), ("1:30:00", "--time=90"), ("2-12", "--time=3600"),
+     ("1-02:30", "--time=1590"), ("1-00:00:30", "--time=1441")],
+)  # fmt: skip
+def test_time_limit_takes_sbatchs_formats(tmp_path, time: str, option: str) -> None:
+    spec = _spec([f"launcher.slurm.time_min={time}"])
+    assert f"#SBATCH {option}" in slurm.render_script(spec, tmp_path).splitlines()
+
+
+@pytest.mark.parametrize("time", ["1:30:00:00", "soon", "0", "1-", "-5"])
+def test_a_time_limit_sbatch_would_not_read_is_refused(time: str) -> None:
+    errors = _errors([f"launcher.slurm.time_min='{time}'"])
+    assert any(e.startswith("launcher.slurm.time_min:") and "HH:MM:SS (1:30:00)" in e for e in errors), errors
+
+
+def test_signal_lead_is_judged_against_an_hhmmss_limit() -> None:
+    errors = _errors(["launcher.slurm.time_min=0:01:30", "launcher.slurm.signal_lead_s=120"])
+    assert any("before the job starts" in e for e in errors), errors
+    assert not _errors(["launcher.slurm.time_min=0:05:00", "launcher.slurm.signal_lead_s=120"])
+
+
+@pytest.mark.parametrize(
+    ("line", "key"),
+    [("--nodes=3", "launcher.nnodes"), ("-N 3", "launcher.nnodes"), ("--ntasks-per-node=8", "launcher.nproc"),
+     ("--time=10:00:00", "launcher.slurm.time_min"), ("-p gpu", "launcher.slurm.partition"),
+     ("--gres=gpu:4", "launcher.slurm.gpus_per_node"), ("--mem=100G", "launcher.slurm.mem_gb"),
+     ("--job-name=x", "name")],
+)  # fmt: skip
+def test_extra_sbatch_that_contradicts_a_generated_option_is_refused(line: str, key: str) -> None:
+    errors = _errors([f"launcher.slurm.extra_sbatch=['{line}']"])
+    assert any(
+        e.startswith("launcher.slurm.extra_sbatch[0]:") and f"set {key} instead" in e for e in errors
+    ), errors
+
+
+def test_extra_sbatch_of_its_own_still_passes(tmp_path) -> None:
+    spec = _spec(["launcher.slurm.extra_sbatch=['--exclusive','--gres=nvme:1','--mail-type=END']"])
+    lines = slurm.render_script(spec, tmp_path).splitlines()
+    assert {"#SBATCH --exclusive", "#SBATCH --gres=nvme:1", "#SBATCH --mail-type=END"} <= set(lines)
+
+
+def test_gpu_job_from_a_login_node_without_gpus_is_judged_on_what_it_asks_for(tmp_path) -> None:
+    # This test machine has no GPU, like a login node: the rules judge the nodes the job requests.
+    result = run_cli([*TINY, "dry_run=true", "launcher=slurm", "launcher.device=cuda", "precision=bf16",
+                      "launcher.nproc=4", "launcher.slurm.gpus_per_node=4", "parallel=ddp"], tmp_path)  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert "#SBATCH --gpus-per-node=4" in result.stdout
+
+
+def test_gpu_job_that_asks_for_no_gpus_gets_the_slurm_fix_not_nproc_0() -> None:
+    errors = _errors(["launcher.device=cuda", "launcher.nproc=4", "parallel=ddp"])
+    assert any(e.startswith("launcher.device, launcher.slurm.gpus_per_node:") for e in errors), errors
+    assert not any("nproc=0" in e or "no CUDA GPU is visible" in e for e in errors), errors

@@ -1,0 +1,109 @@
+"""Habits from other tools (HF Trainer, torchtune, axolotl, torchrun, sbatch) get our name for the key, and the
+multi-rank advice names only options that exist (docs/migrating.md)."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from conftest import run_cli
+from launcher.front import compose
+from launcher.front.cli import precheck
+from launcher.groups.aliases import ALIASES
+from launcher.groups.launcher import torchrun_world
+from launcher.spec import public_keys
+
+
+def _messages(*argv: str) -> list[str]:
+    return [str(e) for e in compose.check_overrides(list(argv))]
+
+
+@pytest.mark.parametrize(
+    ("override", "ours"),
+    [
+        ("per_device_train_batch_size=8", "train.micro_batch_size"),
+        ("gradient_accumulation_steps=4", "train.grad_accum_steps"),
+        ("learning_rate=2e-5", "optimizer.lr"),
+        ("warmup_ratio=0.03", "set scheduler.warmup_steps to ratio x train.max_steps"),
+        ("num_train_epochs=3", "set train.max_steps to epochs x examples / global batch"),
+        ("bf16=true", "precision=bf16"),
+        ("fp16=true", "precision=bf16 (or fp16"),
+        ("max_steps=1000", "Did you mean train.max_steps?"),
+        ("weight_decay=0.1", "Did you mean optimizer.weight_decay?"),
+        ("lr_scheduler_type=cosine", "scheduler=cosine"),
+        ("logging_steps=10", "train.log_every"),
+        ("save_steps=500", "checkpoint.every"),
+        ("eval_steps=200", "train.eval_every"),
+        ("seed=42", "Did you mean train.seed?"),
+        ("output_dir=out", "run_dir=runs/exp1"),
+        ("gradient_checkpointing=true", "memory=checkpoint_all"),
+        ("max_grad_norm=1.0", "Did you mean train.max_grad_norm?"),
+        ("batch_size=4", "train.micro_batch_size"),  # torchtune
+        ("epochs=1", "train.max_steps"),  # torchtune
+        ("enable_activation_checkpointing=true", "memory=checkpoint_all"),  # torchtune
+        ("sequence_len=2048", "data.seq_len"),  # axolotl
+        ("lora_r=16", "quantization.lora.rank"),  # axolotl
+        ("load_in_4bit=true", "quantization=nf4_lora"),  # axolotl
+        ("nproc_per_node=2", "launcher=local launcher.nproc=2"),  # torchrun
+        ("launcher.slurm.ntasks_per_node=4", "launcher.nproc"),  # sbatch
+        ("launcher.slurm.nodes=2", "launcher.nnodes"),
+        ("launcher.slurm.gres=gpu:4", "launcher.slurm.gpus_per_node=4"),
+        ("launcher.slurm.time=2:00:00", "launcher.slurm.time_min"),
+        ("launcher.slurm.mem=64", "launcher.slurm.mem_gb"),
+        ("partition=gpu", "Did you mean launcher.slurm.partition?"),
+        ("launcher.cpus_per_task=8", "Did you mean launcher.slurm.cpus_per_task?"),
+    ],
+)
+def test_another_tools_key_names_ours(override: str, ours: str) -> None:
+    key = override.partition("=")[0]
+    messages = _messages(override)
+    assert any(m.startswith(f"{key}: unknown key.") and ours in m for m in messages), messages
+
+
+def test_every_alias_hint_names_real_keys_and_options() -> None:
+    keys = set(public_keys())
+    sections = {key.split(".")[0] for key in keys}
+    options = compose.group_options()
+    for alias, hint in ALIASES.items():
+        for word in re.findall(r"\b[a-z_]+(?:\.[a-z_0-9]+)+\b", hint):
+            assert word.split(".")[0] not in sections or word in keys, (alias, word)
+        for group, option in re.findall(r"\b([a-z]+)=([a-z_0-9]+)\b", hint):
+            if group in options:
+                assert option in options[group], (alias, group, option)
+
+
+def test_hf_trainer_habits_on_the_real_cli_exit_2_before_anything_starts(tmp_path) -> None:
+    result = run_cli(["per_device_train_batch_size=8", "learning_rate=2e-5", "+warmup_ratio=0.03"], tmp_path)
+    err = " ".join(result.stderr.split())
+    assert result.returncode == 2, err
+    assert "per_device_train_batch_size: unknown key." in err and "use train.micro_batch_size" in err
+    assert "learning_rate: unknown key." in err and "use optimizer.lr" in err
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_multi_rank_advice_names_only_real_parallel_options() -> None:
+    messages = [str(e) for e in precheck(["launcher=local", "launcher.nproc=2"])]
+    advice = next(m for m in messages if "Pick a multi-rank option" in m)
+    named = re.search(r"Pick a multi-rank option: (.*?);", advice).group(1)
+    parallel = set(compose.group_options()["parallel"])
+    assert "parallel=deepspeed" not in advice
+    for word in re.findall(r"\b(ddp|fsdp|tp|zero[0-3])\b", named):
+        assert word in parallel, word
+
+
+def test_local_cuda_without_gpus_never_advises_nproc_0() -> None:
+    # This machine has no GPU: the advice is the device, not a rank count of zero.
+    messages = [str(e) for e in precheck(["launcher=local", "parallel=ddp", "launcher.device=cuda"])]
+    assert any("no CUDA GPU is visible" in m for m in messages), messages
+    assert any("Run on a machine with GPUs" in m for m in messages), messages
+    assert not any("nproc=0" in m for m in messages), messages
+
+
+def test_torchrun_world_is_read_from_its_environment() -> None:
+    env = {"TORCHELASTIC_RUN_ID": "x", "LOCAL_WORLD_SIZE": "2", "WORLD_SIZE": "4", "RANK": "3"}
+    assert torchrun_world(env) == (2, 2)
+    assert torchrun_world({"TORCHELASTIC_RUN_ID": "x", "LOCAL_WORLD_SIZE": "2"}) == (2, 1)
+    assert (
+        torchrun_world({"WORLD_SIZE": "1"}) is None
+    )  # a plain process (the inline backend sets these itself)
