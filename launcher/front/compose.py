@@ -27,6 +27,7 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
+from launcher.groups.aliases import alias_hint
 from launcher.spec import (
     RunSpec,
     SpecError,
@@ -127,11 +128,14 @@ def unknown_flags(flags: list[str]) -> list[SpecError]:
         name = flag.split("=", 1)[0]
         skip_next = name in _VALUE_FLAGS and "=" not in flag
         if name not in RUN_FLAGS:
+            hint = alias_hint(name)
+            foreign = f" `{name}` is another tool's flag: {hint}." if hint else ""
             errors.append(
                 SpecError(
                     ("command line",),
-                    f"{name} is not a flag `train` runs with. Flags: --multirun/-m, --config-path, --config-name, "
-                    "--config-dir, and the ones that only print (--help, --cfg job, --info); see `train --help`.",
+                    f"{name} is not a flag `train` runs with.{foreign} Flags: --multirun/-m, --config-path, "
+                    "--config-name, --config-dir, and the ones that only print (--help, --cfg job, --info); "
+                    "settings are key=value overrides; see `train --help`.",
                 )
             )
     return errors

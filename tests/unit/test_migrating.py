@@ -107,3 +107,9 @@ def test_torchrun_world_is_read_from_its_environment() -> None:
     assert (
         torchrun_world({"WORLD_SIZE": "1"}) is None
     )  # a plain process (the inline backend sets these itself)
+
+
+def test_a_foreign_flag_gets_our_key() -> None:
+    """`--learning_rate=3e-5` (HF Trainer's argparse habit) names optimizer.lr, not just 'not a flag'."""
+    [error] = compose.unknown_flags(["--learning_rate=3e-5"])
+    assert "use optimizer.lr" in error.message and "key=value overrides" in error.message
