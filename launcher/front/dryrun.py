@@ -10,6 +10,7 @@ from rich.console import Console
 from rich.table import Table
 
 from launcher.front.compose import config_dir, strip_hydra
+from launcher.front.model_dims import describe_model, folder_dims
 from launcher.groups.data.sources import describe
 from launcher.groups.model.shape import model_shape
 from launcher.groups.tokenizer import load_tokenizer, padded_vocab_size
@@ -172,6 +173,10 @@ def show(cfg: DictConfig, spec: RunSpec | None, errors: list[SpecError], run_dir
     values = flatten(redacted_container(strip_hydra(cfg)))
     defaults = flatten(OmegaConf.to_container(schema_node(), resolve=False))
     sources = provenance(choices, task_overrides)
+    folder_shape = folder_dims(spec.model) if spec is not None else None
+    for key, value in (folder_shape or {}).items():  # a folder model's shape comes from its config.json
+        values[f"model.{key}"] = value
+        sources[f"model.{key}"] = "the folder's config.json"
     table = Table(title="resolved run spec", title_justify="left", box=None, padding=(0, 2, 0, 0))
     table.add_column("key")
     table.add_column("value")
@@ -190,6 +195,7 @@ def show(cfg: DictConfig, spec: RunSpec | None, errors: list[SpecError], run_dir
             console.print(f"  - {error}", markup=False, highlight=False)
         return
     console.print("[green bold]verdict: valid")
+    console.print(describe_model(spec.model), markup=False, highlight=False)
     console.print(f"data: {describe(spec.data)}", markup=False, highlight=False)
     print_tokenizer(console, spec)
     print_plan(console, spec)

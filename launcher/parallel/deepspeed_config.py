@@ -4,8 +4,13 @@ The spec stays the one source of truth. Every DeepSpeed key that the spec also d
 accumulation, clipping, ZeRO stage and offload, precision, loss scaling, the optimizer) is derived
 from it; in a user's file (`parallel.deepspeed_config=PATH`) such a key may be left out, set to
 "auto" (filled from the spec) or repeat the spec's value. Any other value is a contradiction,
-reported before launch naming the JSON key and the spec key. Keys the spec has no say in (bucket
-sizes, overlap, prefetching, ...) pass through unchanged.
+reported before launch naming the JSON key and the spec key. Legacy spellings (`cpu_offload`,
+`cpu_offload_param`, `"zero_optimization": true`) are checked as their modern keys. The file's
+`optimizer` and `scheduler` sections (as Hugging Face's templates carry them) are checked the same
+way and then dropped: the engine gets the optimizer group's torch optimizer as a client optimizer
+and no scheduler, because the loop steps the scheduler group's schedule over that optimizer (a
+DeepSpeed scheduler would set the learning rate a second time each step). Keys the spec has no say
+in (bucket sizes, overlap, prefetching, ...) pass through unchanged.
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from launcher.groups.batching import BatchSplit
+from launcher.groups.model.shape import model_shape
 from launcher.spec import RunSpec, SpecError
 
 AUTO = "auto"
@@ -25,11 +31,11 @@ _MISSING = object()
 # The optimizer comes from the optimizer group (a client optimizer: nothing is JIT-compiled);
 # a JSON optimizer section may only restate it.
 _OPTIMIZER_TYPES = {"adamw": ("adamw",), "sgd": ("sgd",)}
-# Sections the launcher owns entirely: the loop steps the spec's LR schedule itself.
-_REFUSED_SECTIONS = {
-    "scheduler": "the learning-rate schedule comes from the scheduler group (scheduler=cosine, "
-    "scheduler.warmup_steps=...), stepped by the training loop; remove the `scheduler` section",
-}
+# DeepSpeed's schedulers and the scheduler group's schedule each one draws (linear warmup from 0,
+# then: constant, linear decay to 0, cosine to cos_min_ratio).
+_SCHEDULERS = {"warmuplr": "constant", "warmupdecaylr": "linear", "warmupcosinelr": "cosine"}
+# Legacy ZeRO keys, checked as the spec keys of their modern forms, then dropped (the modern form stands).
+_LEGACY_ZERO = ("zero_optimization.cpu_offload", "zero_optimization.cpu_offload_param")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -42,6 +48,8 @@ class Derived:
     """The spec key (or keys) deciding it."""
     value: Any
     """The value the spec gives it."""
+    note: str = ""
+    """Said after a contradiction, e.g. which modern key a legacy one stands for."""
 
 
 def loss_scale_power(spec: RunSpec) -> int | None:
@@ -87,6 +95,18 @@ def derived(spec: RunSpec, ranks: int | None = None, batch: BatchSplit | None = 
             json_key="zero_optimization.offload_param.device",
             spec_key="parallel.offload_params",
             value="cpu" if p.offload_params else "none",
+        ),
+        Derived(
+            json_key="zero_optimization.cpu_offload",
+            spec_key="parallel.offload_optimizer",
+            value=p.offload_optimizer,
+            note="(cpu_offload is the legacy form of zero_optimization.offload_optimizer.device=cpu)",
+        ),
+        Derived(
+            json_key="zero_optimization.cpu_offload_param",
+            spec_key="parallel.offload_params",
+            value=p.offload_params,
+            note="(cpu_offload_param is the legacy form of zero_optimization.offload_param.device=cpu)",
         ),
         Derived(json_key="bf16.enabled", spec_key="precision.bf16", value=pr.bf16),
         Derived(json_key="bfloat16.enabled", spec_key="precision.bf16", value=pr.bf16),
@@ -185,8 +205,11 @@ def _same(given: Any, wanted: Any) -> bool:
 
 
 def _bucket_autos(spec: RunSpec) -> dict[str, int]:
-    """Sizes DeepSpeed's own docs derive from the hidden width, for keys left at "auto"."""
-    width = spec.model.d_model
+    """Sizes DeepSpeed's own docs derive from the hidden width, for keys left at "auto".
+
+    The width is the model's real one: a Hugging Face folder's hidden_size, not the preset's d_model.
+    """
+    width = model_shape(spec.model).equivalent.d_model
     return {
         "zero_optimization.reduce_bucket_size": width * width,
         "zero_optimization.stage3_prefetch_bucket_size": int(0.9 * width * width),
@@ -232,10 +255,11 @@ def read_user_config(path: str) -> tuple[dict[str, Any] | None, list[SpecError]]
 
 
 def _contradiction(path: str, json_key: str, given: Any, d: Derived) -> SpecError:
+    note = f" {d.note}" if d.note else ""
     return SpecError(
         (f"deepspeed_config:{json_key}", d.spec_key),
         f"the DeepSpeed JSON {path} sets {json_key}={json.dumps(given)}, but the spec gives "
-        f"{json.dumps(d.value)} ({d.spec_key}). The spec decides this value: set it to {json.dumps(d.value)} "
+        f"{json.dumps(d.value)} ({d.spec_key}){note}. The spec decides this value: set it to {json.dumps(d.value)} "
         f'or "auto" in the JSON, or change {d.spec_key} to match.',
     )
 
@@ -258,15 +282,135 @@ def _check_optimizer(spec: RunSpec, path: str, user: dict[str, Any]) -> list[Spe
     ]
 
 
+_RAMP = "(the spec's warmup rises linearly from 0 over scheduler.warmup_steps)"
+
+
+def scheduler_values(spec: RunSpec, kind: str) -> list[Derived]:
+    """The parameters of DeepSpeed scheduler `kind` (lower case) that draw the spec's schedule."""
+    s, o = spec.scheduler, spec.optimizer
+    keys = [
+        Derived(json_key="warmup_num_steps", spec_key="scheduler.warmup_steps", value=s.warmup_steps),
+        Derived(json_key="warmup_type", spec_key="scheduler.warmup_steps", value="linear", note=_RAMP),
+    ]
+    if kind == "warmupcosinelr":
+        keys.append(
+            Derived(json_key="warmup_min_ratio", spec_key="scheduler.warmup_steps", value=0.0, note=_RAMP)
+        )
+        keys.append(
+            Derived(json_key="cos_min_ratio", spec_key="scheduler.min_lr_ratio", value=s.min_lr_ratio)
+        )
+    else:  # the warmup rises linearly from 0 to optimizer.lr
+        keys.append(
+            Derived(json_key="warmup_min_lr", spec_key="scheduler.warmup_steps", value=0.0, note=_RAMP)
+        )
+        keys.append(Derived(json_key="warmup_max_lr", spec_key="optimizer.lr", value=o.lr))
+    if kind != "warmuplr":
+        keys.append(
+            Derived(json_key="total_num_steps", spec_key="train.max_steps", value=spec.train.max_steps)
+        )
+    return keys
+
+
+def _check_scheduler(spec: RunSpec, path: str, user: dict[str, Any]) -> list[SpecError]:
+    """A `scheduler` section agrees when its values are "auto" or the spec's own schedule's."""
+    section = user.get("scheduler")
+    if section is None:
+        return []
+    key = "deepspeed_config:scheduler.type"
+    given = section.get("type", AUTO) if isinstance(section, dict) else section
+    kind = str(given).lower()
+    if kind != AUTO and kind not in _SCHEDULERS:
+        return [
+            SpecError(
+                (key, "scheduler.name"),
+                f"the DeepSpeed JSON {path} asks for DeepSpeed's {given} schedule, which the scheduler group has no "
+                f"counterpart for (it draws WarmupLR, WarmupDecayLR and WarmupCosineLR). The loop steps the spec's "
+                f"schedule (scheduler.name={spec.scheduler.name}): remove the `scheduler` section from the JSON.",
+            )
+        ]
+    params = section.get("params", {}) if isinstance(section, dict) else {}
+    params = params if isinstance(params, dict) else {}
+    errors = []
+    for d in scheduler_values(spec, kind):
+        value = params.get(d.json_key, AUTO)
+        if value != AUTO and not _same(value, d.value):
+            errors.append(_contradiction(path, f"scheduler.params.{d.json_key}", value, d))
+    explicit = any(v != AUTO for v in params.values())
+    s = spec.scheduler
+    same_shape = kind == AUTO or (
+        _SCHEDULERS[kind] == s.name and (kind != "warmupdecaylr" or s.min_lr_ratio == 0)
+    )
+    if explicit and not same_shape:  # an all-"auto" section only names a template's type
+        errors.append(
+            SpecError(
+                (key, "scheduler.name", "scheduler.min_lr_ratio"),
+                f"the DeepSpeed JSON {path} describes DeepSpeed's {given} schedule with explicit values, but the spec "
+                f"runs scheduler.name={s.name} (min_lr_ratio={s.min_lr_ratio}), which the loop steps. Pick the matching "
+                "scheduler (WarmupLR: constant; WarmupDecayLR: linear with min_lr_ratio=0; WarmupCosineLR: cosine), "
+                'or set the section\'s values to "auto", or remove the section.',
+            )
+        )
+    return errors
+
+
+def _check_master_weights(spec: RunSpec, path: str, user: dict[str, Any]) -> list[SpecError]:
+    """Low-precision master weights: DeepSpeed keeps them only in ZeRO-Offload's DeepSpeedCPUAdam."""
+    p, errors = spec.parallel, []
+    for section, precision in (("fp16", "fp16"), ("bf16", "bf16")):
+        json_key = f"{section}.{precision}_master_weights_and_grads"
+        if _get(user, json_key) is not True:  # "auto" is filled with false: fp32 master weights
+            continue
+        wanted = {
+            f"precision.{precision}": getattr(spec.precision, precision),
+            "parallel.zero_stage": p.zero_stage in (1, 2, 3),
+            "parallel.offload_optimizer": p.offload_optimizer,
+            "optimizer.name": spec.optimizer.name == "adamw",
+        }
+        missing = tuple(k for k, ok in wanted.items() if not ok)
+        if missing:
+            errors.append(
+                SpecError(
+                    (f"deepspeed_config:{json_key}", *missing),
+                    f"the DeepSpeed JSON {path} sets {json_key}=true: DeepSpeed keeps {precision} master weights "
+                    f"and gradients only in ZeRO-Offload's DeepSpeedCPUAdam, so it needs precision={precision}, "
+                    "parallel.zero_stage 1-3, parallel.offload_optimizer=true and optimizer=adamw (otherwise every "
+                    f"rank stops with an AssertionError at start). Here {', '.join(missing)} disagree. Remove the key "
+                    "(fp32 master weights, the default), or change those keys.",
+                )
+            )
+    return errors
+
+
+def _legacy_zero(user: dict[str, Any]) -> dict[str, Any]:
+    """The file with a legacy `"zero_optimization": true/false` written as its stage (DeepSpeed reads 1/0)."""
+    zero = user.get("zero_optimization")
+    if isinstance(zero, bool):
+        return {**user, "zero_optimization": {"stage": int(zero)}}
+    return user
+
+
+def _unfillable(path: str, autos: list[str]) -> list[SpecError]:
+    """One error for every "auto" the spec cannot fill."""
+    if not autos:
+        return []
+    return [
+        SpecError(
+            tuple(f"deepspeed_config:{a}" for a in autos),
+            f'the DeepSpeed JSON {path} sets {", ".join(autos)} to "auto", but the spec has no value for '
+            f"{'it' if len(autos) == 1 else 'them'}. Give numbers in the JSON, or remove the keys to take "
+            "DeepSpeed's defaults.",
+        )
+    ]
+
+
 def merge(
     spec: RunSpec, path: str, user: dict[str, Any], ranks: int | None = None, batch: BatchSplit | None = None
 ) -> tuple[dict[str, Any], list[SpecError]]:
     """Fill the user's "auto" values from the spec and report every value that contradicts it."""
+    user = _legacy_zero(user)
     filled = copy.deepcopy(user)
-    errors = _check_optimizer(spec, path, user)
-    for section, why in _REFUSED_SECTIONS.items():
-        if section in user:
-            errors.append(SpecError((f"deepspeed_config:{section}",), f"{path}: {why}."))
+    errors = _check_optimizer(spec, path, user) + _check_scheduler(spec, path, user)
+    errors += _check_master_weights(spec, path, user)
     for d in derived(spec, ranks, batch):
         given = _get(user, d.json_key)
         if given is _MISSING:
@@ -277,19 +421,21 @@ def merge(
             continue  # loss-scaling details of a disabled fp16 section do not matter
         elif not _same(given, d.value):
             errors.append(_contradiction(path, d.json_key, given, d))
-    filled.pop("optimizer", None)  # the client optimizer is used; a consistent section only restated it
-    buckets = _bucket_autos(spec)
-    for auto in _auto_paths(filled):
+    # Checked above, not handed to DeepSpeed: the client optimizer and the loop's schedule are used.
+    filled.pop("optimizer", None)
+    filled.pop("scheduler", None)
+    for legacy in _LEGACY_ZERO:  # the generated modern offload sections stand for them
+        filled.get("zero_optimization", {}).pop(legacy.split(".")[1], None)
+    for section in ("fp16", "bf16"):
+        key = f"{section}.{section}_master_weights_and_grads"
+        if _get(filled, key) == AUTO:
+            _set(filled, key, False)
+    autos = _auto_paths(filled)
+    buckets = _bucket_autos(spec) if any(a.startswith("zero_optimization.") for a in autos) else {}
+    for auto in autos:
         if auto in buckets:
             _set(filled, auto, buckets[auto])
-        else:
-            errors.append(
-                SpecError(
-                    (f"deepspeed_config:{auto}",),
-                    f'the DeepSpeed JSON {path} sets {auto}="auto", but the spec has no value for it. '
-                    "Give a number in the JSON, or remove the key to take DeepSpeed's default.",
-                )
-            )
+    errors += _unfillable(path, [a for a in autos if a not in buckets])
     return filled, errors
 
 

@@ -1,10 +1,11 @@
 """The DeepSpeed config generated from the spec, a user's JSON checked against it, and every
-DeepSpeed rule's message (all before launch: nothing here starts a rank)."""
+DeepSpeed rule's message (before launch), plus one short real run of a Hugging Face template."""
 
 from __future__ import annotations
 
 import json
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -118,14 +119,147 @@ def test_contradicting_json_exits_2_before_anything_starts(tmp_path) -> None:
     assert not run_dir.exists()
 
 
-def test_unfillable_auto_and_refused_sections(tmp_path) -> None:
+def test_unfillable_autos_are_one_problem(tmp_path) -> None:
     path = _json(
-        tmp_path, {"scheduler": {"type": "WarmupLR"}, "zero_optimization": {"sub_group_size": "auto"}}
+        tmp_path,
+        {"zero_optimization": {"sub_group_size": "auto", "stage3_max_live_parameters": "auto"}},
     )
-    assert sorted(_keys("parallel=zero2", f"parallel.deepspeed_config={path}")) == [
-        ("deepspeed_config:scheduler",),
-        ("deepspeed_config:zero_optimization.sub_group_size",),
+    errors = precheck(["parallel=zero3", f"parallel.deepspeed_config={path}"])
+    assert [e.keys for e in errors] == [
+        (
+            "deepspeed_config:zero_optimization.sub_group_size",
+            "deepspeed_config:zero_optimization.stage3_max_live_parameters",
+        )
     ]
+    assert "sub_group_size, zero_optimization.stage3_max_live_parameters" in errors[0].message
+
+
+ASSETS = Path(__file__).parents[1] / "assets" / "deepspeed"
+FILES = [
+    ("transformers_zero2.json", ["parallel=zero2", "parallel.offload_optimizer=true"]),
+    ("transformers_zero3.json", ["parallel=zero3_offload"]),
+    ("axolotl_zero2.json", ["parallel=zero2", "parallel.offload_optimizer=true"]),
+]
+
+
+@pytest.mark.parametrize(("name", "argv"), FILES, ids=[f[0] for f in FILES])
+def test_real_json_files_are_accepted_and_filled(name: str, argv: list[str]) -> None:
+    path = ASSETS / name
+    spec = _spec(*argv, f"parallel.deepspeed_config={path}", *TINY)
+    config, errors = ds_config.resolve(spec, ranks=2)
+    assert errors == []
+    # checked, then not handed over: the optimizer group's optimizer and the loop's schedule are used
+    assert "optimizer" not in config and "scheduler" not in config
+    assert config["train_batch_size"] == 8 and config["gradient_clipping"] == 1.0
+    assert config["bf16"]["enabled"] is False and config.get("fp16", {}).get("enabled", False) is False
+    assert '"auto"' not in json.dumps(config)
+    assert config["zero_optimization"]["offload_optimizer"]["device"] == "cpu"
+
+
+def test_scheduler_and_optimizer_sections_agreeing_with_the_spec_are_accepted(tmp_path) -> None:
+    content = {
+        "optimizer": {"type": "AdamW", "params": {"lr": 0.002, "betas": [0.9, 0.95], "weight_decay": "auto"}},
+        "scheduler": {
+            "type": "WarmupDecayLR",
+            "params": {
+                "warmup_min_lr": 0,
+                "warmup_max_lr": 0.002,
+                "warmup_num_steps": 2,
+                "total_num_steps": 20,
+            },
+        },
+    }
+    path = _json(tmp_path, content)
+    argv = ["parallel=zero2", f"parallel.deepspeed_config={path}", *TINY, "optimizer.lr=0.002"]
+    assert precheck([*argv, "scheduler=linear", "scheduler.min_lr_ratio=0"]) == []
+    # An all-"auto" scheduler section is a template: the spec's schedule (cosine here) runs.
+    auto = _json(tmp_path, {"scheduler": {"type": "WarmupDecayLR", "params": {"total_num_steps": "auto"}}})
+    assert precheck(["parallel=zero2", f"parallel.deepspeed_config={auto}", *TINY]) == []
+
+
+SCHEDULER_CONTRADICTIONS = [
+    ({"warmup_max_lr": 0.5}, [], ("deepspeed_config:scheduler.params.warmup_max_lr", "optimizer.lr")),
+    ({"total_num_steps": 999}, [], ("deepspeed_config:scheduler.params.total_num_steps", "train.max_steps")),
+    (
+        {"warmup_num_steps": 7},
+        [],
+        ("deepspeed_config:scheduler.params.warmup_num_steps", "scheduler.warmup_steps"),
+    ),
+    (  # the right numbers, but the spec decays by cosine to 10 %, not linearly to 0
+        {"warmup_num_steps": 2},
+        ["scheduler=cosine"],
+        ("deepspeed_config:scheduler.type", "scheduler.name", "scheduler.min_lr_ratio"),
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("params", "argv", "keys"), SCHEDULER_CONTRADICTIONS, ids=[c[2][0] for c in SCHEDULER_CONTRADICTIONS]
+)
+def test_scheduler_contradictions_are_refused(tmp_path, params: dict, argv: list[str], keys: tuple) -> None:
+    path = _json(tmp_path, {"scheduler": {"type": "WarmupDecayLR", "params": params}})
+    spec_argv = ["scheduler=linear", "scheduler.min_lr_ratio=0", *argv]
+    errors = precheck(["parallel=zero2", f"parallel.deepspeed_config={path}", *TINY, *spec_argv])
+    assert [e.keys for e in errors] == [keys], errors
+
+
+def test_scheduler_without_counterpart_is_refused(tmp_path) -> None:
+    path = _json(tmp_path, {"scheduler": {"type": "OneCycle", "params": {"cycle_min_lr": "auto"}}})
+    errors = precheck(["parallel=zero2", f"parallel.deepspeed_config={path}"])
+    assert [e.keys for e in errors] == [("deepspeed_config:scheduler.type", "scheduler.name")]
+    assert "remove the `scheduler` section" in errors[0].message
+
+
+def test_legacy_cpu_offload_is_checked_as_offload_optimizer() -> None:
+    path = ASSETS / "legacy_cpu_offload.json"
+    errors = precheck(["parallel=zero2", f"parallel.deepspeed_config={path}", *TINY])
+    assert [e.keys for e in errors] == [
+        ("deepspeed_config:zero_optimization.cpu_offload", "parallel.offload_optimizer")
+    ]
+    assert "legacy form of zero_optimization.offload_optimizer" in errors[0].message
+    spec = _spec(
+        "parallel=zero2", "parallel.offload_optimizer=true", f"parallel.deepspeed_config={path}", *TINY
+    )
+    config, errors = ds_config.resolve(spec, ranks=2)
+    assert errors == []
+    assert "cpu_offload" not in config["zero_optimization"]  # mapped: the modern section stands
+    assert config["zero_optimization"]["offload_optimizer"]["device"] == "cpu"
+
+
+def test_legacy_boolean_zero_optimization_is_stage_1(tmp_path) -> None:
+    path = _json(tmp_path, {"zero_optimization": True})
+    errors = precheck(["parallel=zero2", f"parallel.deepspeed_config={path}"])
+    assert [e.keys for e in errors] == [("deepspeed_config:zero_optimization.stage", "parallel.zero_stage")]
+    assert precheck(["parallel=zero1", f"parallel.deepspeed_config={path}"]) == []
+
+
+def test_fp16_master_weights_need_zero_offload_with_cpu_adam() -> None:
+    path = ASSETS / "fp16_master_weights.json"
+    errors = precheck(["parallel=zero2", f"parallel.deepspeed_config={path}", *TINY])
+    assert [e.keys for e in errors] == [
+        (
+            "deepspeed_config:fp16.fp16_master_weights_and_grads",
+            "precision.fp16",
+            "parallel.offload_optimizer",
+        )
+    ]
+    assert "DeepSpeedCPUAdam" in errors[0].message and "AssertionError" in errors[0].message
+
+
+def test_auto_bucket_sizes_follow_a_folder_models_real_width(tmp_path) -> None:
+    from hf_assets import make_hf_model
+
+    folder = make_hf_model("llama", tmp_path / "llama")  # hidden_size 64; the preset's d_model is 128
+    path = ASSETS / "transformers_zero3.json"
+    spec = _spec(
+        "model=hf", f"model.hf_config={folder}", "parallel=zero3_offload", f"parallel.deepspeed_config={path}",
+        "data.seq_len=32", "train.micro_batch_size=4", "train.max_steps=20", "scheduler.warmup_steps=2",
+    )  # fmt: skip
+    assert spec.model.d_model == 128
+    zero = ds_config.resolve(spec, ranks=1)[0]["zero_optimization"]
+    assert zero["reduce_bucket_size"] == 64 * 64
+    assert zero["stage3_prefetch_bucket_size"] == int(0.9 * 64 * 64)
+    assert zero["stage3_param_persistence_threshold"] == 640
 
 
 RULES = [
@@ -187,3 +321,41 @@ def test_missing_deepspeed_package_says_how_to_install(monkeypatch) -> None:
     errors = precheck(["parallel=zero2"])
     assert [e.keys for e in errors] == [("parallel.strategy",)]
     assert "pip install deepspeed" in errors[0].message
+
+
+def test_transformers_template_trains_a_folder_model_on_the_specs_schedule(tmp_path) -> None:
+    """One real run (about 15 s): transformers' ZeRO-2 template, a Llama folder, 4 steps, inline.
+
+    The template's offload device is set to "auto" (filled: none), so no DeepSpeedCPUAdam is built.
+    """
+    from hf_assets import make_hf_model
+
+    from launcher.front import rundir
+    from launcher.front.model_dims import fill_folder_dims
+    from launcher.groups.metrics import read_metrics
+    from launcher.rank import worker
+
+    folder = make_hf_model("llama", tmp_path / "llama")
+    template = json.loads((ASSETS / "transformers_zero2.json").read_text())
+    template["zero_optimization"]["offload_optimizer"]["device"] = "auto"
+    run_dir = tmp_path / "run"
+    cfg = compose.compose(
+        [
+            "model=hf", f"model.hf_config={folder}", "parallel=zero2",
+            f"parallel.deepspeed_config={_json(tmp_path, template)}", "data.seq_len=32",
+            "data.max_bytes=200000", "train.micro_batch_size=4", "train.max_steps=4", "train.log_every=1",
+            "scheduler.warmup_steps=2", "checkpoint.every=null", "train.eval_every=null", "log.progress=false",
+            "log.summary_table=false", f"run_dir={run_dir}",
+        ]
+    )  # fmt: skip
+    spec, errors = compose.validate(cfg)
+    assert errors == []
+    rundir.write(cfg, fill_folder_dims(cfg, spec), run_dir)
+    assert worker.run(run_dir / "spec.yaml") == 0
+    config = json.loads((run_dir / "deepspeed_config.json").read_text())
+    assert "scheduler" not in config and "optimizer" not in config
+    assert config["zero_optimization"]["reduce_bucket_size"] == 64 * 64  # the folder's width, not 128
+    assert config["zero_optimization"]["offload_optimizer"]["device"] == "none"
+    lrs = [r["lr"] for r in read_metrics(run_dir / "metrics.jsonl")]
+    # The spec's cosine schedule ends at min_lr_ratio x lr; the template's WarmupLR would hold 1e-3.
+    assert lrs[-1] == pytest.approx(spec.optimizer.lr * spec.scheduler.min_lr_ratio)
