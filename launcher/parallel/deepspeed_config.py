@@ -424,8 +424,9 @@ def merge(
     # Checked above, not handed to DeepSpeed: the client optimizer and the loop's schedule are used.
     filled.pop("optimizer", None)
     filled.pop("scheduler", None)
-    for legacy in _LEGACY_ZERO:  # the generated modern offload sections stand for them
-        filled.get("zero_optimization", {}).pop(legacy.split(".")[1], None)
+    zero = filled.get("zero_optimization")
+    for legacy in _LEGACY_ZERO if isinstance(zero, dict) else ():  # the modern sections stand for them
+        zero.pop(legacy.split(".")[1], None)
     for section in ("fp16", "bf16"):
         key = f"{section}.{section}_master_weights_and_grads"
         if _get(filled, key) == AUTO:
