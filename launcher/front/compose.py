@@ -416,6 +416,7 @@ def strip_hydra(cfg: DictConfig) -> DictConfig:
 
 def validate(cfg: DictConfig) -> tuple[RunSpec | None, list[SpecError]]:
     """Schema and cross-field rules on a composed config: the spec, or every violation found."""
+    from launcher.front.model_dims import fill_folder_dims
     from launcher.front.vocab import fill_vocab
     from launcher.front.warmup import fit_warmup
     from launcher.groups.launcher import resolve_backend
@@ -436,7 +437,7 @@ def validate(cfg: DictConfig) -> tuple[RunSpec | None, list[SpecError]]:
         return None, errors
     spec = fit_warmup(cfg, spec)
     errors = check(spec, detect_hardware(spec))
-    return (None, errors) if errors else (spec, [])
+    return (None, errors) if errors else (fill_folder_dims(cfg, spec), [])  # after the rules: see model_dims
 
 
 # Code the composed config may name: Hydra's own basic launcher and sweeper, which Hydra puts there.
