@@ -49,15 +49,28 @@ def _yaml_values(path: Path, package: str) -> dict[str, Any]:
     return flatten(data)
 
 
-def provenance(choices: dict[str, str | None], task_overrides: list[str]) -> dict[str, str]:
-    """Dotted key -> the source that set it last: train.yaml, a group option, a recipe, the command line."""
+def _option_file(roots: list[Path], group: str, option: str) -> Path:
+    """The file of `group=option`: in the user's config directories first, then the shipped conf/."""
+    for root in roots:
+        if (root / group / f"{option}.yaml").is_file():
+            return root / group / f"{option}.yaml"
+    return roots[-1] / group / f"{option}.yaml"
+
+
+def provenance(
+    choices: dict[str, str | None], task_overrides: list[str], user_dirs: tuple[Path, ...] = ()
+) -> dict[str, str]:
+    """Dotted key -> the source that set it last: train.yaml, a group option (the user's own directories
+    included), a recipe or experiment, the command line."""
     root = config_dir()
+    roots = [*user_dirs, root]
     sources: dict[str, str] = dict.fromkeys(_yaml_values(root / "train.yaml", ""), "train.yaml")
-    ordered = sorted(choices.items(), key=lambda item: item[0] == "recipe")  # recipes apply after groups
+    late = ("recipe", "experiment")  # files of overrides, applied after the groups they override
+    ordered = sorted(choices.items(), key=lambda item: item[0] in late)
     for group, option in ordered:
         if option is None or group.startswith("hydra"):
             continue
-        for key in _yaml_values(root / group / f"{option}.yaml", group):
+        for key in _yaml_values(_option_file(roots, group, option), group):
             sources[key] = f"{group}={option}"
     for override in task_overrides:
         key, sep, _ = override.lstrip("+~").partition("=")
@@ -165,6 +178,19 @@ def print_tokenizer(console: Console, spec: RunSpec) -> None:
     )
 
 
+def _user_dirs(cfg: DictConfig) -> tuple[Path, ...]:
+    """The file config directories Hydra searched besides the shipped conf/ (--config-dir, hydra.searchpath)."""
+    if "hydra" not in cfg:
+        return ()
+    shipped = config_dir().resolve()
+    dirs = [
+        Path(source.path).resolve()
+        for source in cfg.hydra.runtime.get("config_sources", [])
+        if source.get("schema") == "file" and source.get("path")
+    ]
+    return tuple(d for d in dirs if d != shipped)
+
+
 def show(cfg: DictConfig, spec: RunSpec | None, errors: list[SpecError], run_dir: Path) -> None:
     """Print the spec table with each value's source, the verdict, the memory plan and the launch plan."""
     console = Console() if Console().is_terminal else Console(width=160)
@@ -172,7 +198,7 @@ def show(cfg: DictConfig, spec: RunSpec | None, errors: list[SpecError], run_dir
     task_overrides = list(cfg.hydra.overrides.task) if "hydra" in cfg else []
     values = flatten(redacted_container(strip_hydra(cfg)))
     defaults = flatten(OmegaConf.to_container(schema_node(), resolve=False))
-    sources = provenance(choices, task_overrides)
+    sources = provenance(choices, task_overrides, _user_dirs(cfg))
     folder_shape = folder_dims(spec.model) if spec is not None else None
     for key, value in (folder_shape or {}).items():  # a folder model's shape comes from its config.json
         values[f"model.{key}"] = value

@@ -129,3 +129,13 @@ def test_a_real_run_of_an_experiment(tmp_path) -> None:
         1e-4,
         3,
     )
+
+
+def test_the_dry_run_credits_values_to_the_users_files(tmp_path) -> None:
+    """The "from" column names the user's experiment and option files, not a shipped option or the schema."""
+    experiment = run_cli(["--config-dir", str(USER_CONF), "+experiment=small_lr", "dry_run=true"], tmp_path)
+    rows = {line.split()[0]: line.split()[-1] for line in experiment.stdout.splitlines() if line.strip()}
+    assert rows["optimizer.lr"] == "experiment=small_lr" and rows["train.max_steps"] == "experiment=small_lr"
+    option = run_cli(["--config-dir", str(USER_CONF), "optimizer=my_adamw", "dry_run=true"], tmp_path)
+    rows = {line.split()[0]: line.split()[-1] for line in option.stdout.splitlines() if line.strip()}
+    assert rows["optimizer.lr"] == "optimizer=my_adamw"
