@@ -111,14 +111,20 @@ def _microbatches(spec: RunSpec, hw: Hardware) -> Iterator[SpecError]:
     if p.pp_schedule == "interleaved_1f1b" and pp >= 1 and n % pp:
         b = spec.train.micro_batch_size
         dividing = [m for m in range(pp, b + 1, pp) if b % m == 0]
-        fixed = min(dividing, key=lambda m: abs(m - n)) if dividing else pp * max(1, round(n / pp))
+        if dividing:
+            fix = f"Set parallel.pp_microbatches={min(dividing, key=lambda m: abs(m - n))}"
+        else:  # no multiple of pp_size divides the micro batch: both must change
+            fix = (
+                f"No multiple of {pp} divides train.micro_batch_size ({b}): set both, e.g. "
+                f"train.micro_batch_size={b * pp} parallel.pp_microbatches={pp}"
+            )
         yield SpecError(
             ("parallel.pp_microbatches", "parallel.pp_size", "parallel.pp_schedule"),
             f"interleaved_1f1b sends the micro batches through each rank's stages in rounds of pp_size, and this "
             f"launcher runs whole rounds only (Megatron's rule), so parallel.pp_microbatches ({n}) must be a "
             f"multiple of parallel.pp_size ({pp}); torch's ScheduleInterleaved1F1B itself needs a multiple of "
-            f"max(1, pp_microbatches // pp_size) and refuses e.g. {2 * pp + 1}. Set "
-            f"parallel.pp_microbatches={fixed} (it must also divide train.micro_batch_size, {b}).",
+            f"max(1, pp_microbatches // pp_size) and refuses e.g. {2 * pp + 1}. {fix} (the pipeline micro "
+            f"batches must also divide train.micro_batch_size).",
         )
 
 

@@ -201,3 +201,13 @@ def test_checkpoints_cross_between_pp_and_other_strategies_only_through_export(t
     grow = _messages(f"run_dir={by_pp}", *resume, *PP2, "launcher.nproc=4")
     assert any("Resume with at most 2 ranks" in m for m in grow), grow
     assert _messages(f"run_dir={by_fsdp}", *resume, "parallel=fsdp") == []  # fsdp -> fsdp unchanged
+
+
+def test_interleaved_fix_changes_the_micro_batch_when_no_multiple_divides_it() -> None:
+    """pp_size 3, micro batch 16: no multiple of 3 divides 16, so the fix names both keys, never 9."""
+    argv = [
+        "parallel.strategy=pp", "parallel.pp_size=3", "launcher=local", "launcher.nproc=3", "model.n_layer=6",
+        *INTERLEAVED, "train.micro_batch_size=16", "parallel.pp_microbatches=8",
+    ]  # fmt: skip
+    [message] = [m for m in _messages(*argv) if "whole rounds" in m]
+    assert "train.micro_batch_size=48 parallel.pp_microbatches=3" in message and "=9" not in message
