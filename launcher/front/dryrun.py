@@ -12,16 +12,10 @@ from rich.table import Table
 from launcher.front.compose import config_dir, strip_hydra
 from launcher.front.model_dims import describe_model, folder_dims
 from launcher.groups.data.sources import describe
-from launcher.groups.model.shape import model_shape
 from launcher.groups.tokenizer import load_tokenizer, padded_vocab_size
 from launcher.launch import backend
-from launcher.parallel.pipeline_split import (
-    MULTI_STAGE_SCHEDULES,
-    bubble_fraction,
-    part_costs,
-    stage_ranges,
-    stages_of_rank,
-)
+from launcher.parallel.pipeline_split import MULTI_STAGE_SCHEDULES, bubble_fraction
+from launcher.parallel.pipeline_stage import plan_stages
 from launcher.plan.pipeline import PipelineLayout, PipelinePlan, RankPlan, pipeline_plan
 from launcher.plan.planner import format_bytes, plan, plan_table
 from launcher.spec import RunSpec, SpecError, redacted_container, schema_node
@@ -80,15 +74,12 @@ def provenance(
 
 
 def pipeline_layout(spec: RunSpec) -> PipelineLayout:
-    """Where a pp run's stages sit, placed by the functions the ranks place them with."""
-    p, cfg = spec.parallel, model_shape(spec.model).equivalent
-    num_stages = p.pp_size * p.pp_stages_per_rank
-    ranges = stage_ranges(cfg.n_layer, num_stages, p.pp_split, part_costs(cfg, spec.data.seq_len))
+    """Where a pp run's stages sit: the plan every rank builds its own stages from."""
+    p = spec.parallel
+    plans = [plan_stages(spec.model, p, spec.data.seq_len, r) for r in range(p.pp_size)]
     return PipelineLayout(
-        stage_layers=tuple(ranges),
-        rank_stages=tuple(
-            tuple(stages_of_rank(r, p.pp_size, p.pp_stages_per_rank, p.pp_schedule)) for r in range(p.pp_size)
-        ),
+        stage_layers=tuple(plans[0].ranges),
+        rank_stages=tuple(tuple(plan.local) for plan in plans),
         bubble=bubble_fraction(p.pp_size, p.pp_microbatches, p.pp_schedule, p.pp_stages_per_rank),
     )
 

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING
 import torch
 import torch.distributed as dist
 
+from launcher.parallel.pipeline_split import rank_of_stage
 from launcher.spec import SpecError
 
 if TYPE_CHECKING:
@@ -52,7 +53,7 @@ class ParallelDims:
         if errors:
             raise ValueError("; ".join(str(e) for e in errors))
         tp, replicate, pp = parallel.tp_size, parallel.replicate_degree, parallel.pp_size
-        last = 0 if parallel.pp_schedule == "zero_bubble" else pp - 1
+        last = rank_of_stage(pp * parallel.pp_stages_per_rank - 1, pp, parallel.pp_schedule)
         return cls(pp=pp, pp_last=last, replicate=replicate, shard=world_size // (tp * replicate * pp), tp=tp)
 
     @property

@@ -48,7 +48,8 @@ from launcher.parallel.dtensor import DCP_DIR, SCALER_FILE, make_sharded_scaler,
 from launcher.parallel.dtensor import consolidate as consolidate
 from launcher.parallel.fsdp import apply_fsdp, data_mesh
 from launcher.parallel.guarded_step import guarded_step
-from launcher.parallel.pipeline_stage import StagePlan, TiedCopies, plan_stages, tied_pair
+from launcher.parallel.pipeline_split import rank_of_stage
+from launcher.parallel.pipeline_stage import StagePlan, TiedCopies, local_tensor, plan_stages, tied_pair
 from launcher.parallel.state_bytes import state_bytes
 from launcher.parallel.strategy import Setup, StepResult
 
@@ -107,10 +108,6 @@ def _drop_part(key: str) -> str:
     return rest
 
 
-def _local(tensor: torch.Tensor) -> torch.Tensor:
-    return tensor.to_local() if isinstance(tensor, DTensor) else tensor
-
-
 class PipelineStrategy:
     """The loop's verbs over this rank's pipeline stages (`model` is the ModuleList of them)."""
 
@@ -125,7 +122,7 @@ class PipelineStrategy:
         self.parts = parts
         device = self.dist.device
         self.pp_group = setup.mesh.get_group("pp")
-        self.v_shape = p.pp_schedule == "zero_bubble"
+        self.schedule_name = p.pp_schedule
         self.block = self.dist.world_size // self.dist.dims.pp
         self.hidden_size = model_shape(spec.model).equivalent.d_model
         self.scaler = make_sharded_scaler(spec.precision, device.type)
@@ -136,9 +133,7 @@ class PipelineStrategy:
         )
         self.max_grad_norm = spec.train.max_grad_norm
         names = tied_pair(spec.model)
-        self.tied = (
-            TiedCopies(parts, names, self.dist.dims, self.dist.rank, v_shape=self.v_shape) if names else None
-        )
+        self.tied = TiedCopies(parts, names, self.dist.dims, self.dist.rank) if names else None
         uncounted = self.tied.copies[len(self.tied.counted) :] if self.tied else []
         self._uncounted = {id(t) for t in uncounted}
         stages = [
@@ -168,7 +163,6 @@ class PipelineStrategy:
         device = self.dist.device
         with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
             self.forward_backward(batch, 1.0, train_dtype(setup.spec.precision), _NoTimer())
-        self.optimizer.zero_grad(set_to_none=True)
         for param in self.model.parameters():
             param.grad = None
 
@@ -197,8 +191,7 @@ class PipelineStrategy:
 
     def _stage_rank(self, stage: int) -> int:
         """The global rank holding `stage` in this rank's data x tensor coordinate."""
-        p = self.dist.dims.pp
-        pp_rank = stage % p if not self.v_shape else (stage if stage < p else 2 * p - 1 - stage)
+        pp_rank = rank_of_stage(stage, self.dist.dims.pp, self.schedule_name)
         return pp_rank * self.block + self.dist.rank % self.block
 
     @torch.no_grad()
@@ -244,7 +237,7 @@ class PipelineStrategy:
         if max_norm is not None:
             coef = (max_norm / (total + 1e-6)).clamp(max=1.0)
             for grad in grads:
-                _local(grad).mul_(coef.to(grad.dtype))
+                local_tensor(grad).mul_(coef.to(grad.dtype))
         return total
 
     def step(self, *, loss_ok: torch.Tensor) -> StepResult:

@@ -103,6 +103,13 @@ def stages_of_rank(pp_rank: int, pp_size: int, stages_per_rank: int, schedule: s
     return [pp_rank + k * pp_size for k in range(stages_per_rank)]
 
 
+def rank_of_stage(stage: int, pp_size: int, schedule: str) -> int:
+    """The pipeline rank holding `stage`: the inverse of stages_of_rank."""
+    if schedule == "zero_bubble":
+        return stage if stage < pp_size else 2 * pp_size - 1 - stage
+    return stage % pp_size
+
+
 def bubble_fraction(pp_size: int, microbatches: int, schedule: str, stages_per_rank: int = 1) -> float:
     """The idle share of a step in theory: (p - 1) / (m + p - 1), divided by the stages per rank when interleaved.
 

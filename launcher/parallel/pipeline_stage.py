@@ -102,7 +102,8 @@ def tied_pair(model_cfg: ModelConfig) -> tuple[str, str] | None:
     return ("hf.model.embed_tokens.weight", "hf.lm_head.weight") if cfg.tie_embeddings else None
 
 
-def _local(tensor: torch.Tensor) -> torch.Tensor:
+def local_tensor(tensor: torch.Tensor) -> torch.Tensor:
+    """This rank's part of a DTensor (the tensor itself otherwise), for in-place work on gradients."""
     return tensor.to_local() if isinstance(tensor, DTensor) else tensor
 
 
@@ -115,12 +116,12 @@ class TiedCopies:
     """
 
     def __init__(
-        self, stages: list[nn.Module], names: tuple[str, str], dims: ParallelDims, rank: int, *, v_shape: bool
+        self, stages: list[nn.Module], names: tuple[str, str], dims: ParallelDims, rank: int
     ) -> None:
         params = {name: p for stage in stages for name, p in stage.named_parameters()}
         self.copies = [params[n] for n in names if n in params]
         """This rank's copies (the embedding first where it holds it)."""
-        first_rank, last_rank = 0, 0 if v_shape else dims.pp - 1
+        first_rank, last_rank = 0, dims.pp_last
         block = dims.world_size // dims.pp
         self.group = None
         if first_rank != last_rank:
@@ -137,10 +138,10 @@ class TiedCopies:
         grads = [p.grad for p in self.copies if p.grad is not None]
         if not grads:
             return
-        total = _local(grads[0]).clone()
+        total = local_tensor(grads[0]).clone()
         for grad in grads[1:]:
-            total += _local(grad)
+            total += local_tensor(grad)
         if self.group is not None:
             dist.all_reduce(total, group=self.group)
         for grad in grads:
-            _local(grad).copy_(total)
+            local_tensor(grad).copy_(total)
