@@ -22,7 +22,7 @@ import torch
 from rich.console import Console
 from torch.distributed.tensor import DTensor
 
-from launcher.groups import checkpoint, metrics, profiling
+from launcher.groups import checkpoint, metrics, observers, profiling
 from launcher.groups.batching import Batches, BatchSplit
 from launcher.groups.checkpoint_files import CheckpointFiles
 from launcher.groups.data.sequences import PackedSequences, val_batches
@@ -82,6 +82,8 @@ class Engine:
         self._history: dict[str, list] = {"tokens_per_s": [], "loss": []}
         self._eval: dict[str, float] = {}
         self._writer: metrics.MetricsFile | None = None
+        self.observers = observers.Observers()
+        """Rank 0's watchers of this session's records (log lines, trackers, advisor); the worker finishes them."""
 
     # ----- state -----------------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
@@ -155,7 +157,9 @@ class Engine:
         t, dist = self.spec.train, self.parts.dist
         started = time.perf_counter()
         writer = self._writer = metrics.MetricsFile(self.run_dir / "metrics.jsonl") if dist.is_main else None
-        show = dist.is_main and self.spec.log.progress
+        if dist.is_main:
+            self.observers = observers.build(self._run_context())
+        show = dist.is_main and self.spec.log.progress and self.console.is_terminal  # else: log lines
         progress, task = metrics.make_progress(self.console, t.max_steps, self.step)
         self._mark = (time.perf_counter(), self.step)
         signum: int | None = None
@@ -175,6 +179,7 @@ class Engine:
                     record = self._log_record()
                     if writer:
                         writer.write(record)
+                        self.observers.record(record)
                     self.guard.check_loss_scale(record["loss_scale"], self.step)
                     progress.update(task, loss=f"{record['loss']:.4f}", tps=f"{record['tokens_per_s']:,.0f}")
                 if t.eval_every and (self.step % t.eval_every == 0 or last):
@@ -204,6 +209,12 @@ class Engine:
         if signum:
             summary["signal"] = signal.Signals(signum).name
         return summary
+
+    def _run_context(self) -> observers.RunContext:
+        return observers.RunContext(
+            spec=self.spec, run_dir=self.run_dir, console=self.console, device_type=self.device.type,
+            start_step=self.step, session=self.session, world_size=self.parts.dist.world_size,
+        )  # fmt: skip
 
     def _train_step(self) -> None:
         """One optimizer step over grad_accum_steps micro batches, normalized by the step's trained tokens on all ranks."""
@@ -293,7 +304,9 @@ class Engine:
         loss = loss_sum / max(tokens, 1.0)
         self._eval = {"eval_loss": loss, "eval_ppl": math.exp(min(loss, 50.0)), "eval_step": self.step}
         if self._writer is not None:
-            self._writer.write({"step": self.step, "session": self.session, **self._eval})
+            record = {"step": self.step, "session": self.session, **self._eval}
+            self._writer.write(record)
+            self.observers.record(record)
         return self._eval
 
     def summary(self, exit_reason: str, wall_time_s: float) -> dict[str, Any]:

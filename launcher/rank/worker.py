@@ -139,7 +139,7 @@ def _run(spec_path: Path, stop: StopSignal) -> int:
         one_rank_group=STRATEGIES[spec.parallel.strategy].process_group,
     )
     started = time.perf_counter()
-    engine, at_once = None, False
+    engine, at_once, summary = None, False, None
     try:
         engine = Engine(build(spec, dist, run_dir), run_dir, console, stop=stop)
         if dist.is_main:
@@ -160,6 +160,10 @@ def _run(spec_path: Path, stop: StopSignal) -> int:
         at_once = True
         raise
     finally:
+        if engine is not None:
+            if summary is not None:
+                engine.observers.finish(summary)  # observers may add to it (advice), then close
+            engine.observers.close()  # idempotent; all that is left after a crash
         del engine
         shutdown(barrier=not at_once)
     if dist.is_main:
