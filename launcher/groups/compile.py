@@ -13,8 +13,10 @@ models without repeated layers are compiled whole, in place.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from torch import nn
+if TYPE_CHECKING:  # torch only where a model is compiled: the launching process never needs it
+    from torch import nn
 
 MODES = ("off", "default", "reduce-overhead", "max-autotune")
 

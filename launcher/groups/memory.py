@@ -12,10 +12,11 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-import torch
-from torch import nn
-from torch.utils.checkpoint import checkpoint
+if TYPE_CHECKING:  # torch only where a rank builds the model: the launching process never needs it
+    import torch
+    from torch import nn
 
 ACTIVATION_CHECKPOINTING = ("none", "blocks", "attention")
 
@@ -50,6 +51,8 @@ def checkpointed_modules(model: nn.Module, cfg: MemoryConfig) -> list[nn.Module]
 
 def _checkpoint_forward(module: nn.Module) -> None:
     """Make `module` recompute its forward in backward instead of saving its activations."""
+    from torch.utils.checkpoint import checkpoint
+
     forward = module.forward
 
     @functools.wraps(forward)
@@ -63,6 +66,8 @@ def apply_checkpointing(model: nn.Module, cfg: MemoryConfig) -> nn.Module:
     """Checkpoint the activations `cfg` asks for, in place; returns the model."""
     if cfg.activation_checkpointing == "none":
         return model
+    from torch import nn
+
     if isinstance(getattr(model, "blocks", None), nn.ModuleList):
         for module in checkpointed_modules(model, cfg):
             _checkpoint_forward(module)
@@ -82,6 +87,8 @@ def apply_offload(model: nn.Module, cfg: MemoryConfig) -> nn.Module:
     """Move tensors saved for backward to CPU during the model's forward (pinned memory on CUDA)."""
     if not cfg.offload_activations:
         return model
+    import torch
+
     active: list[torch.autograd.graph.save_on_cpu] = []
 
     def enter(module: nn.Module, args: object) -> None:
@@ -113,6 +120,7 @@ def empty_cache_hook(cfg: MemoryConfig, device_type: str) -> Callable[[int], Non
     every = cfg.empty_cache_steps
     if not every or device_type != "cuda":
         return None
+    import torch
 
     def hook(step: int) -> None:
         if step % every == 0:

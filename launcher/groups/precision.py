@@ -5,10 +5,13 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-import torch
+if TYPE_CHECKING:  # torch only where a rank trains: the launching process never needs it
+    import torch
 
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+DTYPES = ("float32", "bfloat16", "float16")
+"""The dtypes eval_dtype may name (torch's own names)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -31,6 +34,8 @@ class PrecisionConfig:
 
 def train_dtype(cfg: PrecisionConfig) -> torch.dtype:
     """The autocast dtype of training steps (float32 means no autocast)."""
+    import torch
+
     if cfg.bf16:
         return torch.bfloat16
     if cfg.fp16:
@@ -40,12 +45,16 @@ def train_dtype(cfg: PrecisionConfig) -> torch.dtype:
 
 def eval_dtype(cfg: PrecisionConfig) -> torch.dtype:
     """The autocast dtype of evaluation, which may differ from training's."""
-    return DTYPES[cfg.eval_dtype] if cfg.eval_dtype else train_dtype(cfg)
+    import torch
+
+    return getattr(torch, cfg.eval_dtype) if cfg.eval_dtype else train_dtype(cfg)
 
 
 @contextlib.contextmanager
 def autocast(dtype: torch.dtype, device_type: str) -> Iterator[None]:
     """Autocast to `dtype` on `device_type`, or nothing at all for float32."""
+    import torch
+
     if dtype == torch.float32:
         yield
         return
@@ -57,6 +66,8 @@ def make_grad_scaler(cfg: PrecisionConfig, device_type: str) -> torch.amp.GradSc
     """A dynamic loss scaler for fp16 (which overflows without one); None otherwise."""
     if not cfg.fp16:
         return None
+    import torch
+
     return torch.amp.GradScaler(
         device_type,
         init_scale=cfg.loss_scale_init,
@@ -67,5 +78,7 @@ def make_grad_scaler(cfg: PrecisionConfig, device_type: str) -> torch.amp.GradSc
 def apply_backend_flags(cfg: PrecisionConfig, device_type: str) -> None:
     """Switch TF32 matmuls on or off for this process (a CUDA-wide flag)."""
     if device_type == "cuda":
+        import torch
+
         torch.backends.cuda.matmul.allow_tf32 = cfg.tf32
         torch.backends.cudnn.allow_tf32 = cfg.tf32

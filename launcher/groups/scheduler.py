@@ -5,8 +5,10 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-import torch
+if TYPE_CHECKING:  # torch only where a rank trains: the launching process never needs it
+    import torch
 
 SCHEDULES = ("constant", "linear", "cosine", "inverse_sqrt")
 
@@ -46,4 +48,6 @@ def build_scheduler(
     optimizer: torch.optim.Optimizer, cfg: SchedulerConfig, max_steps: int
 ) -> torch.optim.lr_scheduler.LambdaLR:
     """A LambdaLR over `optimizer` following the configured schedule."""
+    import torch
+
     return torch.optim.lr_scheduler.LambdaLR(optimizer, lr_factor(cfg, max_steps))
