@@ -9,7 +9,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import torch
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 from rich.table import Table
@@ -38,6 +37,8 @@ class PhaseTimer:
 
     def _now(self) -> Any:
         if self._cuda:
+            import torch  # torch only where a rank trains: the launching process never needs it
+
             event = torch.cuda.Event(enable_timing=True)
             event.record()
             return event
@@ -69,6 +70,8 @@ class PhaseTimer:
 def peak_memory_bytes(device_type: str) -> int:
     """Peak memory of this rank: allocated CUDA memory on GPU, resident set size on CPU."""
     if device_type == "cuda":
+        import torch
+
         return int(torch.cuda.max_memory_allocated())
     return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024
 
