@@ -12,9 +12,11 @@ from __future__ import annotations
 import warnings
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
-import torch
-from torch import nn
+if TYPE_CHECKING:  # torch only where a rank builds the optimizer: the launching process never needs it
+    import torch
+    from torch import nn
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -41,7 +43,7 @@ class OptimizerConfig:
     """torch kernel choice: auto (fused on CUDA, foreach otherwise), fused, foreach or for_loop."""
 
 
-OptimizerBuilder = Callable[[list[dict], OptimizerConfig, str], torch.optim.Optimizer]
+OptimizerBuilder = Callable[[list[dict], OptimizerConfig, str], "torch.optim.Optimizer"]
 """Builds an optimizer from (parameter groups, config, device type)."""
 
 
@@ -67,6 +69,8 @@ def _kernel_flags(cfg: OptimizerConfig, device_type: str) -> dict:
 
 
 def _adamw(groups: list[dict], cfg: OptimizerConfig, device_type: str) -> torch.optim.Optimizer:
+    import torch
+
     flags = _kernel_flags(cfg, device_type)
     if flags["fused"]:
         flags["foreach"] = None
@@ -74,6 +78,8 @@ def _adamw(groups: list[dict], cfg: OptimizerConfig, device_type: str) -> torch.
 
 
 def _sgd(groups: list[dict], cfg: OptimizerConfig, device_type: str) -> torch.optim.Optimizer:
+    import torch
+
     flags = _kernel_flags(cfg, device_type)
     if flags["fused"]:
         flags["foreach"] = None
@@ -111,6 +117,8 @@ def _lion_8bit(groups: list[dict], cfg: OptimizerConfig, device_type: str) -> to
 
 
 def _adafactor(groups: list[dict], cfg: OptimizerConfig, device_type: str) -> torch.optim.Optimizer:
+    import torch
+
     foreach = {"auto": None, "foreach": True, "for_loop": False}[cfg.implementation]
     return torch.optim.Adafactor(groups, lr=cfg.lr, foreach=foreach)
 
