@@ -13,10 +13,12 @@ import contextlib
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
-import torch
 from rich.console import Console
+
+if TYPE_CHECKING:  # torch only where a rank profiles: the launching process never needs it
+    import torch
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -76,6 +78,8 @@ def profile(
     if not enabled:
         yield _Off()
         return
+    import torch
+
     out = Path(run_dir) / "profile"
     out.mkdir(parents=True, exist_ok=True)
     activities = [torch.profiler.ProfilerActivity.CPU]
