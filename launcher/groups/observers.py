@@ -18,8 +18,6 @@ from typing import TYPE_CHECKING, Any, Protocol
 if TYPE_CHECKING:
     from rich.console import Console
 
-    from launcher.spec import RunSpec
-
 
 class Observer(Protocol):
     """Receives rank 0's records: training records (`loss`, `lr`, ...) and evaluation records (`eval_loss`)."""
@@ -36,10 +34,10 @@ class Observer(Protocol):
 
 @dataclass(frozen=True, kw_only=True)
 class RunContext:
-    """What an observer may want to know about the run it watches."""
+    """What an observer may want to know about the run it watches (its own group's config comes separately)."""
 
-    spec: RunSpec
     run_dir: Path
+    """The run directory; the resolved spec is its spec.yaml."""
     console: Console
     device_type: str
     start_step: int
@@ -47,13 +45,14 @@ class RunContext:
     session: int
     """Sessions before this one in the run directory."""
     world_size: int
+    max_steps: int
 
 
 class LogLines:
     """One plain line per logged step where stdout is not a terminal (CI, nohup, `| tee`): no progress bar there."""
 
     def __init__(self, context: RunContext) -> None:
-        self._console, self._total = context.console, context.spec.train.max_steps
+        self._console, self._total = context.console, context.max_steps
 
     def on_record(self, record: dict[str, Any]) -> None:
         """Print the step's loss, rate and learning rate, or the evaluation's loss."""
@@ -108,11 +107,3 @@ class Observers:
                 item.close()
             except Exception as err:  # noqa: BLE001 - closing a tracker never fails the run
                 warnings.warn(f"closing {type(item).__name__} failed: {err!r}", stacklevel=2)
-
-
-def build(context: RunContext) -> Observers:
-    """Rank 0's observers for this session, in order: log lines off a terminal, then each watching group's."""
-    items: list[Observer] = []
-    if not context.console.is_terminal and context.spec.log.progress:
-        items.append(LogLines(context))
-    return Observers(items)

@@ -32,6 +32,7 @@ from launcher.parallel.strategy import Strategy
 from launcher.rank.nonfinite import ADVICE, NonFiniteGuard, NonFiniteStop
 from launcher.rank.preemption import StopSignal
 from launcher.rank.rng import rng_state, set_rng_state
+from launcher.rank.watchers import build_observers
 from launcher.spec import RunSpec
 
 
@@ -158,7 +159,7 @@ class Engine:
         started = time.perf_counter()
         writer = self._writer = metrics.MetricsFile(self.run_dir / "metrics.jsonl") if dist.is_main else None
         if dist.is_main:
-            self.observers = observers.build(self._run_context())
+            self.observers = build_observers(self.spec, self._run_context())
         show = dist.is_main and self.spec.log.progress and self.console.is_terminal  # else: log lines
         progress, task = metrics.make_progress(self.console, t.max_steps, self.step)
         self._mark = (time.perf_counter(), self.step)
@@ -212,8 +213,8 @@ class Engine:
 
     def _run_context(self) -> observers.RunContext:
         return observers.RunContext(
-            spec=self.spec, run_dir=self.run_dir, console=self.console, device_type=self.device.type,
-            start_step=self.step, session=self.session, world_size=self.parts.dist.world_size,
+            run_dir=self.run_dir, console=self.console, device_type=self.device.type, start_step=self.step,
+            session=self.session, world_size=self.parts.dist.world_size, max_steps=self.spec.train.max_steps,
         )  # fmt: skip
 
     def _train_step(self) -> None:

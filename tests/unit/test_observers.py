@@ -9,6 +9,7 @@ import pytest
 from rich.console import Console
 
 from launcher.groups import observers
+from launcher.rank.watchers import build_observers
 from launcher.spec import RunSpec
 
 
@@ -52,22 +53,22 @@ def test_log_lines_where_stdout_is_not_a_terminal(tmp_path: Path) -> None:
     out = io.StringIO()
     console = Console(file=out, force_terminal=False)
     context = observers.RunContext(
-        spec=RunSpec(),
         run_dir=tmp_path,
         console=console,
         device_type="cpu",
         start_step=0,
         session=0,
         world_size=1,
+        max_steps=300,
     )
-    group = observers.build(context)
+    group = build_observers(RunSpec(), context)
     group.record({"step": 10, "loss": 2.5, "lr": 1e-3, "grad_norm": 0.5, "tokens_per_s": 12345.6})
     group.record({"step": 10, "eval_loss": 2.25, "eval_ppl": 9.49})
     assert out.getvalue().splitlines() == [
-        f"step 10/{RunSpec().train.max_steps}: loss 2.5000 lr 0.001 grad_norm 0.5 12,346 tok/s",
+        "step 10/300: loss 2.5000 lr 0.001 grad_norm 0.5 12,346 tok/s",
         "eval step 10: eval_loss 2.2500 ppl 9.49",
     ]
     terminal = observers.RunContext(
         **{**context.__dict__, "console": Console(file=io.StringIO(), force_terminal=True)}
     )
-    assert observers.build(terminal).items == []  # the progress bar shows instead
+    assert build_observers(RunSpec(), terminal).items == []  # the progress bar shows instead
