@@ -26,12 +26,12 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-import torch
 from rich.console import Console
-from torch import nn
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # torch only where a rank adds adapters: the launching process never needs it
+    import torch
     from peft import LoraConfig
+    from torch import nn
 
 ADAPTER = "default"
 """peft's name of our one adapter (it appears in state-dict keys: `lora_A.default.weight`)."""
@@ -154,20 +154,22 @@ def _report(model: nn.Module, cfg: LoRAConfig, num_layers: int) -> None:
     )
 
 
-@torch.no_grad()
 def folded_weight(layer: nn.Module, base_weight: torch.Tensor) -> torch.Tensor:
     """The float32 weight of an adapted layer with its adapter folded in, given its base weight.
 
     LoRA: W + scale * B @ A (peft's get_delta_weight, rsLoRA's scale included). DoRA: the same
     direction rescaled to the trained magnitude per output row, m * (W + dW) / ||W + dW||.
     """
-    weight = base_weight.float()
-    delta = layer.get_delta_weight(ADAPTER).float().to(weight.device)
-    if not layer.use_dora.get(ADAPTER, False):
-        return weight + delta
-    magnitude = layer.lora_magnitude_vector[ADAPTER]
-    norm = magnitude.get_weight_norm(weight, delta, scaling=1).float()
-    return (magnitude.weight.float() / norm).view(-1, 1) * (weight + delta)
+    import torch
+
+    with torch.no_grad():
+        weight = base_weight.float()
+        delta = layer.get_delta_weight(ADAPTER).float().to(weight.device)
+        if not layer.use_dora.get(ADAPTER, False):
+            return weight + delta
+        magnitude = layer.lora_magnitude_vector[ADAPTER]
+        norm = magnitude.get_weight_norm(weight, delta, scaling=1).float()
+        return (magnitude.weight.float() / norm).view(-1, 1) * (weight + delta)
 
 
 def has_adapters(model: nn.Module) -> bool:

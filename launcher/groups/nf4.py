@@ -14,10 +14,11 @@ FSDP2 each rank's share of rows must still be a whole number of those blocks.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
-from torch import nn
+if TYPE_CHECKING:  # torch only where a rank quantizes: the rules read the block sizes without it
+    import torch
+    from torch import nn
 
 BLOCK_SIZE = 64
 """Weights per scale."""
@@ -49,6 +50,8 @@ def shape_problem(name: str, out_features: int, in_features: int, num_shards: in
 
 def quantize_linear(linear: nn.Linear) -> nn.Linear:
     """`linear` with its weight frozen as a torchao NF4Tensor (same module, bias kept as is)."""
+    from torch import nn
+
     ao = torchao_quantization()
     weight = linear.weight.detach()
     problem = shape_problem("this layer", *weight.shape)

@@ -17,13 +17,15 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
-
-import torch
-from torch import nn
+from typing import TYPE_CHECKING
 
 from launcher.groups import nf4
 from launcher.groups.adapters import LoRAConfig, adapter_layers, add_adapters, folded_weight
 from launcher.groups.precision import PrecisionConfig, train_dtype
+
+if TYPE_CHECKING:  # torch only where a rank quantizes: the launching process never needs it
+    import torch
+    from torch import nn
 
 METHODS = ("none", "int8", "nf4")
 NF4_BACKENDS = ("auto", "bitsandbytes", "torchao")
@@ -54,6 +56,8 @@ def replace_module(model: nn.Module, name: str, new: nn.Module) -> None:
 
 def quantizable_linears(model: nn.Module) -> dict[str, nn.Linear]:
     """The linear layers quantization and LoRA may replace: all but the head and embedding-tied ones."""
+    from torch import nn
+
     embedding_weights = {id(m.weight) for m in model.modules() if isinstance(m, nn.Embedding)}
     return {
         name: module
@@ -118,6 +122,7 @@ def layer_classes() -> tuple[type, type]:
 def quantize_linear(linear: nn.Linear, cfg: QuantizationConfig, dtype: torch.dtype, device: str) -> nn.Module:
     """A frozen bitsandbytes copy of `linear`, quantized on `device` (meta-built, so no RNG is used)."""
     import bitsandbytes as bnb
+    from torch import nn
 
     nf4_cls, int8_cls = layer_classes()
     has_bias = linear.bias is not None
@@ -147,6 +152,8 @@ def is_quantized(module: nn.Module) -> bool:
     """Whether `module` is one of the bitsandbytes layers `quantize_linear` builds, or a linear layer with an NF4Tensor weight."""
     if _LAYER_CLASSES is not None and isinstance(module, _LAYER_CLASSES):
         return True
+    from torch import nn
+
     return isinstance(module, nn.Linear) and nf4.is_nf4(module.weight)
 
 
@@ -204,7 +211,6 @@ def dequantized_weight(layer: nn.Module) -> torch.Tensor:
     return bnbf.int8_vectorwise_dequant(codes, scales).float()
 
 
-@torch.no_grad()
 def merged_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
     """A plain float32 state dict of `model` with adapters folded in and quantized weights dequantized.
 
@@ -212,25 +218,28 @@ def merged_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
     (launcher.groups.adapters.folded_weight, on peft's delta and DoRA norm) rather than peft's
     merge, which would quantize the merged weight back into the bitsandbytes layer.
     """
-    adapted = adapter_layers(model)
-    special: dict[str, tuple[nn.Module, nn.Module | None]] = {
-        name: (layer.get_base_layer(), layer) for name, layer in adapted.items()
-    }
-    for name, module in model.named_modules():
-        if is_quantized(module) and not name.endswith(".base_layer"):
-            special[name] = (module, None)
-    prefixes = tuple(f"{name}." for name in special)
-    state = {
-        key: value.detach().float().cpu() if value.is_floating_point() else value.detach().cpu()
-        for key, value in model.state_dict().items()
-        if not key.startswith(prefixes)
-    }
-    for name, (base, layer) in special.items():
-        weight = dequantized_weight(base)
-        state[f"{name}.weight"] = (folded_weight(layer, weight) if layer is not None else weight).cpu()
-        if base.bias is not None:
-            state[f"{name}.bias"] = base.bias.detach().float().cpu()
-    return state
+    import torch
+
+    with torch.no_grad():
+        adapted = adapter_layers(model)
+        special: dict[str, tuple[nn.Module, nn.Module | None]] = {
+            name: (layer.get_base_layer(), layer) for name, layer in adapted.items()
+        }
+        for name, module in model.named_modules():
+            if is_quantized(module) and not name.endswith(".base_layer"):
+                special[name] = (module, None)
+        prefixes = tuple(f"{name}." for name in special)
+        state = {
+            key: value.detach().float().cpu() if value.is_floating_point() else value.detach().cpu()
+            for key, value in model.state_dict().items()
+            if not key.startswith(prefixes)
+        }
+        for name, (base, layer) in special.items():
+            weight = dequantized_weight(base)
+            state[f"{name}.weight"] = (folded_weight(layer, weight) if layer is not None else weight).cpu()
+            if base.bias is not None:
+                state[f"{name}.bias"] = base.bias.detach().float().cpu()
+        return state
 
 
 def has_adapters_or_quantization(model: nn.Module) -> bool:
