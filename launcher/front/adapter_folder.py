@@ -19,7 +19,8 @@ from torch import nn
 
 from launcher.front.merge import checkpoint_dir, load_adapted
 from launcher.groups.adapters import adapter_layers, peft_config
-from launcher.groups.model.hf import HFCausalLM, hf_config
+from launcher.groups.model.hf import HFCausalLM
+from launcher.groups.model.hf_files import hf_config
 from launcher.spec import RunSpec
 
 if TYPE_CHECKING:

@@ -17,7 +17,7 @@ from typing import Any
 from omegaconf import DictConfig, open_dict
 
 from launcher.groups.model.config import ModelConfig, ff_width, vocab_size
-from launcher.groups.model.hf import hf_config, local_dir
+from launcher.groups.model.hf_files import hf_config, local_dir
 from launcher.groups.model.shape import model_shape
 from launcher.spec import RunSpec
 

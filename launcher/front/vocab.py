@@ -12,7 +12,7 @@ import dataclasses
 
 from omegaconf import DictConfig, open_dict
 
-from launcher.groups.model.hf import local_dir, local_vocab_size
+from launcher.groups.model.hf_files import local_dir, local_vocab_size
 from launcher.groups.tokenizer import folder_problem, padded_vocab_size, tokenizer_size
 from launcher.spec import RunSpec, SpecError
 

@@ -31,7 +31,8 @@ from torch.distributed.tensor.parallel import (
     parallelize_module,
 )
 
-from launcher.groups.model.hf import HFCausalLM, decoder_layers, layer_tp_plan
+from launcher.groups.model.hf import HFCausalLM, decoder_layers
+from launcher.groups.model.hf_files import layer_tp_plan
 from launcher.parallel.dtensor import DTensorStrategy, consolidate, make_sharded_scaler
 from launcher.parallel.strategy import Setup
 

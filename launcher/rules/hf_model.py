@@ -6,7 +6,7 @@ import importlib.util
 from collections.abc import Iterator
 from pathlib import Path
 
-from launcher.groups.model.hf import PRESETS, WEIGHT_FILES, has_weights, is_preset, read_local_config
+from launcher.groups.model.hf_files import PRESETS, WEIGHT_FILES, has_weights, is_preset, read_local_config
 from launcher.rules.hardware import Hardware
 from launcher.rules.values import Rule
 from launcher.spec import RunSpec, SpecError

@@ -5,7 +5,7 @@ from __future__ import annotations
 import importlib.util
 from collections.abc import Iterator
 
-from launcher.groups.model.hf import PRESET_LINEARS, is_preset
+from launcher.groups.model.hf_files import PRESET_LINEARS, is_preset
 from launcher.groups.nf4 import GROUP, shape_problem
 from launcher.groups.quantization import NF4_BACKENDS, nf4_backend
 from launcher.rules.hardware import Hardware

@@ -11,7 +11,7 @@ from collections.abc import Iterator
 
 from launcher.groups.data.formats import encode_record
 from launcher.groups.data.sources import BUILDERS, RecordError, matching_files, sample_records
-from launcher.groups.model.hf import local_dir, local_vocab_size
+from launcher.groups.model.hf_files import local_dir, local_vocab_size
 from launcher.groups.tokenizer import TOKENIZER_KINDS, folder_problem, load_tokenizer, tokenizer_size
 from launcher.rules.hardware import Hardware
 from launcher.rules.values import Rule, choice

@@ -61,7 +61,7 @@ def _degrees(spec: RunSpec, hw: Hardware) -> Iterator[SpecError]:
 
 def _hf_tp(spec: RunSpec) -> Iterator[SpecError]:
     """Tensor parallelism of a Hugging Face model: its config's own plan, and heads and width that split evenly."""
-    from launcher.groups.model.hf import hf_config, tp_plan_problem
+    from launcher.groups.model.hf_files import hf_config, tp_plan_problem
 
     p = spec.parallel
     try:

@@ -21,7 +21,7 @@ from launcher.groups import adapters, checkpoint, quantization  # noqa: E402
 from launcher.groups.adapters import ADAPTER, LoRAConfig  # noqa: E402
 from launcher.groups.model.build import build_model  # noqa: E402
 from launcher.groups.model.config import ModelConfig  # noqa: E402
-from launcher.groups.model.hf import hf_config  # noqa: E402
+from launcher.groups.model.hf_files import hf_config  # noqa: E402
 from launcher.groups.precision import PrecisionConfig  # noqa: E402
 from launcher.groups.quantization import QuantizationConfig  # noqa: E402
 

@@ -4,7 +4,7 @@ Two families arrive here (the keys of `build_model(cfg).state_dict()`):
 
 - `kind=hf`: the transformers model under an `hf.` prefix, GPT-2's Conv1D projections stored as
   nn.Linear (weight transposed, see `hf.conv1d_to_linear`). The prefix is stripped, Conv1D weights
-  are transposed back, and the model is built from `hf.hf_config(cfg)`.
+  are transposed back, and the model is built from `hf_files.hf_config(cfg)`.
 - `kind=gpt` (the built-in decoder): the same computation as transformers' GPT-2, so it becomes a
   `GPT2LMHeadModel`: q/k/v concatenated into `c_attn`, Linear weights in Conv1D layout, zero
   biases where the model has none, the tanh GELU (`gelu_new`), nn.LayerNorm's epsilon (1e-5).
@@ -82,7 +82,7 @@ def to_transformers(state: dict[str, torch.Tensor], cfg: ModelConfig) -> Any:
     """A transformers causal LM (float32, eval, key-value cache on) holding `state`, loaded strictly."""
     from transformers import AutoModelForCausalLM
 
-    from launcher.groups.model.hf import hf_config
+    from launcher.groups.model.hf_files import hf_config
 
     if cfg.kind not in ("gpt", "hf"):
         raise ValueError(f"model.kind={cfg.kind!r} has no transformers export: use gpt or hf.")

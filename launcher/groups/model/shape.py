@@ -40,7 +40,8 @@ def _gpt_linears(cfg: ModelConfig) -> dict[str, tuple[int, int]]:
 
 @lru_cache(maxsize=8)
 def _hf_shape(cfg: ModelConfig) -> ModelShape:
-    from launcher.groups.model.hf import build_hf_model, decoder_layers, hf_config
+    from launcher.groups.model.hf import build_hf_model, decoder_layers
+    from launcher.groups.model.hf_files import hf_config
 
     model = build_hf_model(cfg, empty=True, announce=False)
     config = hf_config(cfg)
