@@ -13,8 +13,6 @@ import dataclasses
 from dataclasses import dataclass
 from functools import lru_cache
 
-from torch import nn
-
 from launcher.groups.model.config import ModelConfig, config_num_params, ff_width
 
 
@@ -40,6 +38,8 @@ def _gpt_linears(cfg: ModelConfig) -> dict[str, tuple[int, int]]:
 
 @lru_cache(maxsize=8)
 def _hf_shape(cfg: ModelConfig) -> ModelShape:
+    from torch import nn  # only a Hugging Face model is built (on the meta device) to be measured
+
     from launcher.groups.model.hf import build_hf_model, decoder_layers
     from launcher.groups.model.hf_files import hf_config
 
