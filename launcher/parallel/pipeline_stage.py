@@ -18,17 +18,14 @@ import copy
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-import torch
-import torch.distributed as dist
-from torch import nn
-from torch.distributed.tensor import DTensor
-
 from launcher.groups.model.config import ModelConfig
 from launcher.groups.model.shape import model_shape
-from launcher.groups.model.stage_layers import StageLayers
 from launcher.parallel.pipeline_split import part_costs, stage_ranges, stages_of_rank
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # torch only where a rank cuts its stages: the dry run plans them without it
+    import torch
+    from torch import nn
+
     from launcher.groups.parallel import ParallelConfig
     from launcher.parallel.dims import ParallelDims
 
@@ -58,6 +55,8 @@ def plan_stages(model_cfg: ModelConfig, parallel: ParallelConfig, seq_len: int, 
 
 
 def _gpt_stage(model: nn.Module, layers: range, *, first: bool, last: bool) -> nn.Module:
+    from launcher.groups.model.stage_layers import StageLayers
+
     model.blocks = StageLayers({i: model.blocks[i] for i in layers})
     if not first:
         model.tok_emb = None
@@ -70,6 +69,8 @@ def _gpt_stage(model: nn.Module, layers: range, *, first: bool, last: bool) -> n
 
 def make_stage(model: nn.Module, layers: range, *, first: bool, last: bool, copy_model: bool) -> nn.Module:
     """The stage of `model` holding `layers` (a copy when the rank holds several stages)."""
+    from torch import nn
+
     stage = copy.deepcopy(model) if copy_model else model
     if isinstance(getattr(stage, "blocks", None), nn.ModuleList):
         return _gpt_stage(stage, layers, first=first, last=last)
@@ -104,6 +105,8 @@ def tied_pair(model_cfg: ModelConfig) -> tuple[str, str] | None:
 
 def local_tensor(tensor: torch.Tensor) -> torch.Tensor:
     """This rank's part of a DTensor (the tensor itself otherwise), for in-place work on gradients."""
+    from torch.distributed.tensor import DTensor
+
     return tensor.to_local() if isinstance(tensor, DTensor) else tensor
 
 
@@ -118,6 +121,8 @@ class TiedCopies:
     def __init__(
         self, stages: list[nn.Module], names: tuple[str, str], dims: ParallelDims, rank: int
     ) -> None:
+        import torch.distributed as dist
+
         params = {name: p for stage in stages for name, p in stage.named_parameters()}
         self.copies = [params[n] for n in names if n in params]
         """This rank's copies (the embedding first where it holds it)."""
@@ -142,6 +147,8 @@ class TiedCopies:
         for grad in grads[1:]:
             total += local_tensor(grad)
         if self.group is not None:
+            import torch.distributed as dist
+
             dist.all_reduce(total, group=self.group)
         for grad in grads:
             local_tensor(grad).copy_(total)
