@@ -20,15 +20,17 @@ import zlib
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import torch
 
 from launcher.groups.data.config import DataConfig
 from launcher.groups.data.formats import encode_record
 from launcher.groups.data.sources import records, source_files
 from launcher.groups.tokenizer import Tokenizer, TokenizerConfig, fingerprint, load_tokenizer
+
+if TYPE_CHECKING:  # torch only where a rank reads the corpus: tokenizing before launch needs only numpy
+    import torch
 
 TRAINED = 1
 """Flag bit: the token is a training target (its label is kept)."""
@@ -54,6 +56,8 @@ class TokenStore:
     @classmethod
     def of_stream(cls, tokens: torch.Tensor, separator: int | None = 0) -> TokenStore:
         """Every token trained; a document starts at 0 and after each `separator` (None: one document)."""
+        import torch
+
         starts = torch.zeros(len(tokens), dtype=torch.bool)
         if len(tokens):
             starts[0] = True
@@ -273,6 +277,8 @@ def _write(
 
 
 def _read(folder: Path, meta: dict[str, Any], *, mmap: bool) -> Corpus:
+    import torch
+
     dtype = np.dtype(meta["dtype"])
     stores = {}
     for name in ("train", "val"):
