@@ -289,14 +289,21 @@ _SPEC_HEADER = {
 _HEADER_KEYS = tuple(_SPEC_HEADER)
 
 
-def dump_spec(cfg: DictConfig, path: Path) -> None:
-    """Write the resolved, redacted spec to `path` (spec.yaml), with the header that makes it composable."""
+def spec_text(cfg: DictConfig, path: Path) -> str:
+    """The text of spec.yaml at `path`: the resolved, redacted spec with the header that makes it composable."""
     body = {k: v for k, v in redacted_container(cfg).items() if k not in _HEADER_KEYS}
     text = OmegaConf.to_yaml(OmegaConf.create({**_SPEC_HEADER, **body}))
-    path.write_text(
+    return (
         "# The resolved run spec. Reproduce the run with:\n"
         f"#   train --config-path {path.parent.resolve()} --config-name spec run_dir=NEW_RUN_DIR\n{text}"
     )
+
+
+def dump_spec(cfg: DictConfig, path: Path) -> None:
+    """Write spec.yaml atomically: a reader (a rank waiting for it) never sees half a file."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(spec_text(cfg, path))
+    tmp.replace(path)
 
 
 def load_spec(path: Path) -> RunSpec:

@@ -13,7 +13,7 @@ from pathlib import Path
 from rich.console import Console
 
 from launcher.exits import ExitStatus
-from launcher.front import compose, dryrun, recipe_auto, rundir, sweep, verify
+from launcher.front import compose, dryrun, recipe_auto, rundir, sweep, torchrun, verify
 from launcher.front.tokenize import prepare_data
 from launcher.launch import run_lock
 from launcher.spec import SpecError
@@ -45,17 +45,28 @@ def run(argv: list[str]) -> int:
         rundir.report(errors)
         return ExitStatus.INVALID_SPEC
     source = compose.ConfigSource.from_flags(flags)
-    if any(flag in MULTIRUN_FLAGS for flag in flags):
+    multirun = any(flag in MULTIRUN_FLAGS for flag in flags)
+    if multirun and not torchrun.active():
         return sweep.run(overrides, source)
+    report = rundir.report if torchrun.reports() else _silent  # under torchrun, rank 0 speaks for all
     cfg, errors = compose.compose_checked(overrides, source)
     if cfg is None:
-        rundir.report(errors)
+        report(errors)
+        return ExitStatus.INVALID_SPEC
+    errors = torchrun.adopt(cfg, multirun=multirun)  # under torchrun: its world, in every rank's spec alike
+    if errors:
+        report(errors)
         return ExitStatus.INVALID_SPEC
     spec, errors = compose.validate(cfg)
     run_dir = Path(cfg.run_dir) if cfg.get("run_dir") else rundir.default_run_dir(rundir.safe_name(cfg))
     if cfg.get("dry_run"):
         dryrun.show(cfg, spec, errors, run_dir)
         return ExitStatus.INVALID_SPEC if errors else ExitStatus.OK
+    if torchrun.active():
+        if errors:
+            report(errors)
+            return ExitStatus.INVALID_SPEC
+        return torchrun.start(cfg, spec, run_dir)
     errors = errors or prepare_data(spec)  # tokenize once, before any rank starts
     if errors:
         rundir.report(errors)
@@ -65,6 +76,10 @@ def run(argv: list[str]) -> int:
         with run_lock.holding(run_dir):
             return verify.run(cfg, rundir.write(cfg, spec, run_dir), run_dir)
     return rundir.start(cfg, spec, run_dir)
+
+
+def _silent(errors: list[SpecError]) -> None:
+    """Report nothing (another rank reports the same problems)."""
 
 
 def _without_print_flags(argv: list[str]) -> list[str]:

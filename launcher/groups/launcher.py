@@ -11,8 +11,9 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-BACKENDS = ("auto", "inline", "local", "slurm")
-"""Options of launcher.backend (auto is decided before the rules run: see resolve_backend)."""
+BACKENDS = ("auto", "inline", "local", "slurm", "torchrun")
+"""Options of launcher.backend (auto is decided before the rules run: see resolve_backend; torchrun is
+recorded by `train` itself when an outer torchrun started it)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -54,7 +55,7 @@ class LauncherConfig:
     """Where and how the ranks of a run are started."""
 
     backend: str = "auto"
-    """auto (inline for one rank, else local), inline (this process), local (nproc processes here) or slurm."""
+    """auto (inline for one rank, else local), inline (this process), local (nproc processes here), slurm; torchrun: set by `train` under torchrun."""
     nproc: int = 1
     """Processes (ranks) per node."""
     nnodes: int = 1

@@ -19,6 +19,7 @@ BACKENDS: dict[str, str] = {
     "inline": "launcher.launch.inline",
     "local": "launcher.launch.local",
     "slurm": "launcher.launch.slurm",
+    "torchrun": "launcher.launch.torchrun",
 }
 """Backend name -> the module implementing it, imported when chosen."""
 

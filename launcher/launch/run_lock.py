@@ -16,7 +16,7 @@ import os
 import socket
 import time
 import warnings
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -47,7 +47,14 @@ def _this_process(job_id: str | None = None) -> dict[str, Any]:
         "host": socket.gethostname(),
         "started": time.strftime("%Y-%m-%d %H:%M:%S"),
         "slurm_job": job_id,
+        "torchrun_job": torchrun_job(),
     }
+
+
+def torchrun_job(env: Mapping[str, str] | None = None) -> str | None:
+    """The rendezvous id of the torchrun job this process belongs to (its restarts keep it), None outside one."""
+    env = os.environ if env is None else env
+    return env.get("TORCHELASTIC_RUN_ID") or None
 
 
 def read(run_dir: Path) -> dict[str, Any] | None:
@@ -86,6 +93,12 @@ def conflict(run_dir: Path) -> str | None:
     record = read(run_dir)
     if record is None or not holder_alive(record):
         return None
+    if record.get("torchrun_job") is not None and record.get("torchrun_job") == torchrun_job():
+        return None  # rank 0 of this very torchrun job holds it (rank 0 itself still takes it by acquire)
+    return _in_use(run_dir, record)
+
+
+def _in_use(run_dir: Path, record: dict[str, Any]) -> str:
     return (
         f"{run_dir} is in use by another run ({describe(record)}; lock file {lock_path(run_dir)}). Wait for "
         "it to end, or choose another run_dir. If that run is gone for good (e.g. its host is down), "
@@ -107,7 +120,7 @@ def acquire(run_dir: Path, *, job_id: str | None = None) -> dict[str, Any]:
     """Take the lock of `run_dir` for this process (RunLockError when a live run holds it).
 
     A stale lock (its holder is gone) is taken over with a warning; the lock of the same SLURM job
-    (a requeued job) is taken over silently.
+    (a requeued job) or of the same torchrun job (a restart) is taken over silently.
     """
     path = lock_path(run_dir)
     record = _this_process(job_id)
@@ -117,9 +130,13 @@ def acquire(run_dir: Path, *, job_id: str | None = None) -> dict[str, Any]:
         held = read(run_dir)
         if held is None:
             continue
-        same_job = job_id is not None and str(held.get("slurm_job")) == str(job_id)
+        ours = record["torchrun_job"]
+        same_job = (job_id is not None and str(held.get("slurm_job")) == str(job_id)) or (
+            ours not in (None, "none") and held.get("torchrun_job") == ours
+        )  # a requeued SLURM job, or a restart of one torchrun job (rank 0 may move hosts); torchrun's
+        # default id "none" names no job: two jobs may share it
         if not same_job and holder_alive(held):
-            raise RunLockError(conflict(run_dir) or f"{run_dir} is locked")
+            raise RunLockError(_in_use(run_dir, held))
         if not same_job:
             warnings.warn(
                 f"taking over the lock of {run_dir}: its holder ({describe(held)}) is gone", stacklevel=2

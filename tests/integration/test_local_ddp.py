@@ -12,8 +12,9 @@ from pathlib import Path
 
 import pytest
 import torch
+import yaml
 
-from conftest import TINY, alive, losses, run_cli, run_inline
+from conftest import TINY, alive, free_port, losses, run_cli, run_inline
 
 DDP = [
     *TINY,
@@ -168,3 +169,33 @@ def test_export_loads_at_world_size_one_and_gives_the_trained_logits(straight, t
                 total, count = total + float(loss_sum), count + float(n)
     summary = json.loads((straight / "summary.json").read_text())
     assert total / count == pytest.approx(summary["eval_loss"], rel=1e-6)
+
+
+def _torchrun(args: list[str], run_dir: Path, cwd: Path) -> subprocess.CompletedProcess:
+    """`torchrun --nproc-per-node=2 -m launcher ARGS`: torch's launcher starts the ranks, each composes the spec."""
+    cmd = [
+        sys.executable, "-m", "torch.distributed.run", "--nproc-per-node=2", "--master-addr=127.0.0.1",
+        f"--master-port={free_port()}", "-m", "launcher", *args, f"run_dir={run_dir}",
+    ]  # fmt: skip
+    return subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, timeout=300)
+
+
+def test_under_torchrun_the_spec_records_its_world_and_resume_is_exact(straight, tmp_path) -> None:
+    """Ranks started by an outer torchrun: rank 0 writes spec.yaml, the other waits for it; same losses."""
+    args = [a for a in DDP if not a.startswith(("launcher=", "launcher.nproc="))]
+    run_dir = tmp_path / "torchrun"
+    first = _torchrun([*args, "train.stop_after=10"], run_dir, tmp_path)
+    assert first.returncode == 0, first.stderr[-3000:]
+    spec = yaml.safe_load((run_dir / "spec.yaml").read_text())
+    assert (spec["launcher"]["backend"], spec["launcher"]["nproc"], spec["launcher"]["nnodes"]) == (
+        "torchrun",
+        2,
+        1,
+    )
+    second = _torchrun([*args, "resume=auto"], run_dir, tmp_path)  # rank 1 must wait for the new spec.yaml
+    assert second.returncode == 0, second.stderr[-3000:]
+    assert losses(run_dir) == losses(straight)
+    assert json.loads((run_dir / "summary.json").read_text())["world_size"] == 2
+    refused = _torchrun([*args, "launcher=local"], tmp_path / "refused", tmp_path)
+    assert refused.returncode != 0 and not (tmp_path / "refused").exists()
+    assert refused.stderr.count("launcher.backend: this process was started by torchrun") == 1  # rank 0 only

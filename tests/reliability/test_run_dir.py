@@ -60,6 +60,27 @@ def test_two_runs_started_together_do_not_both_win(tmp_path) -> None:
     assert not run_lock.lock_path(run_dir).exists()
 
 
+def test_a_torchrun_job_shares_its_rank_0s_lock_and_a_restart_takes_it_over(tmp_path, monkeypatch) -> None:
+    """The other ranks of the job see no conflict; a restart (same rendezvous id) takes the lock over even
+    from another host; torchrun's default id "none" names no job, so it never takes over a live run's lock."""
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "job7")
+    held = run_lock.acquire(run_dir)
+    assert run_lock.conflict(run_dir) is None  # rank 1 of job7 validating while rank 0 holds the lock
+    moved = {**held, "host": "another-node"}  # rank 0 of the first attempt ran elsewhere
+    run_lock.lock_path(run_dir).write_text(json.dumps(moved))
+    taken = run_lock.acquire(run_dir)  # a restart of job7: silently its own
+    assert run_lock.read(run_dir) == taken
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "job8")
+    assert "in use by another run" in run_lock.conflict(run_dir)
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "none")
+    run_lock.lock_path(run_dir).write_text(json.dumps({**taken, "torchrun_job": "none"}))
+    assert run_lock.conflict(run_dir) is None  # not judged by the rule; rank 0's acquire decides
+    with pytest.raises(run_lock.RunLockError, match="in use by another run"):
+        run_lock.acquire(run_dir)
+
+
 def test_config_that_names_code_is_refused_in_the_hydra_node_too(tmp_path) -> None:
     argv = ["+hydra.callbacks.x._target_=shutil.copy", "+hydra.callbacks.x._args_=[/etc/hostname,copied]"]
     result = run_cli([*TINY, "train.max_steps=3", *argv], tmp_path)

@@ -8,7 +8,7 @@ import re
 import pytest
 
 from conftest import run_cli
-from launcher.front import compose
+from launcher.front import compose, torchrun
 from launcher.front.cli import precheck
 from launcher.groups.aliases import ALIASES
 from launcher.groups.launcher import torchrun_world
@@ -107,6 +107,52 @@ def test_torchrun_world_is_read_from_its_environment() -> None:
     assert (
         torchrun_world({"WORLD_SIZE": "1"}) is None
     )  # a plain process (the inline backend sets these itself)
+
+
+TORCHRUN = {"TORCHELASTIC_RUN_ID": "job1", "LOCAL_WORLD_SIZE": "2", "WORLD_SIZE": "4", "RANK": "1"}
+
+
+def _adopted(
+    *overrides: str, env: dict[str, str] = TORCHRUN, multirun: bool = False
+) -> tuple[dict, list[str]]:
+    cfg = compose.compose(list(overrides))
+    errors = torchrun.adopt(cfg, multirun=multirun, env=env)
+    return dict(cfg.launcher), [str(e) for e in errors]
+
+
+def test_under_torchrun_the_spec_takes_its_world() -> None:
+    launcher, errors = _adopted("parallel=ddp", "run_dir=/tmp/x")
+    assert errors == [] and (launcher["backend"], launcher["nproc"], launcher["nnodes"]) == ("torchrun", 2, 2)
+    assert (
+        not torchrun.reports(TORCHRUN)
+        and torchrun.reports({**TORCHRUN, "RANK": "0"})
+        and torchrun.reports({})
+    )
+
+
+@pytest.mark.parametrize(
+    ("overrides", "multirun", "message"),
+    [
+        (["launcher=local"], False, "launcher.backend: this process was started by torchrun"),
+        (["launcher.nproc=4"], False, "launcher.nproc=4 but torchrun started 2 (--nproc_per_node=2)"),
+        (["launcher.nnodes=3"], False, "launcher.nnodes=3 but torchrun started 2 (--nnodes=2)"),
+        (["launcher.max_restarts=2"], False, "use `torchrun --max-restarts=N`"),
+        (["verify_resume=true"], False, "verify_resume=true starts runs of its own"),
+        ([], True, "--multirun starts runs of its own"),
+    ],
+)
+def test_under_torchrun_conflicting_settings_are_refused(
+    overrides: list[str], multirun: bool, message: str
+) -> None:
+    launcher, errors = _adopted("parallel=ddp", "run_dir=/tmp/x", *overrides, multirun=multirun)
+    assert any(message in e for e in errors), errors
+    assert launcher["backend"] != "torchrun"  # nothing recorded when refused
+
+
+def test_under_torchrun_the_run_dir_must_be_given_and_outside_it_the_backend_is_refused() -> None:
+    assert any("give run_dir=PATH (a path every node sees" in e for e in _adopted("parallel=ddp")[1])
+    errors = _adopted("launcher.backend=torchrun", env={})[1]
+    assert len(errors) == 1 and "torchrun started this process, but it did not" in errors[0]
 
 
 def test_a_foreign_flag_gets_our_key() -> None:
