@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import site
 import subprocess
 import sys
 from pathlib import Path
@@ -90,6 +91,24 @@ def test_spec_yaml_alone_reproduces_the_run(tmp_path) -> None:
     assert summary["exit_reason"] == "completed"
 
 
+def _venv_over_this_environment(venv: Path) -> None:
+    """A venv that sees this interpreter's packages (torch, hydra, ...) under its own site-packages.
+
+    `--system-site-packages` reaches the base interpreter's packages only; run from inside a venv,
+    this one's packages are added by a .pth file (processed as site directories, their .pth too).
+    """
+    subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", str(venv)], check=True)
+    if sys.prefix == sys.base_prefix:
+        return
+    python = str(venv / "bin" / "python")
+    purelib = subprocess.run(
+        [python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+        check=True, capture_output=True, text=True,
+    ).stdout.strip()  # fmt: skip
+    dirs = [d for d in site.getsitepackages() if Path(d).is_dir()]
+    Path(purelib, "outer_environment.pth").write_text(f"import site; list(map(site.addsitedir, {dirs!r}))\n")
+
+
 @pytest.mark.slow
 def test_plain_install_ships_configs_and_runs_from_anywhere(tmp_path) -> None:
     """`pip install .` (not editable): conf/ and recipes/ come inside the package."""
@@ -100,7 +119,7 @@ def test_plain_install_ships_configs_and_runs_from_anywhere(tmp_path) -> None:
         check=True, capture_output=True,
     )  # fmt: skip
     venv = tmp_path / "venv"
-    subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", str(venv)], check=True)
+    _venv_over_this_environment(venv)
     pip = [str(venv / "bin" / "python"), "-m", "pip", "install", "-q", "--no-deps"]
     subprocess.run([*pip, str(next(wheels.glob("*.whl")))], check=True, capture_output=True)
     elsewhere = tmp_path / "elsewhere"
