@@ -103,6 +103,8 @@ def adopt(cfg: DictConfig, *, multirun: bool = False, env: Mapping[str, str] = o
         )
     if not errors:
         lc.backend, lc.nproc, lc.nnodes = "torchrun", nproc, nnodes
+        if int(env.get("TORCHELASTIC_RESTART_COUNT", "0") or 0) > 0 and cfg.get("resume") is None:
+            cfg.resume = "auto"  # torchrun restarted the job: continue from its newest checkpoint
     return errors
 
 
