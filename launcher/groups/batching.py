@@ -17,7 +17,6 @@ is always grad_accum_steps calls on every rank, so ranks stay in step.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Protocol
 
 import torch
@@ -30,23 +29,6 @@ from launcher.groups.data.sequences import (
     labels_and_positions,
 )
 from launcher.groups.data.tokens import START, Corpus, TokenStore
-
-BATCHING = ("fixed", "group_by_length", "token_budget")
-
-
-@dataclass(frozen=True, kw_only=True)
-class BatchSplit:
-    """How one rank's share of an optimizer step is cut: micro batches of this size, this many of them.
-
-    The spec asks for one (train.micro_batch_size x train.grad_accum_steps); with
-    memory.auto_micro_batch the search chooses another split of the same per-rank batch, and the
-    build passes that choice on (to the data, the loop and DeepSpeed's config) as this value.
-    """
-
-    micro_batch_size: int
-    """Sequences per forward/backward pass on one rank."""
-    grad_accum_steps: int
-    """Micro batches accumulated per optimizer step."""
 
 
 class Batches(Protocol):

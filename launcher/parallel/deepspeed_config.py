@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from launcher.groups.batching import BatchSplit
+from launcher.groups.batch_split import BatchSplit
 from launcher.groups.model.shape import model_shape
 from launcher.spec import RunSpec, SpecError
 

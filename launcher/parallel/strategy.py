@@ -22,7 +22,7 @@ from launcher.groups.precision import autocast
 if TYPE_CHECKING:
     from torch.distributed.device_mesh import DeviceMesh
 
-    from launcher.groups.batching import BatchSplit
+    from launcher.groups.batch_split import BatchSplit
     from launcher.groups.checkpoint_files import CheckpointFiles
     from launcher.groups.metrics import PhaseTimer
     from launcher.parallel.dims import DistContext

@@ -30,7 +30,8 @@ from torch.distributed.device_mesh import DeviceMesh
 
 from launcher.groups import device as devices
 from launcher.groups import memory, quantization
-from launcher.groups.batching import BatchSplit, build_stream
+from launcher.groups.batch_split import BatchSplit
+from launcher.groups.batching import build_stream
 from launcher.groups.compile import apply as compile_model
 from launcher.groups.data.loader import PrefetchedBatches
 from launcher.groups.data.sequences import PackedSequences

@@ -23,7 +23,8 @@ from rich.console import Console
 from torch.distributed.tensor import DTensor
 
 from launcher.groups import checkpoint, metrics, observers, profiling
-from launcher.groups.batching import Batches, BatchSplit
+from launcher.groups.batch_split import BatchSplit
+from launcher.groups.batching import Batches
 from launcher.groups.checkpoint_files import CheckpointFiles
 from launcher.groups.data.sequences import PackedSequences, val_batches
 from launcher.groups.precision import eval_dtype, train_dtype

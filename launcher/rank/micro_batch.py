@@ -29,7 +29,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from launcher.groups.batching import BatchSplit
+from launcher.groups.batch_split import BatchSplit
 from launcher.groups.model.config import vocab_size
 from launcher.groups.model.loss import lm_loss
 from launcher.groups.precision import autocast, train_dtype

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from launcher.groups.batching import BATCHING
-from launcher.groups.data.config import FORMATS, TRAIN_ON
+from launcher.groups.data.config import BATCHING, FORMATS, TRAIN_ON
 from launcher.groups.data.formats import INSTRUCTION_TEMPLATE, template_problem
 from launcher.groups.data.sources import BUILDERS, matching_files
 from launcher.rules.hardware import Hardware

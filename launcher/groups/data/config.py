@@ -7,6 +7,7 @@ from dataclasses import dataclass
 DATA_KINDS = ("stdlib", "text", "jsonl", "files")
 FORMATS = ("text", "instruction", "chat", "pretokenized")
 TRAIN_ON = ("completion", "all")
+BATCHING = ("fixed", "group_by_length", "token_budget")
 
 
 @dataclass(frozen=True, kw_only=True)
