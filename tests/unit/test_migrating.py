@@ -123,6 +123,10 @@ def _adopted(
 def test_under_torchrun_the_spec_takes_its_world() -> None:
     launcher, errors = _adopted("parallel=ddp", "run_dir=/tmp/x")
     assert errors == [] and (launcher["backend"], launcher["nproc"], launcher["nnodes"]) == ("torchrun", 2, 2)
+    cfg = compose.compose(["parallel=ddp", "run_dir=/tmp/x"])
+    assert cfg.resume is None
+    assert torchrun.adopt(cfg, env={**TORCHRUN, "TORCHELASTIC_RESTART_COUNT": "1"}) == []
+    assert cfg.resume == "auto"  # a torchrun restart continues from the newest checkpoint
     assert (
         not torchrun.reports(TORCHRUN)
         and torchrun.reports({**TORCHRUN, "RANK": "0"})
