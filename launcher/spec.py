@@ -78,8 +78,9 @@ class RunSpec:
     """Where the run writes; null: runs/<name>-<timestamp> (or the sweep's job directory)."""
     resume: str | None = None
     """null (fresh start), auto (newest complete checkpoint of run_dir, else fresh) or a path."""
-    dry_run: bool = False
-    """Print the resolved spec, the verdict and the launch plan, and start nothing."""
+    dry_run: Any = False
+    """true: print the keys that differ from the schema's defaults (all: every key), the verdict and
+    the launch plan, and start nothing; false, true or all (a name, so not typed bool)."""
     verify_resume: bool = False
     """Check exact resume on this spec: N steps straight vs N/2 + resume, losses compared step by step."""
     profile: bool = False

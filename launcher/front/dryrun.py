@@ -1,4 +1,5 @@
-"""The dry run: the resolved spec with where each non-default value came from, the verdict, the plan."""
+"""The dry run: the keys that differ from the schema's defaults with where each value came from (every
+key with `dry_run=all`), the verdict, the plan."""
 
 from __future__ import annotations
 
@@ -194,17 +195,24 @@ def show(cfg: DictConfig, spec: RunSpec | None, errors: list[SpecError], run_dir
     for key, value in (folder_shape or {}).items():  # a folder model's shape comes from its config.json
         values[f"model.{key}"] = value
         sources[f"model.{key}"] = "the folder's config.json"
+    show_all = cfg.get("dry_run") == "all"
     table = Table(title="resolved run spec", title_justify="left", box=None, padding=(0, 2, 0, 0))
     table.add_column("key")
     table.add_column("value")
     table.add_column("from")
+    num_defaults = 0
     for key, value in values.items():
         changed = defaults.get(key, object()) != value
-        source = sources.get(key, "schema default") if changed else "[dim]schema default"
-        table.add_row(
-            key if changed else f"[dim]{key}", repr(value) if changed else f"[dim]{value!r}", source
-        )
+        num_defaults += not changed
+        if changed:
+            table.add_row(key, repr(value), sources.get(key, "schema default"))
+        elif show_all:
+            table.add_row(f"[dim]{key}", f"[dim]{value!r}", "[dim]schema default")
     console.print(table)
+    if not show_all:
+        console.print(
+            f"[dim]{num_defaults} more keys at their schema defaults; `dry_run=all` lists every key."
+        )
     console.print("groups: " + ", ".join(f"{g}={o}" for g, o in choices.items() if not g.startswith("hydra")))
     if errors:
         console.print(f"[red bold]verdict: invalid[/] ({len(errors)} problem(s)); nothing would be started:")

@@ -38,6 +38,11 @@ def _names(spec: RunSpec, hw: Hardware) -> Iterator[SpecError]:
     yield from choice("launcher.backend", spec.launcher.backend, BACKENDS, "launch backend")
     yield from choice("train.on_nonfinite", spec.train.on_nonfinite, NONFINITE_POLICIES, "policy")
     yield from choice("launcher.device", spec.launcher.device, DEVICES, "device")
+    if not isinstance(spec.dry_run, bool) and spec.dry_run != "all":
+        yield SpecError(
+            ("dry_run",),
+            f"must be false, true (the keys that differ from the defaults) or all (every key), got {spec.dry_run!r}.",
+        )
 
 
 RULES: tuple[Rule, ...] = (_names,)

@@ -48,6 +48,10 @@ def test_dry_run_shows_sources_and_starts_nothing(tmp_path) -> None:
     assert "precision.bf16 True precision=bf16" in out
     assert "optimizer.lr 0.0003 command line" in out
     assert "train.max_steps 20 recipe=cpu_smoke" in out
+    assert (
+        "profiler.wait" not in out
+        and "more keys at their schema defaults; `dry_run=all` lists every key" in out
+    )
     assert "verdict: valid" in out and "would launch: inline" in out
     assert list(tmp_path.iterdir()) == []
 
@@ -74,11 +78,12 @@ def test_secrets_from_env_never_reach_spec_or_console(tmp_path) -> None:
     spec = (run_dir / "spec.yaml").read_text()
     assert "${oc.env:LAUNCHER_TEST_TOKEN}" in spec and "s3cr3t-value" not in spec
     dry = run_cli(
-        ["dry_run=true", "name=${oc.env:LAUNCHER_TEST_TOKEN}"],
+        ["dry_run=all", "name=${oc.env:LAUNCHER_TEST_TOKEN}"],
         tmp_path,
         env={"LAUNCHER_TEST_TOKEN": "s3cr3t-value"},
     )
     assert dry.returncode == 0 and "s3cr3t-value" not in dry.stdout
+    assert "profiler.wait" in dry.stdout and "schema defaults;" not in dry.stdout  # every key
 
 
 def test_spec_yaml_alone_reproduces_the_run(tmp_path) -> None:
