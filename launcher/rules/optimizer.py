@@ -5,8 +5,6 @@ from __future__ import annotations
 import importlib.util
 from collections.abc import Iterator
 
-import torch
-
 from launcher.groups.optimizer import BNB_OPTIMIZERS
 from launcher.rules.hardware import Hardware
 from launcher.rules.values import Rule
@@ -37,6 +35,8 @@ def _adafactor(spec: RunSpec, hw: Hardware) -> Iterator[SpecError]:
     o = spec.optimizer
     if o.name != "adafactor":
         return
+    import torch  # only this option asks which optimizers the installed torch has
+
     if not hasattr(torch.optim, "Adafactor"):
         yield SpecError(
             ("optimizer.name",),
