@@ -27,11 +27,10 @@ from launcher.groups.adapters import check_loaded_keys, frozen_keys, has_adapter
 from launcher.groups.checkpoint_files import CheckpointFiles
 from launcher.groups.optimizer import build_optimizer, param_groups
 from launcher.parallel import deepspeed_config as ds_config
+from launcher.parallel.checkpoint_layout import TAG
 from launcher.parallel.state_bytes import optimizer_state_bytes
 from launcher.parallel.strategy import Setup, StepResult, WholeModelVerbs
 
-TAG = "deepspeed"
-"""Sub-directory of a checkpoint holding DeepSpeed's files (its `tag`)."""
 MODULE_FILE = "mp_rank_00_model_states.pt"
 """DeepSpeed's file of the module state (and, at stage 0, the whole fp32 model); ZeRO-3 prefixes it per rank."""
 

@@ -30,13 +30,12 @@ from launcher.groups.checkpoint import load_tensor_file
 from launcher.groups.checkpoint_files import CheckpointFiles
 from launcher.groups.optimizer import OptimizerConfig, build_optimizer
 from launcher.groups.precision import PrecisionConfig
+from launcher.parallel.checkpoint_layout import DCP_DIR
 from launcher.parallel.dims import DistContext
 from launcher.parallel.guarded_step import guarded_step
 from launcher.parallel.state_bytes import state_bytes
 from launcher.parallel.strategy import Setup, StepResult, WholeModelVerbs
 
-DCP_DIR = "dcp"
-"""Subdirectory of a checkpoint that holds the DCP shards of model and optimizer."""
 SCALER_FILE = "scaler.pt"
 
 
@@ -179,8 +178,3 @@ def saved_model_keys(directory: Path) -> set[str]:
     """The model state-dict keys a DCP checkpoint holds (read from its metadata, no tensor loaded)."""
     metadata = dcp.FileSystemReader(Path(directory) / DCP_DIR).read_metadata()
     return {key.removeprefix("model.") for key in metadata.state_dict_metadata if key.startswith("model.")}
-
-
-def is_dcp_checkpoint(directory: Path) -> bool:
-    """Whether a checkpoint directory was written by a DCP strategy (fsdp, tp)."""
-    return (Path(directory) / DCP_DIR / ".metadata").is_file()
