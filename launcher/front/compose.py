@@ -436,8 +436,9 @@ def validate(cfg: DictConfig) -> tuple[RunSpec | None, list[SpecError]]:
     if errors:
         return None, errors
     spec = fit_warmup(cfg, spec)
+    spec = fill_folder_dims(cfg, spec)  # before the rules: they judge the model that trains (see model_dims)
     errors = check(spec, detect_hardware(spec))
-    return (None, errors) if errors else (fill_folder_dims(cfg, spec), [])  # after the rules: see model_dims
+    return (None, errors) if errors else (spec, [])
 
 
 # Code the composed config may name: Hydra's own basic launcher and sweeper, which Hydra puts there.

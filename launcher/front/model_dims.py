@@ -5,8 +5,9 @@ shape and the build ignores the model group's n_layer, d_model, n_head, d_ff, ma
 tie_embeddings, which would otherwise keep the preset's values (4 / 128 / 4 / ...) in spec.yaml.
 ModelConfig types them as numbers (null is not allowed) and no rule refuses them for a Hugging
 Face model, so they are filled with the folder's own values (model.vocab_size is already the
-folder's, launcher.front.vocab). The fill runs after the rules pass: the rules keep judging what
-the user wrote (one message per problem), and spec.yaml holds the model that trains.
+folder's, launcher.front.vocab). The fill runs before the rules: they judge the model that
+trains (data.seq_len against the folder's max_position_embeddings, not the preset's 256), and
+spec.yaml holds it.
 """
 
 from __future__ import annotations

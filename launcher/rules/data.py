@@ -7,6 +7,7 @@ from collections.abc import Iterator
 from launcher.groups.data.config import BATCHING, FORMATS, TRAIN_ON
 from launcher.groups.data.formats import INSTRUCTION_TEMPLATE, template_problem
 from launcher.groups.data.sources import BUILDERS, matching_files
+from launcher.groups.model.hf_files import local_dir
 from launcher.rules.hardware import Hardware
 from launcher.rules.values import Rule, choice, positive
 from launcher.spec import RunSpec, SpecError
@@ -14,7 +15,7 @@ from launcher.spec import RunSpec, SpecError
 
 def _model_and_data(spec: RunSpec, hw: Hardware) -> Iterator[SpecError]:
     m, d = spec.model, spec.data
-    if d.seq_len > m.max_seq_len:
+    if d.seq_len > m.max_seq_len and local_dir(m) is None:  # a folder's context: rules/hf_model.py
         yield SpecError(
             ("data.seq_len", "model.max_seq_len"),
             f"sequences of {d.seq_len} tokens exceed the model's context of {m.max_seq_len}. "

@@ -66,3 +66,15 @@ def test_gpt_and_presets_keep_their_keys() -> None:
         assert errors == []
         assert fill_folder_dims(cfg, spec) is spec
     assert describe_model(spec.model).startswith("model: Hugging Face preset llama")
+
+
+def test_the_rules_judge_the_folders_context_not_the_group_keys_it_ignores(llama: Path) -> None:
+    """data.seq_len is checked against the folder's 128 positions: model.max_seq_len=64 is ignored for it."""
+    cfg = compose.compose(
+        ["model=hf", f"model.path={llama}", *SMALL, "model.max_seq_len=64", "data.seq_len=100"]
+    )
+    spec, errors = compose.validate(cfg)
+    assert errors == [] and spec.model.max_seq_len == 128
+    cfg = compose.compose(["model=hf", f"model.path={llama}", *SMALL, "data.seq_len=200"])
+    messages = [str(e) for e in compose.validate(cfg)[1]]
+    assert len(messages) == 1 and "(128 positions)" in messages[0]  # one message, naming the folder
