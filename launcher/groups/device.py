@@ -40,6 +40,13 @@ def num_gpus() -> int:
     return torch.cuda.device_count() if torch.cuda.is_available() else 0
 
 
+def gpu_memory_bytes() -> int:
+    """Memory of the smallest visible CUDA device (0 where none is visible)."""
+    if not torch.cuda.is_available():
+        return 0
+    return min(torch.cuda.get_device_properties(i).total_memory for i in range(torch.cuda.device_count()))
+
+
 def bf16_supported(device_type: str) -> bool:
     """bf16 autocast works on any CPU; on CUDA it needs Ampere (compute capability 8.0) or newer."""
     if device_type == "cpu":

@@ -22,6 +22,8 @@ class Hardware:
     """CUDA devices per node: visible to this process, or (a SLURM job) requested per node."""
     requested: bool = False
     """The facts describe a SLURM job's requested nodes, not the machine that submits it."""
+    gpu_memory_bytes: int = 0
+    """Memory of one GPU (the smallest visible); 0 where unknown (no GPU, or a SLURM job's nodes)."""
 
 
 def detect_hardware(spec: RunSpec) -> Hardware:
@@ -34,6 +36,7 @@ def detect_hardware(spec: RunSpec) -> Hardware:
         bf16=device.bf16_supported(kind),
         tf32=device.tf32_supported(kind),
         num_gpus=device.num_gpus(),
+        gpu_memory_bytes=device.gpu_memory_bytes() if kind == "cuda" else 0,
     )
 
 

@@ -1,9 +1,11 @@
-"""Rules of the memory group: activation checkpointing and the automatic micro-batch search."""
+"""Rules of the memory group: activation checkpointing, the automatic micro-batch search, fitting the GPU."""
 
 from __future__ import annotations
 
 from collections.abc import Iterator
 
+from launcher.plan.fit import fixes, memory_error, too_large
+from launcher.plan.planner import plan
 from launcher.rules.hardware import Hardware
 from launcher.rules.values import Rule
 from launcher.spec import RunSpec, SpecError
@@ -70,5 +72,20 @@ def _auto_micro_batch(spec: RunSpec, hw: Hardware) -> Iterator[SpecError]:
         )
 
 
-RULES: tuple[Rule, ...] = (_checkpointing, _auto_micro_batch)
+def _fits_device(spec: RunSpec, hw: Hardware) -> Iterator[SpecError]:
+    """On a GPU, the planned memory per rank must fit the device's (launcher.plan.fit names the fixes)."""
+    if hw.device_type != "cuda" or not hw.gpu_memory_bytes:
+        return
+    # pp is planned per pipeline stage; the micro-batch search finds what fits on the rank itself
+    if spec.parallel.strategy == "pp" or spec.memory.auto_micro_batch:
+        return
+    try:
+        memory = plan(spec, device_type="cuda")
+    except (ValueError, OSError, KeyError):  # a model the planner cannot count: the model's rules say why
+        return
+    if too_large(memory, hw.gpu_memory_bytes):
+        yield memory_error(memory, hw.gpu_memory_bytes, fixes(spec))
+
+
+RULES: tuple[Rule, ...] = (_checkpointing, _auto_micro_batch, _fits_device)
 """This module's rules, in the order they report."""
