@@ -55,14 +55,13 @@ class Choice:
 
 
 def detect_machine() -> Machine:
-    """The CUDA GPUs torch sees (none on a CPU-only build or machine)."""
-    import torch
+    """The CUDA GPUs torch sees (none on a CPU-only build or machine), from the cached probe."""
+    from launcher.groups.hardware_facts import cuda_facts
 
-    if not torch.cuda.is_available():
+    facts = cuda_facts()
+    if not facts.available:
         return Machine(num_gpus=0)
-    count = torch.cuda.device_count()
-    memory = min(torch.cuda.get_device_properties(i).total_memory for i in range(count))
-    return Machine(num_gpus=count, gpu_memory_bytes=memory, gpu_name=torch.cuda.get_device_name(0))
+    return Machine(num_gpus=facts.num_gpus, gpu_memory_bytes=facts.gpu_memory_bytes, gpu_name=facts.gpu_name)
 
 
 def candidates(machine: Machine) -> tuple[str, ...]:

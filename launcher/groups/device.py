@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-import torch
+import sys
+
+from launcher.groups.hardware_facts import cuda_facts
 
 # Dense (no sparsity) bf16/fp16 tensor-core peak FLOP/s by device name fragment, from the vendors'
 # data sheets. The first matching fragment wins, so more specific names come first.
@@ -26,17 +28,23 @@ PEAK_FLOPS_BF16: tuple[tuple[str, float], ...] = (
 def resolve_device(requested: str) -> str:
     """Turn `auto` into `cuda` when a GPU is visible, else `cpu`; pass explicit choices through."""
     if requested == "auto":
-        return "cuda" if torch.cuda.is_available() else "cpu"
+        return "cuda" if cuda_available() else "cpu"
     return requested
 
 
 def cuda_available() -> bool:
-    """Whether a CUDA device can be used by this process."""
+    """Whether a CUDA device can be used by this process (before torch is imported: launcher.groups.hardware_facts)."""
+    if "torch" not in sys.modules:
+        return cuda_facts().available
+    import torch
+
     return torch.cuda.is_available()
 
 
 def num_gpus() -> int:
     """CUDA devices visible to this process (0 on a CPU-only build or machine)."""
+    import torch
+
     return torch.cuda.device_count() if torch.cuda.is_available() else 0
 
 
@@ -49,6 +57,8 @@ def gpu_memory_bytes() -> int:
 
 def bf16_supported(device_type: str) -> bool:
     """bf16 autocast works on any CPU; on CUDA it needs Ampere (compute capability 8.0) or newer."""
+    import torch
+
     if device_type == "cpu":
         return True
     return torch.cuda.is_available() and torch.cuda.is_bf16_supported(including_emulation=False)
@@ -56,6 +66,8 @@ def bf16_supported(device_type: str) -> bool:
 
 def tf32_supported(device_type: str) -> bool:
     """TF32 matmuls exist only on NVIDIA GPUs of compute capability 8.0 or newer."""
+    import torch
+
     if device_type != "cuda" or not torch.cuda.is_available():
         return False
     return torch.cuda.get_device_capability()[0] >= 8
@@ -63,6 +75,8 @@ def tf32_supported(device_type: str) -> bool:
 
 def device_name(device_type: str) -> str:
     """A human-readable name of the device that runs the model."""
+    import torch
+
     if device_type == "cuda" and torch.cuda.is_available():
         return torch.cuda.get_device_name()
     return "cpu"
@@ -70,6 +84,8 @@ def device_name(device_type: str) -> str:
 
 def peak_flops(device_type: str) -> float | None:
     """The device's dense bf16 peak FLOP/s, or None where it is not known (every CPU)."""
+    import torch
+
     if device_type != "cuda" or not torch.cuda.is_available():
         return None
     name = torch.cuda.get_device_name()

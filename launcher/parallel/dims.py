@@ -16,13 +16,12 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import TYPE_CHECKING
 
-import torch
-import torch.distributed as dist
-
 from launcher.parallel.pipeline_split import rank_of_stage
 from launcher.spec import SpecError
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # torch.distributed only on a rank: the rules check degrees without it
+    import torch
+    import torch.distributed as dist
     from torch.distributed.device_mesh import DeviceMesh
 
     from launcher.groups.parallel import ParallelConfig
@@ -191,12 +190,17 @@ class DistContext:
     def barrier(self) -> None:
         """Wait for every rank (a no-op for one process)."""
         if self.world_size > 1:
+            import torch.distributed as dist
+
             dist.barrier()
 
     def all_true(self, flag: bool) -> bool:
         """Whether `flag` holds on every rank (a collective AND on the CPU; every rank must call it)."""
         if self.world_size == 1:
             return flag
+        import torch
+        import torch.distributed as dist
+
         tensor = torch.tensor([1 if flag else 0], dtype=torch.int32)
         dist.all_reduce(tensor, op=dist.ReduceOp.MIN)
         return bool(tensor.item())
@@ -205,6 +209,9 @@ class DistContext:
         """Sum plain numbers over ranks (log steps only: it synchronizes)."""
         if self.world_size == 1:
             return values
+        import torch
+        import torch.distributed as dist
+
         tensor = torch.tensor(values, dtype=torch.float64, device=self.device)
         dist.all_reduce(tensor)
         return tensor.tolist()
@@ -218,6 +225,9 @@ class DistContext:
         """
         if self.world_size == 1:
             return value
+        import torch
+        import torch.distributed as dist
+
         counted = value if self.dims.counts_data(self.rank) else 0
         tensor = torch.tensor(float(counted), dtype=torch.float32, device=self.device)
         dist.all_reduce(tensor)
@@ -254,6 +264,9 @@ def init_process_group(
     or env://. A single process gets a one-rank group of its own (no rendezvous) when
     `one_rank_group` is set: DDP, DeepSpeed and DTensor strategies need a group even then.
     """
+    import torch
+    import torch.distributed as dist
+
     rank = int(os.environ.get("RANK", 0))
     world_size = int(os.environ.get("WORLD_SIZE", 1))
     local_rank = int(os.environ.get("LOCAL_RANK", 0))
@@ -288,6 +301,8 @@ def shutdown(*, barrier: bool = True) -> None:
     fraction of runs; releasing objects first and meeting at a barrier avoids that. A process
     told to stop at once (`barrier=False`) waits for no other rank.
     """
+    import torch.distributed as dist
+
     gc.collect()
     if dist.is_initialized():
         try:

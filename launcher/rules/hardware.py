@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from launcher.groups import device
+from launcher.groups.hardware_facts import NO_CUDA, cuda_facts
 from launcher.spec import RunSpec
 
 
@@ -19,7 +19,7 @@ class Hardware:
     tf32: bool
     """TF32 matmuls exist there."""
     num_gpus: int
-    """CUDA devices per node: visible to this process, or (a SLURM job) requested per node."""
+    """CUDA devices per node: visible to this process (0 for a spec on the CPU), or (a SLURM job) requested per node."""
     requested: bool = False
     """The facts describe a SLURM job's requested nodes, not the machine that submits it."""
     gpu_memory_bytes: int = 0
@@ -27,15 +27,21 @@ class Hardware:
 
 
 def detect_hardware(spec: RunSpec) -> Hardware:
-    """Probe the device the spec would run on; for a SLURM job, judge the nodes it asks for instead."""
+    """Probe the device the spec would run on; for a SLURM job, judge the nodes it asks for instead.
+
+    A spec on the CPU asks nothing about CUDA; otherwise the facts come from one cached probe
+    (launcher.groups.hardware_facts), so judging a spec does not import torch.
+    """
     if spec.launcher.backend == "slurm":
         return requested_hardware(spec)
-    kind = device.resolve_device(spec.launcher.device)
+    requested = spec.launcher.device
+    facts = NO_CUDA if requested == "cpu" else cuda_facts()
+    kind = ("cuda" if facts.available else "cpu") if requested == "auto" else requested
     return Hardware(
         device_type=kind,
-        bf16=device.bf16_supported(kind),
-        tf32=device.tf32_supported(kind),
-        num_gpus=device.num_gpus(),
+        bf16=kind == "cpu" or facts.bf16,
+        tf32=kind == "cuda" and facts.capability[0] >= 8,
+        num_gpus=facts.num_gpus,
         gpu_memory_bytes=device.gpu_memory_bytes() if kind == "cuda" else 0,
     )
 
