@@ -50,6 +50,8 @@ def num_gpus() -> int:
 
 def gpu_memory_bytes() -> int:
     """Memory of the smallest visible CUDA device (0 where none is visible)."""
+    import torch
+
     if not torch.cuda.is_available():
         return 0
     return min(torch.cuda.get_device_properties(i).total_memory for i in range(torch.cuda.device_count()))

@@ -42,7 +42,7 @@ def detect_hardware(spec: RunSpec) -> Hardware:
         bf16=kind == "cpu" or facts.bf16,
         tf32=kind == "cuda" and facts.capability[0] >= 8,
         num_gpus=facts.num_gpus,
-        gpu_memory_bytes=device.gpu_memory_bytes() if kind == "cuda" else 0,
+        gpu_memory_bytes=facts.gpu_memory_bytes if kind == "cuda" else 0,
     )
 
 
