@@ -16,7 +16,7 @@ from omegaconf import DictConfig
 from rich.console import Console
 
 from launcher.exits import ExitStatus
-from launcher.front import compose
+from launcher.front import closing, compose
 from launcher.front.tokenize import prepare_data
 from launcher.launch import backend, run_lock
 from launcher.spec import InvalidSpec, RunSpec, SpecError, dump_spec, redacted_container
@@ -69,7 +69,7 @@ def write(cfg: DictConfig, spec: RunSpec, run_dir: Path) -> RunSpec:
 def launch(spec: RunSpec, run_dir: Path) -> int:
     """Hand a written run to its launch backend; the run's exit status."""
     Console().print(f"run directory: {run_dir}")
-    return backend(spec.launcher.backend).launch(spec, run_dir)
+    return closing.announce(backend(spec.launcher.backend).launch(spec, run_dir), spec, run_dir)
 
 
 def start(cfg: DictConfig, spec: RunSpec, run_dir: Path) -> int:

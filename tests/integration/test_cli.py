@@ -92,6 +92,12 @@ def test_spec_yaml_alone_reproduces_the_run(tmp_path) -> None:
     result = run_cli(["--config-path", str(first), "--config-name", "spec", f"run_dir={again}"], tmp_path)
     assert result.returncode == 0, result.stderr
     assert losses(first) == losses(again)
+    closing = result.stdout[result.stdout.rindex(f"run directory: {again} (exit status 0)") :]
+    assert f"resume: train --config-path {again} --config-name spec resume=auto" in closing
+    assert (
+        f"metrics: {again / 'metrics.jsonl'}" in closing and f"summary: {again / 'summary.json'}" in closing
+    )
+    assert f"checkpoints: {again / 'checkpoints'} (latest: step_4)" in closing
     summary = json.loads((again / "summary.json").read_text())
     assert summary["exit_reason"] == "completed"
 
