@@ -66,6 +66,9 @@ class TrainConfig:
     """Optimizer steps the skipped share is measured over (once this session has run that many)."""
     stop_after: int | None = None
     """End this session after this optimizer step, with a checkpoint; the schedule still spans max_steps."""
+    advice: bool = True
+    """Print run-time advice (input-bound steps, loss spikes, fp16 scale collapse, ...) once each, and list it
+    in summary.json; false silences it (docs/monitoring.md)."""
 
 
 @dataclass(frozen=True, kw_only=True)

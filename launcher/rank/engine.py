@@ -268,6 +268,12 @@ class Engine:
             "samples_per_s": samples / elapsed if elapsed > 0 else 0.0,
             "mfu": (self.parts.flops_per_token * tokens_per_s / dist.world_size / peak) if peak else None,
             "mem_peak_bytes": metrics.peak_memory_bytes(self.device.type),
+            # what the caching allocator holds: far above the peak is fragmentation (the advisor says so)
+            **(
+                {"mem_reserved_bytes": int(torch.cuda.max_memory_reserved())}
+                if self.device.type == "cuda"
+                else {}
+            ),
             **strategy.state_bytes(),  # this rank's share: local shards only
             "loss_scale": strategy.loss_scale(),
             "nonfinite_skips": self.guard.nonfinite_skips,

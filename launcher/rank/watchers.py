@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from launcher.groups.advice import Advisor
 from launcher.groups.observers import LogLines, Observer, Observers, RunContext
 from launcher.spec import RunSpec
 
@@ -11,4 +12,20 @@ def build_observers(spec: RunSpec, context: RunContext) -> Observers:
     items: list[Observer] = []
     if not context.console.is_terminal and spec.log.progress:
         items.append(LogLines(context))
+    items.append(advisor(spec, context))
     return Observers(items)
+
+
+def advisor(spec: RunSpec, context: RunContext) -> Advisor:
+    """The run-time advisor, given plain values from the spec (groups never read a RunSpec)."""
+    t, p = spec.train, spec.parallel
+    dp_size = max(context.world_size // (max(p.tp_size, 1) * max(p.pp_size, 1)), 1)
+    precision = "bf16" if spec.precision.bf16 else "fp16" if spec.precision.fp16 else "fp32"
+    return Advisor(
+        context,
+        precision=precision,
+        global_batch=t.micro_batch_size * t.grad_accum_steps * dp_size,
+        lr=spec.optimizer.lr,
+        optimizer=spec.optimizer.name,
+        enabled=t.advice,
+    )

@@ -1,0 +1,46 @@
+"""The run-time advisor end to end: real runs whose advice is printed once in a box and listed in summary.json."""
+
+from __future__ import annotations
+
+import json
+
+from conftest import TINY, run_inline
+
+# SGD whose warmup walks the learning rate past the model's stability limit near step 8: a calm
+# start, then the loss and gradient norm take off (a real spike, not a synthetic record).
+SPIKING = [
+    *TINY,
+    "train.max_steps=10",
+    "train.eval_every=null",
+    "checkpoint.every=null",
+    "checkpoint.save_final=false",
+    "optimizer=sgd",
+    "optimizer.momentum=0",
+    "optimizer.lr=2.4",
+    "scheduler=constant",
+    "scheduler.warmup_steps=9",
+    "train.max_grad_norm=null",
+    "precision=bf16",
+]
+
+
+def test_advice_is_printed_once_and_listed_in_the_summary(tmp_path, capsys) -> None:
+    assert run_inline(SPIKING, tmp_path / "run") == 0
+    out = capsys.readouterr().out
+    advice = json.loads((tmp_path / "run" / "summary.json").read_text())["advice"]
+    ids = [a["id"] for a in advice]
+    assert ids[0] == "bf16_on_cpu" and advice[0]["step"] == 0
+    assert "tokens/s in fp32" in advice[0]["message"]
+    spikes = [a for a in advice if a["id"] in ("loss_spike", "grad_norm_spike")]
+    assert spikes and all(a["step"] > 8 for a in spikes)  # after the window's first 8 records
+    assert f"spiked at step {spikes[0]['step']}" in spikes[0]["message"]
+    assert len(ids) == len(set(ids))
+    for a in advice:
+        assert out.count(f"advice: {a['id']} (step {a['step']})") == 1  # the box's title, once
+
+
+def test_train_advice_false_silences_it(tmp_path, capsys) -> None:
+    args = [*TINY, "train.max_steps=3", "train.eval_every=null", "checkpoint.every=null", "precision=bf16"]
+    assert run_inline([*args, "checkpoint.save_final=false", "train.advice=false"], tmp_path / "run") == 0
+    assert "advice:" not in capsys.readouterr().out
+    assert "advice" not in json.loads((tmp_path / "run" / "summary.json").read_text())
