@@ -13,7 +13,7 @@ from pathlib import Path
 from rich.console import Console
 
 from launcher.exits import ExitStatus
-from launcher.front import compose, dryrun, recipe_auto, rundir, sweep, torchrun, verify
+from launcher.front import compose, dryrun, hydra_help, recipe_auto, rundir, sweep, torchrun, verify
 from launcher.front.tokenize import prepare_data
 from launcher.launch import run_lock
 from launcher.spec import SpecError
@@ -106,7 +106,8 @@ def _hydra_print(argv: list[str]) -> int:
     saved = sys.argv
     sys.argv = [saved[0], *argv]  # Hydra's app reads its arguments from sys.argv only
     try:
-        app()
+        with hydra_help.one_repository_copy():  # Hydra's group listing, without a repository copy per group
+            app()
     finally:
         sys.argv = saved
     return ExitStatus.OK
