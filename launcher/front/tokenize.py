@@ -12,12 +12,13 @@ from rich.console import Console
 from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
 from launcher.groups.data.sources import RecordError
-from launcher.groups.data.tokens import build_cache, uses_cache
 from launcher.spec import RunSpec, SpecError
 
 
 def prepare_data(spec: RunSpec, console: Console | None = None) -> list[SpecError]:
     """Make sure the tokenized corpus of `spec` is in the cache; the problems that stopped it."""
+    from launcher.groups.data.tokens import build_cache, uses_cache  # numpy: only a run that starts needs it
+
     if not uses_cache(spec.data, spec.tokenizer):
         return []
     console = console or Console(stderr=True)
