@@ -39,6 +39,65 @@ class MemoryConfig:
     """Largest micro batch the search tries."""
     max_memory_gb: float | None = None
     """Memory budget per rank for the search (peak RSS on CPU, peak allocated on CUDA); null on CUDA: real OOM only."""
+    cuda_alloc_conf: str | None = None
+    """PYTORCH_CUDA_ALLOC_CONF for every rank on CUDA, e.g. expandable_segments:True (ignored on CPU); null: unset."""
+
+
+CUDA_ALLOC_ENV = ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF")
+"""The variables memory.cuda_alloc_conf sets on CUDA (torch >= 2.9 reads the second first)."""
+# PyTorch's CUDA caching allocator options (PYTORCH_CUDA_ALLOC_CONF), each with what its value must be.
+CUDA_ALLOC_KEYS = {
+    "expandable_segments": "True or False",
+    "max_split_size_mb": "a whole number of MiB",
+    "garbage_collection_threshold": "a fraction between 0 and 1",
+    "roundup_power2_divisions": "a whole number or a list such as [256:1,512:2,>:8]",
+    "pinned_use_cuda_host_register": "True or False",
+    "pinned_num_register_threads": "a whole number",
+    "backend": "native or cudaMallocAsync",
+}
+
+
+def _alloc_value_ok(key: str, value: str) -> bool:
+    """Whether `value` has the form PyTorch's allocator takes for `key`."""
+    if key in ("expandable_segments", "pinned_use_cuda_host_register"):
+        return value in ("True", "False")
+    if key in ("max_split_size_mb", "pinned_num_register_threads"):
+        return value.isdigit()
+    if key == "garbage_collection_threshold":
+        try:
+            return 0.0 < float(value) < 1.0
+        except ValueError:
+            return False
+    if key == "roundup_power2_divisions":
+        return value.isdigit() or (value.startswith("[") and value.endswith("]") and ":" in value)
+    return value in ("native", "cudaMallocAsync")
+
+
+def _alloc_entries(text: str) -> list[str]:
+    """The comma-separated entries of an allocator config; commas inside [...] lists stay in their entry."""
+    entries, depth, current = [], 0, ""
+    for char in text:
+        depth += {"[": 1, "]": -1}.get(char, 0)
+        if char == "," and depth == 0:
+            entries.append(current)
+            current = ""
+        else:
+            current += char
+    return [*entries, current]
+
+
+def alloc_conf_problems(text: str) -> list[str]:
+    """What is wrong with a PYTORCH_CUDA_ALLOC_CONF string (comma-separated key:value), one line each."""
+    problems = []
+    for entry in _alloc_entries(text):
+        key, sep, value = (part.strip() for part in entry.partition(":"))
+        if not sep or not key or not value:
+            problems.append(f"'{entry}' is not key:value")
+        elif key not in CUDA_ALLOC_KEYS:
+            problems.append(f"unknown allocator key '{key}' (known: {', '.join(CUDA_ALLOC_KEYS)})")
+        elif not _alloc_value_ok(key, value):
+            problems.append(f"{key} must be {CUDA_ALLOC_KEYS[key]}, got '{value}'")
+    return problems
 
 
 def checkpointed_modules(model: nn.Module, cfg: MemoryConfig) -> list[nn.Module]:

@@ -15,6 +15,7 @@ from rich.console import Console
 from launcher.exits import ExitStatus, for_signal
 from launcher.groups import checkpoint, checkpoint_files, metrics
 from launcher.groups.device import resolve_device
+from launcher.groups.memory import CUDA_ALLOC_ENV
 from launcher.parallel.deepspeed import accelerator_env
 from launcher.parallel.dims import shutdown
 from launcher.parallel.registry import STRATEGIES
@@ -102,6 +103,9 @@ def configure_process(spec: RunSpec, device_type: str) -> None:
         os.environ.update(accelerator_env(device_type))
     if "WORLD_SIZE" not in os.environ:  # a single process (inline): the variables torchrun would set
         os.environ.update({"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1"})
+    if device_type == "cuda" and spec.memory.cuda_alloc_conf is not None:  # read at CUDA's first allocation
+        # torch >= 2.9 reads PYTORCH_ALLOC_CONF first, older releases only the CUDA name: set both.
+        os.environ.update(dict.fromkeys(CUDA_ALLOC_ENV, spec.memory.cuda_alloc_conf))
 
 
 def exit_status(summary: dict) -> ExitStatus:

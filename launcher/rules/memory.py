@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
+from launcher.groups.memory import alloc_conf_problems
 from launcher.plan.fit import fixes, memory_error, too_large
 from launcher.plan.planner import plan
 from launcher.rules.hardware import Hardware
@@ -35,6 +36,16 @@ def _checkpointing(spec: RunSpec, hw: Hardware) -> Iterator[SpecError]:
     if m.empty_cache_steps is not None and m.empty_cache_steps <= 0:
         yield SpecError(
             ("memory.empty_cache_steps",), "must be positive; use null to never empty the CUDA cache."
+        )
+
+
+def _cuda_alloc_conf(spec: RunSpec, hw: Hardware) -> Iterator[SpecError]:
+    conf = spec.memory.cuda_alloc_conf
+    for problem in alloc_conf_problems(conf) if conf is not None else []:
+        yield SpecError(
+            ("memory.cuda_alloc_conf",),
+            f"{problem}. It becomes PYTORCH_CUDA_ALLOC_CONF: comma-separated key:value pairs, "
+            "quoted when it has several: 'memory.cuda_alloc_conf=\"expandable_segments:True,max_split_size_mb:256\"'.",
         )
 
 
@@ -87,5 +98,5 @@ def _fits_device(spec: RunSpec, hw: Hardware) -> Iterator[SpecError]:
         yield memory_error(memory, hw.gpu_memory_bytes, fixes(spec))
 
 
-RULES: tuple[Rule, ...] = (_checkpointing, _auto_micro_batch, _fits_device)
+RULES: tuple[Rule, ...] = (_checkpointing, _cuda_alloc_conf, _auto_micro_batch, _fits_device)
 """This module's rules, in the order they report."""

@@ -109,6 +109,22 @@ def _extra_peak(mode: str) -> int:
     return json.loads(out.stdout.strip().splitlines()[-1])["extra_peak_bytes"]
 
 
+def test_cuda_alloc_conf_reaches_a_cuda_ranks_environment_only(monkeypatch) -> None:
+    from launcher.front import compose
+    from launcher.groups.memory import CUDA_ALLOC_ENV
+    from launcher.rank.worker import configure_process
+
+    spec, errors = compose.validate(compose.compose(['memory.cuda_alloc_conf="expandable_segments:True"']))
+    assert not errors, errors
+    monkeypatch.setenv("WORLD_SIZE", "1")  # configure_process leaves a launched rank's variables alone
+    for name in CUDA_ALLOC_ENV:
+        monkeypatch.delenv(name, raising=False)
+    configure_process(spec, "cpu")
+    assert not any(name in os.environ for name in CUDA_ALLOC_ENV)  # the CPU allocator has no such options
+    configure_process(spec, "cuda")
+    assert [os.environ[name] for name in CUDA_ALLOC_ENV] == ["expandable_segments:True"] * 2
+
+
 def test_checkpointing_lowers_peak_memory() -> None:
     """Peak resident memory of one forward/backward in a fresh process, where activations dominate.
 

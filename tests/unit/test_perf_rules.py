@@ -21,6 +21,16 @@ CASES = [
         "attention-only checkpointing exists for the built-in GPT only",
     ),
     (["memory.empty_cache_steps=0"], ("memory.empty_cache_steps",), "use null to never"),
+    (
+        ["memory.cuda_alloc_conf=expandible_segments:True"],
+        ("memory.cuda_alloc_conf",),
+        "unknown allocator key 'expandible_segments'",
+    ),
+    (
+        ['memory.cuda_alloc_conf="expandable_segments:True,max_split_size_mb:lots"'],
+        ("memory.cuda_alloc_conf",),
+        "max_split_size_mb must be a whole number",
+    ),
     (["memory=auto_batch", "memory.max_micro_batch_size=0"], ("memory.max_micro_batch_size",), "1 or more"),
     (["memory.max_memory_gb=4"], ("memory.max_memory_gb", "memory.auto_micro_batch"), "search, which is off"),
     (["memory=auto_batch", "memory.max_memory_gb=-1"], ("memory.max_memory_gb",), "must be positive"),
