@@ -337,6 +337,7 @@ def _check_option(group: str, override: typing.Any, options: list[str]) -> list[
             )
         ]
     values = list(override.sweep_iterator()) if override.is_sweep_override() else [override.value()]
+    values = [v for value in values for v in (value if isinstance(value, list) else [value])]  # logger=[a,b]
     errors = []
     for value in values:
         if value is not None and str(value) not in options:

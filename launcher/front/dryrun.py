@@ -68,8 +68,12 @@ def provenance(
         for key in _yaml_values(_option_file(roots, group, option), group):
             sources[key] = f"{group}={option}"
     for override in task_overrides:
-        key, sep, _ = override.lstrip("+~").partition("=")
-        if sep and key not in choices:
+        key, sep, value = override.lstrip("+~").partition("=")
+        if sep and value.startswith("[") and (root / key).is_dir():  # logger=[a,b]
+            for option in (o.strip() for o in value.strip("[]").split(",")):
+                for leaf in _yaml_values(_option_file(roots, key, option), key):
+                    sources[leaf] = f"{key}={option}"
+        elif sep and key not in choices:
             sources[key] = "command line"
     return sources
 
