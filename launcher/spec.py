@@ -24,6 +24,7 @@ from launcher.groups.checkpoint import CheckpointConfig
 from launcher.groups.compile import CompileConfig
 from launcher.groups.data.config import DataConfig
 from launcher.groups.launcher import LauncherConfig
+from launcher.groups.loggers import LoggerConfig
 from launcher.groups.memory import MemoryConfig
 from launcher.groups.metrics import LogConfig
 from launcher.groups.model.config import ModelConfig
@@ -102,6 +103,7 @@ class RunSpec:
     train: TrainConfig = field(default_factory=TrainConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     log: LogConfig = field(default_factory=LogConfig)
+    logger: LoggerConfig = field(default_factory=LoggerConfig)
     launcher: LauncherConfig = field(default_factory=LauncherConfig)
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from launcher.groups import loggers
 from launcher.groups.advice import Advisor
 from launcher.groups.observers import LogLines, Observer, Observers, RunContext
 from launcher.spec import RunSpec
@@ -12,6 +13,7 @@ def build_observers(spec: RunSpec, context: RunContext) -> Observers:
     items: list[Observer] = []
     if not context.console.is_terminal and spec.log.progress:
         items.append(LogLines(context))
+    items.extend(loggers.build(spec.logger, context))
     items.append(advisor(spec, context))
     return Observers(items)
 
