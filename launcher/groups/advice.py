@@ -92,11 +92,12 @@ def batch_advice(
         if rule == "linear"
         else f"{optimizer}, an adaptive optimizer: the square-root rule (Malladi et al., 2022)"
     )
+    other = "square-root" if rule == "linear" else "linear"
+    other_lr = lr * (math.sqrt(ratio) if rule == "linear" else ratio)
     return (
         f"the global batch changed from {before} to {global_batch} sequences since the previous session, but "
         f"optimizer.lr stayed {lr:g}. Scale the learning rate with the batch; for {why} gives "
-        f"optimizer.lr={scaled:.3g} (the other rule: "
-        f"{lr * (math.sqrt(ratio) if rule == 'linear' else ratio):.3g}). Resume with the same batch to keep "
+        f"optimizer.lr={scaled:.3g} (the {other} rule: {other_lr:.3g}). Or resume with the previous batch to keep "
         "the run's dynamics."
     )
 

@@ -44,3 +44,16 @@ def test_train_advice_false_silences_it(tmp_path, capsys) -> None:
     assert run_inline([*args, "checkpoint.save_final=false", "train.advice=false"], tmp_path / "run") == 0
     assert "advice:" not in capsys.readouterr().out
     assert "advice" not in json.loads((tmp_path / "run" / "summary.json").read_text())
+
+
+def test_a_resumed_run_whose_batch_grew_is_told_to_scale_its_lr(tmp_path, capsys) -> None:
+    run_dir, base = tmp_path / "run", [*TINY, "train.eval_every=null", "checkpoint.every=null"]
+    assert run_inline([*base, "train.max_steps=3"], run_dir) == 0
+    assert json.loads((run_dir / "summary.json").read_text())["advice"] == []
+    resumed = [*base, "train.max_steps=4", "resume=auto", "train.grad_accum_steps=2"]  # 4 -> 8 sequences
+    assert run_inline(resumed, run_dir) == 0
+    (advice,) = json.loads((run_dir / "summary.json").read_text())["advice"]
+    assert advice["id"] == "lr_not_scaled" and advice["step"] == 3
+    assert "from 4 to 8" in advice["message"] and "square-root rule" in advice["message"]
+    assert "optimizer.lr=0.00141" in advice["message"]  # 1e-3 x sqrt(2), for AdamW
+    assert capsys.readouterr().out.count("advice: lr_not_scaled (step 3)") == 1
