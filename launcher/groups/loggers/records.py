@@ -23,6 +23,7 @@ TAGS = {
     "trained_tokens_per_step": "perf/trained_tokens_per_step",
     "mfu": "perf/mfu",
     "mem_peak_bytes": "mem/peak_bytes",
+    "mem_reserved_bytes": "mem/reserved_bytes",
     "param_bytes": "mem/param_bytes",
     "grad_bytes": "mem/grad_bytes",
     "optimizer_bytes": "mem/optimizer_bytes",
