@@ -29,7 +29,6 @@ from typing import Any
 from rich.console import Console
 
 from launcher.groups import checkpoint
-from launcher.rank.preflight import listen_fd
 
 _AGENT_LOGGERS = ("torch.distributed.elastic", "torch.distributed.launcher", "torch.multiprocessing")
 
@@ -91,6 +90,8 @@ def make_logs_specs(run_dir: Path):  # -> LogsSpecs (torch imported lazily)
 def rendezvous_store(host: str, port: int | None) -> Iterator[str]:
     """A TCPStore on `host` only, which the agent's c10d rendezvous shares; yields its host:port."""
     import torch.distributed as dist
+
+    from launcher.rank.preflight import listen_fd  # torch: only when the agent starts ranks, never a dry run
 
     fd, bound_port = listen_fd(host, port or 0)
     store = dist.TCPStore(
