@@ -26,7 +26,7 @@ from torch import nn
 from launcher.groups.adapters import check_loaded_keys, frozen_keys, has_adapters
 from launcher.groups.checkpoint_files import CheckpointFiles
 from launcher.groups.optimizer import build_optimizer, param_groups
-from launcher.parallel import deepspeed_config as ds_config
+from launcher.parallel import deepspeed_user_config
 from launcher.parallel.checkpoint_layout import TAG
 from launcher.parallel.state_bytes import optimizer_state_bytes
 from launcher.parallel.strategy import Setup, StepResult, WholeModelVerbs
@@ -113,7 +113,7 @@ class DeepSpeedStrategy(WholeModelVerbs):
         self.deepspeed = _import_deepspeed()
         # The process group exists already (launcher.parallel.dims): DeepSpeed adopts it.
         self.deepspeed.init_distributed(dist_backend=dist.get_backend(), auto_mpi_discovery=False)
-        self.config, errors = ds_config.resolve(spec, setup.dist.world_size, batch=setup.batch)
+        self.config, errors = deepspeed_user_config.resolve(spec, setup.dist.world_size, batch=setup.batch)
         if errors:  # checked before launch; a file edited since then is caught here
             raise ValueError("; ".join(str(e) for e in errors))
         if setup.dist.is_main and spec.run_dir:

@@ -7,8 +7,9 @@ import importlib.util
 from collections.abc import Iterator
 
 from launcher.groups.parallel import ParallelConfig
-from launcher.parallel.deepspeed_config import loss_scale_power, read_user_config
-from launcher.parallel.deepspeed_config import merge as merge_user_config
+from launcher.parallel.deepspeed_config import loss_scale_power
+from launcher.parallel.deepspeed_user_config import merge as merge_user_config
+from launcher.parallel.deepspeed_user_config import read_user_config
 from launcher.rules.hardware import Hardware
 from launcher.rules.values import Rule
 from launcher.spec import RunSpec, SpecError

@@ -14,6 +14,7 @@ from conftest import TINY, run_cli
 from launcher.front import compose
 from launcher.front.cli import precheck
 from launcher.parallel import deepspeed_config as ds_config
+from launcher.parallel import deepspeed_user_config as ds_user
 
 
 def _spec(*argv: str):
@@ -47,6 +48,19 @@ def test_generated_config_follows_the_spec() -> None:
     assert "optimizer" not in config and "scheduler" not in config
 
 
+def test_zero_1_and_2_overlap_reduction_with_buckets_sized_from_the_model() -> None:
+    for stage in (1, 2):
+        zero = ds_config.generate(_spec(f"parallel=zero{stage}", *TINY))["zero_optimization"]
+        assert zero == {
+            "stage": stage,
+            "overlap_comm": True,
+            "contiguous_gradients": True,
+            "reduce_bucket_size": 64 * 64,  # d_model squared, as for ZeRO-3's "auto" sizes
+            "allgather_bucket_size": 64 * 64,
+        }
+    assert ds_config.generate(_spec("parallel=zero0", *TINY))["zero_optimization"] == {"stage": 0}
+
+
 def test_offload_and_fp16_sections() -> None:
     spec = _spec("parallel=zero3_offload", "train.max_grad_norm=null")
     config = ds_config.generate(spec)
@@ -71,12 +85,18 @@ def test_auto_values_are_filled_from_the_spec(tmp_path) -> None:
         },
     )
     spec = _spec("parallel=zero2", f"parallel.deepspeed_config={path}", *TINY)
-    config, errors = ds_config.resolve(spec, ranks=2)
+    config, errors = ds_user.resolve(spec, ranks=2)
     assert errors == []
     assert config["train_micro_batch_size_per_gpu"] == 4 and config["train_batch_size"] == 8
     assert config["gradient_accumulation_steps"] == 1 and config["gradient_clipping"] == 1.0
     assert config["bf16"]["enabled"] is False
-    assert config["zero_optimization"] == {"stage": 2, "reduce_bucket_size": 64 * 64, "overlap_comm": False}
+    assert config["zero_optimization"] == {  # the file's overlap_comm wins over the ZeRO-2 default
+        "stage": 2,
+        "reduce_bucket_size": 64 * 64,
+        "overlap_comm": False,
+        "contiguous_gradients": True,
+        "allgather_bucket_size": 64 * 64,
+    }
     assert "optimizer" not in config  # it only restated the optimizer group, which is used
 
 
@@ -147,7 +167,7 @@ FILES = [
 def test_real_json_files_are_accepted_and_filled(name: str, argv: list[str]) -> None:
     path = ASSETS / name
     spec = _spec(*argv, f"parallel.deepspeed_config={path}", *TINY)
-    config, errors = ds_config.resolve(spec, ranks=2)
+    config, errors = ds_user.resolve(spec, ranks=2)
     assert errors == []
     # checked, then not handed over: the optimizer group's optimizer and the loop's schedule are used
     assert "optimizer" not in config and "scheduler" not in config
@@ -221,7 +241,7 @@ def test_legacy_cpu_offload_is_checked_as_offload_optimizer() -> None:
     spec = _spec(
         "parallel=zero2", "parallel.offload_optimizer=true", f"parallel.deepspeed_config={path}", *TINY
     )
-    config, errors = ds_config.resolve(spec, ranks=2)
+    config, errors = ds_user.resolve(spec, ranks=2)
     assert errors == []
     assert "cpu_offload" not in config["zero_optimization"]  # mapped: the modern section stands
     assert config["zero_optimization"]["offload_optimizer"]["device"] == "cpu"
@@ -258,7 +278,7 @@ def test_auto_bucket_sizes_follow_a_folder_models_real_width(tmp_path) -> None:
     )  # fmt: skip
     # the preset's width left in the spec (as before the fill) must not be what sizes the buckets
     spec = dataclasses.replace(spec, model=dataclasses.replace(spec.model, d_model=128))
-    zero = ds_config.resolve(spec, ranks=1)[0]["zero_optimization"]
+    zero = ds_user.resolve(spec, ranks=1)[0]["zero_optimization"]
     assert zero["reduce_bucket_size"] == 64 * 64
     assert zero["stage3_prefetch_bucket_size"] == int(0.9 * 64 * 64)
     assert zero["stage3_param_persistence_threshold"] == 640
