@@ -62,9 +62,9 @@ class MlflowLogger:
         self._finished = False
 
     def _highest_steps(self) -> dict[str, int]:
-        """The highest step each metric of the run holds (empty for a new run)."""
-        metrics = self.client.get_run(self.run_id).data.metrics
-        return {key: max(m.step for m in self.client.get_metric_history(self.run_id, key)) for key in metrics}
+        """The highest step each metric of the run holds (empty for a new run), in one request:
+        MLflow's latest value of a metric is the one at its highest step."""
+        return {m.key: m.step for m in self.client.get_run(self.run_id).to_proto().data.metrics}
 
     def _log_spec(self, run_dir: Path) -> None:
         """The flattened spec as params (those not logged by an earlier session), spec.yaml as an artifact."""
