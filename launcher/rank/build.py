@@ -33,7 +33,7 @@ from launcher.groups import memory, quantization
 from launcher.groups.batch_split import BatchSplit
 from launcher.groups.batching import build_stream
 from launcher.groups.compile import apply as compile_model
-from launcher.groups.data.loader import PrefetchedBatches
+from launcher.groups.data.loader import BackgroundBatches, PrefetchedBatches
 from launcher.groups.data.sequences import PackedSequences
 from launcher.groups.data.tokens import Corpus, build_cache, load_corpus, uses_cache
 from launcher.groups.model.build import build_model, flops_per_token
@@ -125,6 +125,8 @@ def build(spec: RunSpec, dist: DistContext, run_dir: Path | None = None) -> Comp
     )
     if d.num_workers > 0:
         stream = PrefetchedBatches(stream, num_workers=d.num_workers, pin_memory=device.type == "cuda")
+    elif device.type == "cuda":  # pinned batches built ahead by a thread; on CPU it would compete for cores
+        stream = BackgroundBatches(stream, pin_memory=True)
     return Components(
         spec=spec,
         batch=batch,

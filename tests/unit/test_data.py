@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from launcher.groups.data.config import DataConfig
+from launcher.groups.data.loader import BackgroundBatches
 from launcher.groups.data.sequences import BatchStream, PackedSequences, val_batches
 from launcher.groups.data.sources import describe
 from launcher.groups.data.tokens import START, TokenStore, is_val_document, load_corpus
@@ -176,6 +177,28 @@ def test_state_dict_round_trip_continues_identically(split_after: int) -> None:
     for a, b in zip(got, expected, strict=True):
         assert torch.equal(a["input_ids"], b["input_ids"]) and torch.equal(a["labels"], b["labels"])
     assert resumed.state_dict() == straight.state_dict()
+
+
+def test_background_batches_are_the_streams_and_resume_where_the_loop_is() -> None:
+    """A thread builds ahead; state_dict is still the position after the loop's last batch."""
+
+    def stream() -> BatchStream:
+        return BatchStream(_dataset(), micro_batch_size=3, seed=5, rank=1, world_size=2)
+
+    straight, plain = stream(), stream()
+    expected = [straight.next_batch() for _ in range(8)]
+    ahead = BackgroundBatches(stream(), pin_memory=False)
+    got = [ahead.next_batch() for _ in range(5)]  # into the next epoch; the thread is further still
+    for _ in range(5):
+        plain.next_batch()
+    state = ahead.state_dict()
+    assert state == plain.state_dict() and ahead.epoch == plain.epoch
+    ahead.load_state_dict(state)  # the thread stops and restarts there
+    got += [ahead.next_batch() for _ in range(3)]
+    ahead.close()
+    for a, b in zip(got, expected, strict=True):
+        assert torch.equal(a["input_ids"], b["input_ids"]) and torch.equal(a["labels"], b["labels"])
+    assert ahead.state_dict() == straight.state_dict()
 
 
 def test_too_small_dataset_names_the_fix() -> None:
