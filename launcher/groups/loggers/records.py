@@ -88,9 +88,10 @@ class LoggedSteps:
     """The highest step each tag was logged at, kept in a file next to the run id (for trackers that
     cannot drop points: a resumed session skips the steps it replays)."""
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, *, keep: bool = True) -> None:
+        """`keep`: continue the marks an earlier session left (a resumed run); otherwise start empty."""
         self.path = path
-        self.highest: dict[str, int] = json.loads(path.read_text()) if path.is_file() else {}
+        self.highest: dict[str, int] = json.loads(path.read_text()) if keep and path.is_file() else {}
 
     def new(self, step: int, values: dict[str, float]) -> dict[str, float]:
         """The values of `step` whose tags do not hold this step yet."""

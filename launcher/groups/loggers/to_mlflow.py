@@ -3,9 +3,10 @@
 The tracking URI defaults to a file store in RUN_DIR/logs/mlflow. MLflow 3 keeps its file store in
 maintenance mode and refuses it unless MLFLOW_ALLOW_FILE_STORE=true, which is set here for file:
 URIs (mlflow-skinny has no SQL backend). The run id is stored in RUN_DIR/logs/mlflow/run_id and a
-resumed session appends to that run. MLflow keeps every (key, step) point it is given and cannot
-drop one, so a resumed session logs only the steps after the highest each metric already holds:
-the replayed steps keep the first session's values (the same values where resume is exact).
+resumed session appends to that run (a session that starts at step 0, with no checkpoint to resume,
+begins a new one). MLflow keeps every (key, step) point it is given and cannot drop one, so a
+resumed session logs only the steps after the highest each metric already holds: the replayed
+steps keep the first session's values (the same values where resume is exact).
 """
 
 from __future__ import annotations
@@ -43,7 +44,7 @@ class MlflowLogger:
 
         self.client = MlflowClient(tracking_uri=uri)
         self.ids_dir = context.run_dir / "logs" / "mlflow"
-        run_id = read_run_id(self.ids_dir)
+        run_id = read_run_id(self.ids_dir) if context.start_step > 0 else None  # step 0: a new run
         if run_id is None:
             experiment = self.client.get_experiment_by_name(config.experiment)
             experiment_id = (

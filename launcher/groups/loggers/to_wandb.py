@@ -2,9 +2,10 @@
 `wandb sync`), online with `logger.wandb.mode=online` and the user's own WANDB_API_KEY.
 
 The run id is stored in RUN_DIR/logs/wandb/run_id and a resumed session opens the same id with
-resume="allow". Offline, W&B knows nothing of earlier sessions (each writes its own offline-run
-folder, starting at step 0), so the steps each metric already holds are kept in
-RUN_DIR/logs/wandb/logged_steps.json and a resumed session logs only the steps after them.
+resume="allow" (a session that starts at step 0, with no checkpoint to resume, begins a new run).
+Offline, W&B knows nothing of earlier sessions (each writes its own offline-run folder, starting at
+step 0), so the steps each metric already holds are kept in RUN_DIR/logs/wandb/logged_steps.json
+and a resumed session logs only the steps after them.
 """
 
 from __future__ import annotations
@@ -32,9 +33,10 @@ class WandbLogger:
         import wandb
 
         out = log_dir(context.run_dir)
-        run_id = read_run_id(out) or secrets.token_hex(4)  # W&B's own ids: 8 characters of [0-9a-z]
+        resumed = context.start_step > 0  # a session at step 0 (no checkpoint to resume) begins a new run
+        run_id = (read_run_id(out) if resumed else None) or secrets.token_hex(4)  # W&B ids: 8 of [0-9a-z]
         write_run_id(out, run_id)
-        self.logged = LoggedSteps(out / "logged_steps.json")
+        self.logged = LoggedSteps(out / "logged_steps.json", keep=resumed)
         self.run = wandb.init(
             dir=str(out.parent),  # W&B writes into DIR/wandb/
             mode=config.mode,
