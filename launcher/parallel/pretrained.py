@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import torch
 from torch import nn
-from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
 
 from launcher.groups.model.config import ModelConfig
 from launcher.parallel.dims import DistContext
@@ -68,6 +67,8 @@ def materialize(model: nn.Module, device: torch.device) -> None:
 
 def load_into_shards(model: nn.Module, cfg: ModelConfig, dist: DistContext) -> None:
     """Materialize `model` (already split by TP/FSDP) and fill it with the folder's weights, read once on rank 0."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+
     from launcher.groups.model.hf import build_hf_model
 
     materialize(model, dist.device)

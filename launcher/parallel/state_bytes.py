@@ -8,15 +8,21 @@ here, DeepSpeed counts its flat ZeRO partitions itself.
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Iterable
 
 import torch
-from torch.distributed.tensor import DTensor
+
+
+def is_dtensor(tensor: object) -> bool:
+    """Whether `tensor` is a DTensor, without importing torch.distributed.tensor (about 1 s) where none can exist."""
+    module = sys.modules.get("torch.distributed.tensor")
+    return module is not None and isinstance(tensor, module.DTensor)
 
 
 def local_bytes(tensor: torch.Tensor) -> int:
     """Bytes this rank stores for `tensor`: its local shard for a DTensor."""
-    if isinstance(tensor, DTensor):
+    if is_dtensor(tensor):
         tensor = tensor.to_local()
     return tensor.numel() * tensor.element_size()
 

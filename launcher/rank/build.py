@@ -44,7 +44,6 @@ from launcher.parallel.dims import DistContext
 from launcher.parallel.pipeline_stage import plan_stages, split_model
 from launcher.parallel.registry import STRATEGIES, build_strategy
 from launcher.parallel.strategy import Setup
-from launcher.parallel.tensor_parallel import apply_tensor_parallel
 from launcher.rank.engine import Components
 from launcher.rank.micro_batch import fit_micro_batch
 from launcher.spec import RunSpec
@@ -71,6 +70,9 @@ def _prepare(
 ) -> nn.Module:
     """Steps 3 and 4 on a whole model or one pipeline stage: tensor parallelism, then checkpointing and offload."""
     if dist.dims.tp > 1:
+        # DTensor and DCP take about a second to import: only a tensor-parallel run pays for them
+        from launcher.parallel.tensor_parallel import apply_tensor_parallel
+
         model = apply_tensor_parallel(
             model if empty else model.to(dist.device),
             mesh["tp"],

@@ -20,7 +20,6 @@ from typing import Any
 
 import torch
 from rich.console import Console
-from torch.distributed.tensor import DTensor
 
 from launcher.groups import checkpoint, metrics, observers, profiling
 from launcher.groups.batch_split import BatchSplit
@@ -29,6 +28,7 @@ from launcher.groups.checkpoint_files import CheckpointFiles
 from launcher.groups.data.sequences import PackedSequences, val_batches
 from launcher.groups.precision import eval_dtype, train_dtype
 from launcher.parallel.dims import DistContext
+from launcher.parallel.state_bytes import is_dtensor
 from launcher.parallel.strategy import Strategy
 from launcher.rank.nonfinite import ADVICE, NonFiniteGuard, NonFiniteStop
 from launcher.rank.preemption import StopSignal
@@ -111,7 +111,7 @@ class Engine:
         """
         params = [p for p in self.parts.strategy.model.parameters() if p.requires_grad]
         local = [getattr(p, "ds_tensor", p) for p in params]
-        local = [t.to_local() if isinstance(t, DTensor) else t for t in local]
+        local = [t.to_local() if is_dtensor(t) else t for t in local]
         ok = all(bool(torch.isfinite(t).all()) for t in local if t.is_floating_point() and t.numel())
         return self.parts.dist.all_true(ok)
 
