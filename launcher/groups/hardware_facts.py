@@ -12,8 +12,9 @@ learn them costs over a second: more than composing, validating and planning tog
    version, the visible-device variables and the list of device files (MIG instances included).
    On a miss torch.cuda is asked once and the answer written for the next command.
 
-A spec with `launcher.device=cpu` asks for none of this. The rank still checks its real device at
-start, so a cached fact can only make the launching process's verdict wrong, never a run.
+A spec with `launcher.device=cpu` asks for none of this. A rank has torch loaded and so always asks
+torch itself: a stale cached fact could only mislead the launching process (a rule's verdict, the
+dry run, recipe=auto), never decide what a rank runs on. Delete the cache folder to probe again.
 """
 
 from __future__ import annotations
