@@ -16,7 +16,7 @@ from omegaconf import DictConfig
 from rich.console import Console
 
 from launcher.exits import ExitStatus
-from launcher.front import closing, compose
+from launcher.front import closing, compose, join
 from launcher.front.tokenize import prepare_data
 from launcher.launch import backend, run_lock
 from launcher.spec import InvalidSpec, RunSpec, SpecError, dump_spec, redacted_container
@@ -73,7 +73,16 @@ def launch(spec: RunSpec, run_dir: Path) -> int:
 
 
 def start(cfg: DictConfig, spec: RunSpec, run_dir: Path) -> int:
-    """Write the run directory of a validated spec and launch it, holding the directory's lock meanwhile."""
+    """Write the run directory of a validated spec and launch it, holding the directory's lock meanwhile.
+
+    Another node of a multi-node local job neither writes nor locks: it joins node 0's run (front.join).
+    """
+    if spec.launcher.node_rank > 0:
+        problem = join.wait_for_node_0(cfg, spec, run_dir)
+        if problem is not None:
+            err_console.print(problem, markup=False, soft_wrap=True)
+            return ExitStatus.FAILED
+        return launch(dataclasses.replace(spec, run_dir=str(run_dir)), run_dir)
     make_run_dir(run_dir)
     try:
         with run_lock.holding(run_dir):

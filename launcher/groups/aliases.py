@@ -73,8 +73,11 @@ ALIASES: dict[str, str] = {
     # torchrun / accelerate launch
     "nproc_per_node": "use launcher.nproc (ranks per node) with launcher=local, e.g. launcher=local launcher.nproc=2",
     "num_processes": "use launcher.nproc (ranks per node; x launcher.nnodes in all), e.g. launcher.nproc=8",
-    "num_machines": "use launcher.nnodes (with launcher=slurm)",
-    "rdzv_endpoint": "use launcher.master_addr and launcher.master_port",
+    "num_machines": "use launcher.nnodes (launcher=slurm, or launcher=local with one `train` per node)",
+    "rdzv_endpoint": "use launcher.rdzv_endpoint=HOST:PORT (with launcher.nnodes and launcher.node_rank)",
+    "node_rank": "use launcher.node_rank (with launcher=local launcher.nnodes=N launcher.rdzv_endpoint=HOST:PORT)",
+    "machine_rank": "use launcher.node_rank (with launcher=local launcher.nnodes=N launcher.rdzv_endpoint=HOST:PORT)",
+    "rdzv_id": "use launcher.rdzv_id (the same on every node)",
     "main_process_port": "use launcher.master_port",
     # sbatch
     "ntasks_per_node": "use launcher.nproc (tasks = ranks per node), e.g. launcher.nproc=4",

@@ -59,13 +59,19 @@ class LauncherConfig:
     nproc: int = 1
     """Processes (ranks) per node."""
     nnodes: int = 1
-    """Nodes of the job (world size = nnodes x nproc)."""
+    """Nodes of the job (world size = nnodes x nproc); local with several: one `train` per node (docs/multinode.md)."""
+    node_rank: int = 0
+    """This node of a multi-node local job (torchrun --node_rank): node 0 hosts the rendezvous and writes the run directory; spec.yaml records 0."""
+    rdzv_endpoint: str | None = None
+    """HOST:PORT of node 0's rendezvous in a multi-node local job (torchrun --rdzv_endpoint); node 0 listens on HOST only."""
+    rdzv_id: str | None = None
+    """Id of a multi-node local job, the same on every node (torchrun --rdzv_id); null: derived from run_dir."""
     device: str = "auto"
     """auto (a GPU when one is visible, else the CPU), cpu or cuda."""
     max_restarts: int = 0
     """Times a failed job is restarted from its newest checkpoint (needs checkpoints)."""
     master_addr: str = "127.0.0.1"
-    """Rendezvous host of a single-node job."""
+    """Rendezvous host of a single-node job (several nodes: rdzv_endpoint)."""
     master_port: int | None = None
     """Rendezvous port; null picks a free one."""
     timeout_s: float = 300.0

@@ -6,6 +6,12 @@ group on a failure up to launcher.max_restarts times (each restart resumes from 
 checkpoint, see worker.resume_candidates, and says so on the console), and stops every rank when
 one dies. A rank dies with the launching process (no orphans). SIGINT/SIGTERM: see
 launcher.launch.local_agent. Each rank's output goes to the run directory.
+
+Several nodes (launcher.nnodes > 1, torchrun's semantics): one `train` per node, each with its
+launcher.node_rank; node 0 hosts the rendezvous store on the host of launcher.rdzv_endpoint only, the
+others join it (launcher.launch.nodes). Global ranks are assigned by torch's c10d rendezvous (nodes in
+the order of their addresses), as under torchrun. A failure on any node restarts the ranks of every
+node (up to launcher.max_restarts), all resuming from the newest checkpoint of the shared run_dir.
 """
 
 from __future__ import annotations
@@ -19,6 +25,7 @@ from pathlib import Path
 from rich.console import Console
 
 from launcher.exits import ExitStatus, for_signal
+from launcher.launch import nodes
 from launcher.launch.local_agent import (
     RestartReporter,
     StopForwarder,
@@ -35,14 +42,16 @@ from launcher.spec import RunSpec
 
 def rendezvous_endpoint(spec: RunSpec) -> str:
     """host:port of the agent's rendezvous store; port 0 lets the agent bind a free one itself."""
-    return f"{spec.launcher.master_addr}:{spec.launcher.master_port or 0}"
+    host, port = nodes.endpoint(spec.launcher)
+    return f"{host}:{port}"
 
 
 def describe(spec: RunSpec, run_dir: Path) -> str:
     """What `launch` would do, for the dry run."""
     lc = spec.launcher
+    where = f"node {lc.node_rank} of {lc.nnodes}, " if lc.nnodes > 1 else ""
     return (
-        f"local: {lc.nproc} rank(s) on this machine under torch's elastic agent "
+        f"local: {where}{lc.nproc} rank(s) on this machine under torch's elastic agent "
         f"(rendezvous {rendezvous_endpoint(spec)}, {'nccl' if _on_gpu(spec) else 'gloo'}, "
         f"max_restarts={lc.max_restarts}, timeout {lc.timeout_s:g} s), each running "
         f"`launcher.rank.worker.run({run_dir / 'spec.yaml'})`; logs in {run_dir / 'logs'}"
@@ -55,7 +64,9 @@ def _on_gpu(spec: RunSpec) -> bool:
     return resolve_device(spec.launcher.device) == "cuda"
 
 
-def rank_main(spec_path: str, num_threads: int, parent_pid: int, loopback: bool) -> int:
+def rank_main(
+    spec_path: str, num_threads: int, parent_pid: int, loopback: bool, node: tuple[int, str] | None = None
+) -> int:
     """One rank: the entry the agent starts in each process (module level so that spawn can pickle it)."""
     import torch
 
@@ -66,6 +77,11 @@ def rank_main(spec_path: str, num_threads: int, parent_pid: int, loopback: bool)
     if loopback and (interface := loopback_interface()):  # one node: collectives stay on loopback too
         os.environ.setdefault("GLOO_SOCKET_IFNAME", interface)
         os.environ.setdefault("NCCL_SOCKET_IFNAME", interface)
+    if node is not None:  # several nodes: collectives over the interface that reaches the other nodes
+        os.environ["LAUNCHER_NODE_RANK"], os.environ["LAUNCHER_NODE_ADDR"] = str(node[0]), node[1]
+        if interface := nodes.interface_of(node[1]):
+            os.environ.setdefault("GLOO_SOCKET_IFNAME", interface)
+            os.environ.setdefault("NCCL_SOCKET_IFNAME", interface)
     if "OMP_NUM_THREADS" not in os.environ:
         torch.set_num_threads(num_threads)  # share the cores instead of oversubscribing them
     logs = Path(spec_path).parent / "logs"
@@ -83,44 +99,35 @@ def launch(spec: RunSpec, run_dir: Path) -> int:
     when they stopped on purpose, 1 when one failed."""
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
-    from torch.distributed.launcher.api import LaunchConfig, elastic_launch
+    from torch.distributed.elastic.rendezvous.api import RendezvousTimeoutError
+    from torch.distributed.launcher.api import elastic_launch
 
     lc, console = spec.launcher, Console(stderr=True, highlight=False, soft_wrap=True)
-    rotated = rotate_logs(run_dir)
+    rotated = rotate_logs(run_dir) if lc.node_rank == 0 else None  # the logs folder is shared by the nodes
     if rotated is not None:
         console.print(f"logs of the previous session moved to {rotated}", markup=False)
     threads = max(1, (os.cpu_count() or 1) // lc.nproc)
-    loopback = ipaddress.ip_address(socket.gethostbyname(lc.master_addr)).is_loopback
-    stops = StopForwarder(run_dir, console)
+    host, port = nodes.endpoint(lc)
+    serve = lc.node_rank == 0  # node 0 (the only one of a single-node job) hosts the rendezvous
+    try:
+        address = host if serve else nodes.address_towards(host, port)
+        loopback = lc.nnodes == 1 and ipaddress.ip_address(socket.gethostbyname(host)).is_loopback
+    except OSError as err:
+        console.print(f"error: node {lc.node_rank} finds no route to the rendezvous {host}:{port}: {err}")
+        return ExitStatus.FAILED
+    run_id = nodes.job_id(lc, str(run_dir)) if lc.nnodes > 1 else f"train-{os.getpid()}"
+    stops, store, endpoint = StopForwarder(run_dir, console), None, f"{host}:{port}"
     try:
         with (
-            rendezvous_store(lc.master_addr, lc.master_port) as endpoint,
+            rendezvous_store(host, port, serve=serve, timeout_s=lc.timeout_s) as (endpoint, store),
             stops,
             agent_logs(RestartReporter(run_dir, console)),
         ):
-            config = LaunchConfig(
-                min_nodes=1,
-                max_nodes=1,
-                nproc_per_node=lc.nproc,
-                run_id=f"train-{os.getpid()}",
-                rdzv_backend="c10d",
-                rdzv_endpoint=endpoint,
-                rdzv_configs={
-                    "timeout": int(lc.timeout_s),
-                    "join_timeout": int(lc.timeout_s),
-                    "is_host": True,
-                },
-                max_restarts=lc.max_restarts,
-                monitor_interval=0.1,
-                start_method="spawn",  # the agent's own threads are running: fork could copy a held lock
-                local_addr=lc.master_addr,
-                logs_specs=make_logs_specs(run_dir),
-                shutdown_timeout=10,
-                log_line_prefix_template="[rank ${rank}] ",
-                signals_to_handle="SIGHUP,SIGQUIT",  # SIGINT and SIGTERM are StopForwarder's
-            )
+            nodes.check_in(store, run_id, lc.node_rank, address)
+            config = _launch_config(spec, run_dir, run_id=run_id, endpoint=endpoint, address=address)
+            node = (lc.node_rank, address) if lc.nnodes > 1 else None
             codes = elastic_launch(config, rank_main)(
-                str(run_dir / "spec.yaml"), threads, os.getpid(), loopback
+                str(run_dir / "spec.yaml"), threads, os.getpid(), loopback, node
             )
     except SignalException as err:  # a second SIGINT/SIGTERM: the agent stopped every rank
         console.print(f"stopped at once ({err}); completed checkpoints are intact.", markup=False)
@@ -131,10 +138,45 @@ def launch(spec: RunSpec, run_dir: Path) -> int:
             return for_signal(int(stops.first))
         console.print(failure_message(err, run_dir), markup=False, soft_wrap=True)
         return ExitStatus.FAILED
-    except Exception as err:  # the agent itself failed (rendezvous port taken, ...)
-        console.print(f"error: the local launch failed: {type(err).__name__}: {err}", markup=False)
+    except RendezvousTimeoutError:
+        console.print(nodes.missing_message(store, lc, run_id, endpoint), markup=False, soft_wrap=True)
+        return ExitStatus.FAILED
+    except Exception as err:  # the agent itself failed (rendezvous port taken, node 0 unreachable, ...)
+        where = "" if store is not None or serve else f" (node 0's rendezvous at {endpoint} did not answer)"
+        console.print(f"error: the local launch failed{where}: {type(err).__name__}: {err}", markup=False)
         return ExitStatus.FAILED
     return max(codes.values(), default=0)
+
+
+def _launch_config(
+    spec: RunSpec, run_dir: Path, *, run_id: str, endpoint: str, address: str
+):  # -> LaunchConfig
+    """torch's launch settings: this node's ranks, the c10d rendezvous at `endpoint`, restarts, logs."""
+    from torch.distributed.launcher.api import LaunchConfig
+
+    lc = spec.launcher
+    return LaunchConfig(
+        min_nodes=lc.nnodes,
+        max_nodes=lc.nnodes,
+        nproc_per_node=lc.nproc,
+        run_id=run_id,
+        rdzv_backend="c10d",
+        rdzv_endpoint=endpoint,
+        rdzv_configs={
+            "timeout": int(lc.timeout_s),
+            "join_timeout": int(lc.timeout_s),
+            "read_timeout": max(60, int(lc.timeout_s)),
+            "is_host": lc.node_rank == 0,
+        },
+        max_restarts=lc.max_restarts,
+        monitor_interval=0.1,
+        start_method="spawn",  # the agent's own threads are running: fork could copy a held lock
+        local_addr=address,
+        logs_specs=make_logs_specs(run_dir),
+        shutdown_timeout=10,
+        log_line_prefix_template="[rank ${rank}] ",
+        signals_to_handle="SIGHUP,SIGQUIT",  # SIGINT and SIGTERM are StopForwarder's
+    )
 
 
 def _error_text(failure) -> str:

@@ -2,7 +2,8 @@
 
 - Per-rank log files under RUN_DIR/logs (rank 0's stdout also on this console); a new session
   moves the previous session's logs into logs/session_K/ first, so nothing old is replayed.
-- The rendezvous store listens on the rendezvous host only (127.0.0.1 for one node): the agent's
+- The rendezvous store listens on the rendezvous host only (127.0.0.1 for one node, the host of
+  launcher.rdzv_endpoint on node 0 of several; the other nodes are its clients): the agent's
   own TCPStore is created here on a socket bound to that address, and the c10d rendezvous shares
   it (multi_tenant); the agent creates no second store (TORCH_DISABLE_SHARE_RDZV_TCP_STORE), so
   rank 0 hosts the ranks' store on the same address (launcher.rank.preflight).
@@ -87,20 +88,33 @@ def make_logs_specs(run_dir: Path):  # -> LogsSpecs (torch imported lazily)
 
 
 @contextlib.contextmanager
-def rendezvous_store(host: str, port: int | None) -> Iterator[str]:
-    """A TCPStore on `host` only, which the agent's c10d rendezvous shares; yields its host:port."""
+def rendezvous_store(
+    host: str, port: int | None, *, serve: bool = True, timeout_s: float = 300.0
+) -> Iterator[tuple[str, Any]]:
+    """A TCPStore on `host` only, which the agent's c10d rendezvous shares; yields its host:port and the store.
+
+    serve=False (the other nodes of a multi-node job): a client of the store node 0 serves there.
+    """
+    from datetime import timedelta
+
     import torch.distributed as dist
 
     from launcher.rank.preflight import listen_fd  # torch: only when the agent starts ranks, never a dry run
 
-    fd, bound_port = listen_fd(host, port or 0)
-    store = dist.TCPStore(
-        host, bound_port, is_master=True, multi_tenant=True, master_listen_fd=fd, wait_for_workers=False
-    )
+    if serve:
+        fd, bound_port = listen_fd(host, port or 0)
+        store = dist.TCPStore(
+            host, bound_port, is_master=True, multi_tenant=True, master_listen_fd=fd, wait_for_workers=False
+        )
+    else:
+        bound_port = int(port or 0)
+        store = dist.TCPStore(
+            host, bound_port, is_master=False, timeout=timedelta(seconds=timeout_s), wait_for_workers=False
+        )
     previous = os.environ.get("TORCH_DISABLE_SHARE_RDZV_TCP_STORE")
     os.environ["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"  # no second store on every interface
     try:
-        yield f"{host}:{bound_port}"
+        yield f"{host}:{bound_port}", store
     finally:
         if previous is None:
             os.environ.pop("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", None)
@@ -116,6 +130,14 @@ def rank_pids(run_dir: Path) -> list[int]:
         with contextlib.suppress(OSError, ValueError):
             pids.append(int(path.read_text()))
     return pids
+
+
+def _parent_of(pid: int) -> int | None:
+    """The parent pid of process `pid`, None when it is gone."""
+    try:
+        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+    except (OSError, IndexError, ValueError):
+        return None
 
 
 class StopForwarder:
@@ -138,6 +160,8 @@ class StopForwarder:
 
     def _forward(self, number: signal.Signals) -> None:
         for pid in rank_pids(self.run_dir):
+            if _parent_of(pid) != os.getpid():  # another node's rank (a shared run_dir), or a stale pid
+                continue
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.kill(pid, number)
 

@@ -77,13 +77,19 @@ def job_store(rank: int, world_size: int, timeout_s: float) -> dist.Store:
             f"rank {rank} could not reach {who} at {addr}:{port} within {timeout_s:g} s ({err}). "
             "Check launcher.master_addr/master_port and that rank 0 started."
         ) from err
-    attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+    # The agent's store outlives a restart, so each attempt keys its own; rank 0's dies with it. Across
+    # nodes the restart counts differ (a node that did not fail restarts without counting), so only the
+    # agent's store needs (and may use) the count.
+    attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") if agent_hosts else "0"
     return dist.PrefixStore(f"/launcher/attempt_{attempt}", store)
 
 
 def check_arrival(store: dist.Store, rank: int, world_size: int, timeout_s: float) -> None:
     """Check in, then wait for every rank's check-in; raise naming the ranks that never came."""
     store.set(f"arrived/{rank}", f"{socket.gethostname()}:{os.getpid()}")
+    if "LAUNCHER_NODE_RANK" in os.environ:  # a multi-node local job: which node holds this group of ranks
+        node = f"node {os.environ['LAUNCHER_NODE_RANK']} ({os.environ.get('LAUNCHER_NODE_ADDR', '?')})"
+        store.set(f"node_of_group/{os.environ.get('GROUP_RANK', '0')}", node)
     deadline = time.monotonic() + timeout_s
     missing = list(range(world_size))
     while True:
@@ -92,13 +98,30 @@ def check_arrival(store: dist.Store, rank: int, world_size: int, timeout_s: floa
             break
         time.sleep(0.05)
     if missing:
-        names = ", ".join(str(r) for r in missing)
+        names = ", ".join(str(r) for r in missing) + _nodes_of(store, missing)
         raise PreflightError(
             f"preflight: rank(s) {names} of {world_size} did not join within {timeout_s:g} s "
             f"(seen from rank {rank}). Those processes did not start or cannot reach "
             f"{os.environ.get('MASTER_ADDR', '127.0.0.1')}:{os.environ.get('MASTER_PORT', '?')}; "
             "check their logs, the hosts and the network, or raise launcher.timeout_s."
         )
+
+
+def _nodes_of(store: dist.Store, ranks: list[int]) -> str:
+    """Where missing ranks run in a multi-node job: ' (rank 3 on node 1 (10.0.0.2), ...)'; '' on one node."""
+    nproc, num_nodes = (
+        int(os.environ.get("LOCAL_WORLD_SIZE", "1")),
+        int(os.environ.get("GROUP_WORLD_SIZE", "1")),
+    )
+    if num_nodes <= 1 or "LAUNCHER_NODE_RANK" not in os.environ:
+        return ""
+    where = []
+    for rank in ranks:
+        group = rank // nproc
+        key = f"node_of_group/{group}"
+        node = store.get(key).decode() if store.check([key]) else f"the node of group rank {group}"
+        where.append(f"rank {rank} on {node}")
+    return f" ({', '.join(where)})"
 
 
 def check_collectives(ctx: DistContext, timeout_s: float) -> None:

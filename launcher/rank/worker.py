@@ -10,6 +10,8 @@ import time
 import warnings
 from pathlib import Path
 
+import torch
+import torch.distributed as torch_dist
 from rich.console import Console
 
 from launcher.exits import ExitStatus, for_signal
@@ -17,7 +19,7 @@ from launcher.groups import checkpoint, checkpoint_files, metrics
 from launcher.groups.device import resolve_device
 from launcher.groups.memory import CUDA_ALLOC_ENV
 from launcher.parallel.deepspeed import accelerator_env
-from launcher.parallel.dims import shutdown
+from launcher.parallel.dims import DistContext, shutdown
 from launcher.parallel.registry import STRATEGIES
 from launcher.rank import preflight
 from launcher.rank.build import build
@@ -27,12 +29,28 @@ from launcher.rank.preemption import INTERRUPT_SIGNALS, StopSignal
 from launcher.spec import RunSpec, load_spec
 
 
-def resume_candidates(spec: RunSpec, run_dir: Path) -> list[Path]:
-    """Checkpoints to try, newest first: what `resume` names, or this run's own after a restart."""
-    restarted = any(  # an elastic restart, or a SLURM requeue of the job
+def restarted_here() -> bool:
+    """Whether this process belongs to a restarted job: an elastic restart, or a SLURM requeue."""
+    return any(
         int(os.environ.get(var, "0") or 0) > 0
         for var in ("TORCHELASTIC_RESTART_COUNT", "SLURM_RESTART_COUNT")
     )
+
+
+def restarted_anywhere(ctx: DistContext) -> bool:
+    """Whether any rank's job was restarted: across nodes, torch's agent counts a restart only on the node
+    that failed (the others restart for the new round without counting), so the ranks agree (a max)."""
+    flag = int(restarted_here())
+    if ctx.world_size > 1 and torch_dist.is_initialized():
+        tensor = torch.tensor([flag], device=ctx.device)
+        torch_dist.all_reduce(tensor, op=torch_dist.ReduceOp.MAX)
+        flag = int(tensor.item())
+    return bool(flag)
+
+
+def resume_candidates(spec: RunSpec, run_dir: Path, *, restarted: bool | None = None) -> list[Path]:
+    """Checkpoints to try, newest first: what `resume` names, or this run's own after a restart."""
+    restarted = restarted_here() if restarted is None else restarted
     resume = "auto" if restarted and spec.resume is None else spec.resume
     if resume is None:
         return []
@@ -148,7 +166,8 @@ def _run(spec_path: Path, stop: StopSignal) -> int:
         engine = Engine(build(spec, dist, run_dir), run_dir, console, stop=stop)
         if dist.is_main:
             clear_unfinished(run_dir, console)
-        restore_newest(engine, resume_candidates(spec, run_dir), console, verify=spec.checkpoint.verify)
+        candidates = resume_candidates(spec, run_dir, restarted=restarted_anywhere(dist))
+        restore_newest(engine, candidates, console, verify=spec.checkpoint.verify)
         summary = engine.run()
         code = exit_status(summary)
     except NonFiniteStop as err:

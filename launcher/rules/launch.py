@@ -70,11 +70,40 @@ def _launch_settings(spec: RunSpec, hw: Hardware) -> Iterator[SpecError]:
             ("launcher.master_port",),
             f"{lc.master_port} is not a TCP port (1-65535); use null to pick a free one.",
         )
-    if lc.backend == "local" and lc.nnodes > 1:
+    yield from _nodes_of_a_local_job(spec)
+
+
+def _nodes_of_a_local_job(spec: RunSpec) -> Iterator[SpecError]:
+    """Several nodes under the local backend: one `train` per node, joined at node 0's rendezvous."""
+    lc = spec.launcher
+    if lc.nnodes <= 1 or lc.backend != "local":
+        if lc.node_rank != 0 or lc.rdzv_endpoint is not None:
+            yield SpecError(
+                ("launcher.node_rank", "launcher.rdzv_endpoint", "launcher.nnodes"),
+                f"launcher.node_rank and launcher.rdzv_endpoint join a multi-node local job, but this one has "
+                f"launcher.nnodes={lc.nnodes} with launcher.backend={lc.backend}. Use `launcher=local "
+                "launcher.nnodes=N launcher.node_rank=K launcher.rdzv_endpoint=HOST:PORT` on each node, or drop "
+                "them (one node rendezvous on launcher.master_addr; SLURM places nodes itself).",
+            )
+        return
+    if not 0 <= lc.node_rank < lc.nnodes:
         yield SpecError(
-            ("launcher.backend", "launcher.nnodes"),
-            f"the local backend starts ranks on this machine only, but launcher.nnodes={lc.nnodes}. "
-            "Use `launcher=slurm` for several nodes, or launcher.nnodes=1.",
+            ("launcher.node_rank",),
+            f"launcher.node_rank={lc.node_rank} but the job has launcher.nnodes={lc.nnodes} nodes: give each "
+            f"node one of 0..{lc.nnodes - 1} (node 0 hosts the rendezvous).",
+        )
+    host, _, port = (lc.rdzv_endpoint or "").rpartition(":")
+    if not host or not port.isdigit() or not 1 <= int(port) <= 65535:
+        yield SpecError(
+            ("launcher.rdzv_endpoint",),
+            f"launcher.nnodes={lc.nnodes} needs launcher.rdzv_endpoint=HOST:PORT, node 0's address and a free "
+            f"port (e.g. 10.0.0.1:29400), the same on every node; got {lc.rdzv_endpoint!r}.",
+        )
+    if spec.run_dir is None or not spec.run_dir.strip():
+        yield SpecError(
+            ("run_dir",),
+            f"the {lc.nnodes} nodes of the job must be told one run directory: give run_dir=PATH, a path on a "
+            "filesystem every node shares (checkpoints and spec.yaml live there).",
         )
 
 
@@ -112,7 +141,9 @@ def _ranks_fit_devices(spec: RunSpec, hw: Hardware) -> Iterator[SpecError]:
 
 
 def _run_dir_free(spec: RunSpec, hw: Hardware) -> Iterator[SpecError]:
-    """One run at a time in a run directory (launcher.launch.run_lock)."""
+    """One run at a time in a run directory (launcher.launch.run_lock); node 0 of a multi-node job holds it."""
+    if spec.launcher.node_rank > 0:
+        return  # another node of this job: node 0 holds the directory, this node joins its run
     if spec.run_dir is not None and spec.run_dir.strip():
         reason = run_lock.conflict(Path(spec.run_dir))
         if reason is not None:

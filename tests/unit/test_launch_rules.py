@@ -29,7 +29,16 @@ def _errors(*argv: str) -> list[str]:
             ["launcher=inline", "launcher.max_restarts=1"],
             "launcher.max_restarts, launcher.backend: the inline backend",
         ),
-        (["launcher=local", "parallel=ddp", "launcher.nnodes=2"], "Use `launcher=slurm` for several nodes"),
+        (["launcher=local", "parallel=ddp", "launcher.nnodes=2"], "needs launcher.rdzv_endpoint=HOST:PORT"),
+        (
+            ["launcher=local", "parallel=ddp", "launcher.nnodes=2", "launcher.rdzv_endpoint=h:1"],
+            "run_dir: the 2 nodes of the job must be told one run directory",
+        ),
+        (
+            ["launcher=local", "parallel=ddp", "launcher.nnodes=2", "launcher.node_rank=2", "run_dir=/tmp/x"],
+            "launcher.node_rank=2 but the job has launcher.nnodes=2 nodes",
+        ),
+        (["launcher=local", "parallel=ddp", "launcher.node_rank=1"], "join a multi-node local job"),
         (["launcher=local", "parallel=ddp", "launcher.timeout_s=0"], "launcher.timeout_s: must be positive"),
         (["launcher=local", "parallel=ddp", "launcher.master_port=70000"], "70000 is not a TCP port"),
         (["parallel=ddp", "parallel.comm_hook=bf16"], "the bf16 compression hook needs NCCL on CUDA GPUs"),
