@@ -2,13 +2,16 @@
 # Install, configure and run a one-node SLURM cluster (with accounting) on this machine,
 # so that the `slurm`-marked tests can submit real jobs.
 #
-# Usage: scripts/slurm_cluster.sh up|down|status
+# Usage: scripts/slurm_cluster.sh up|down [DAEMON ...]|status|daemons
 #   up      install the packages if missing, write the configs, start MariaDB, munged,
 #           slurmdbd, slurmctld and slurmd, and wait until the node is idle and sacct
 #           answers. Returns at once if the cluster already works. Idempotent.
 #   down    stop every daemon by its PID file and remove stale PID files (jobs still
-#           running keep their slurmstepd and are picked up again by the next `up`).
+#           running keep their slurmstepd and are picked up again by the next `up`);
+#           with daemon names (as `daemons` prints them), only those.
 #   status  print sinfo and squeue; exit 0 if the cluster works, 1 if not.
+#   daemons print the names of the daemons running now, one a line (munged, mariadbd,
+#           slurmdbd, slurmctld, slurmd): scripts/test stops only those it started.
 #
 # SLURM_CLUSTER_WAIT_S (default 60): how long `up` waits for each daemon and for the node.
 # Debian 12 (SLURM 22.05), run as root, no systemd, no cgroups. One node named
@@ -340,12 +343,29 @@ summary() {
     timeout 10 sinfo -h -o 'partition %R, node %N (%T), %c CPUs, %m MB memory' | head -n 1
 }
 
+# pick PIDFILE COMM: the pair for `stop` when COMM is among DOWN_ONLY (every daemon when that is empty).
+pick() {
+    if ((${#DOWN_ONLY[@]} == 0)) || [[ " ${DOWN_ONLY[*]} " == *" $2 "* ]]; then echo "$1 $2"; fi
+}
+
 cmd_down() {
+    DOWN_ONLY=("$@")
     # slurmctld and slurmdbd write to accounting as they stop: the database goes last.
-    stop "$SLURMD_PID" slurmd "$CTLD_PID" slurmctld
-    stop "$DBD_PID" slurmdbd
-    stop "$MYSQL_PID" mariadbd "$MUNGE_PID" munged
-    log "down"
+    # shellcheck disable=SC2046  # pick prints "PIDFILE COMM" or nothing, to be split
+    stop $(pick "$SLURMD_PID" slurmd) $(pick "$CTLD_PID" slurmctld)
+    # shellcheck disable=SC2046
+    stop $(pick "$DBD_PID" slurmdbd)
+    # shellcheck disable=SC2046
+    stop $(pick "$MYSQL_PID" mariadbd) $(pick "$MUNGE_PID" munged)
+    log "down${*:+ (${*})}"
+}
+
+cmd_daemons() {
+    local daemons=("$MUNGE_PID" munged "$MYSQL_PID" mariadbd "$DBD_PID" slurmdbd "$CTLD_PID" slurmctld
+        "$SLURMD_PID" slurmd) i
+    for ((i = 0; i < ${#daemons[@]}; i += 2)); do
+        if running "${daemons[i]}" "${daemons[i + 1]}"; then echo "${daemons[i + 1]}"; fi
+    done
 }
 
 cmd_status() {
@@ -366,11 +386,12 @@ main() {
         # One up/down at a time (fd 9; the daemons are started with it closed).
         exec 9>"$LOCK"
         flock -w 600 9 || die "another slurm_cluster.sh holds $LOCK"
-        "cmd_$1"
+        "cmd_$1" "${@:2}"
         ;;
     status) cmd_status ;;
+    daemons) cmd_daemons ;;
     *)
-        echo "usage: $0 up|down|status" >&2
+        echo "usage: $0 up|down [DAEMON ...]|status|daemons" >&2
         exit 2
         ;;
     esac
