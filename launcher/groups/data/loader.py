@@ -19,6 +19,7 @@ from __future__ import annotations
 import copy
 import queue
 import threading
+import weakref
 from collections.abc import Iterator
 from typing import Any
 
@@ -87,6 +88,36 @@ class PrefetchedBatches:
         self._batches = None
 
 
+def _fill(
+    owner: weakref.ref[Any],
+    stream: Batches,
+    pin_memory: bool,
+    ready: queue.Queue[tuple[Any, ...]],
+    stop: threading.Event,
+) -> None:
+    """Build batches, each with the stream's position after it, until stopped or the owner is gone.
+
+    The thread holds no reference to its owner: a finished run's batches are collected, and the
+    thread ends. An error goes to the loop.
+    """
+    try:
+        while not stop.is_set():
+            batch = stream.next_batch()
+            if pin_memory:
+                batch = {key: value.pin_memory() for key, value in batch.items()}
+            item: tuple[Any, ...] = (batch, stream.state_dict(), stream.epoch)
+            while not stop.is_set() and owner() is not None:
+                try:
+                    ready.put(item, timeout=0.1)
+                    break
+                except queue.Full:
+                    continue
+            else:
+                return
+    except Exception as err:  # raised again in the loop's thread, where it belongs
+        ready.put((err,))
+
+
 class BackgroundBatches:
     """A Batches stream whose next micro batches a background thread builds (pinned on CUDA) ahead of the loop."""
 
@@ -104,29 +135,15 @@ class BackgroundBatches:
         """Epochs begun so far by the batches the loop took."""
         return self._epoch
 
-    def _fill(self, ready: queue.Queue[tuple[Any, ...]], stop: threading.Event) -> None:
-        """Build batches with the position after each until stopped; an error goes to the loop."""
-        try:
-            while not stop.is_set():
-                batch = self._stream.next_batch()
-                if self._pin_memory:
-                    batch = {key: value.pin_memory() for key, value in batch.items()}
-                item: tuple[Any, ...] = (batch, self._stream.state_dict(), self._stream.epoch)
-                while not stop.is_set():
-                    try:
-                        ready.put(item, timeout=0.1)
-                        break
-                    except queue.Full:
-                        continue
-        except Exception as err:  # raised again in the loop's thread, where it belongs
-            ready.put((err,))
-
     def next_batch(self) -> dict[str, torch.Tensor]:
         """The next micro batch, built ahead by the thread."""
         if self._thread is None:
             self._queue, self._stop = queue.Queue(maxsize=self._depth), threading.Event()
             self._thread = threading.Thread(
-                target=self._fill, args=(self._queue, self._stop), name="batches", daemon=True
+                target=_fill,
+                args=(weakref.ref(self), self._stream, self._pin_memory, self._queue, self._stop),
+                name="batches",
+                daemon=True,
             )
             self._thread.start()
         assert self._queue is not None
