@@ -10,6 +10,8 @@ offload moves tensors saved for the backward pass to CPU memory between forward 
 from __future__ import annotations
 
 import functools
+import os
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -84,6 +86,17 @@ def _alloc_entries(text: str) -> list[str]:
         else:
             current += char
     return [*entries, current]
+
+
+def apply_cuda_alloc_conf(conf: str) -> None:
+    """Give PyTorch's CUDA allocator `conf`: through the environment, read when CUDA initialises, and at
+    once where CUDA is up already (an inline rank, in the process that probed the GPU before launch)."""
+    os.environ.update(dict.fromkeys(CUDA_ALLOC_ENV, conf))
+    torch = sys.modules.get("torch")
+    if torch is not None and torch.cuda.is_initialized():
+        # torch >= 2.9 names it in torch._C; older releases only have the torch.cuda.memory spelling.
+        apply = getattr(torch._C, "_accelerator_setAllocatorSettings", None)
+        (apply or torch.cuda.memory._set_allocator_settings)(conf)
 
 
 def alloc_conf_problems(text: str) -> list[str]:

@@ -17,7 +17,7 @@ from rich.console import Console
 from launcher.exits import ExitStatus, for_signal
 from launcher.groups import checkpoint, checkpoint_files, metrics
 from launcher.groups.device import resolve_device
-from launcher.groups.memory import CUDA_ALLOC_ENV
+from launcher.groups.memory import apply_cuda_alloc_conf
 from launcher.parallel.deepspeed import accelerator_env
 from launcher.parallel.dims import DistContext, shutdown
 from launcher.parallel.registry import STRATEGIES
@@ -121,9 +121,8 @@ def configure_process(spec: RunSpec, device_type: str) -> None:
         os.environ.update(accelerator_env(device_type))
     if "WORLD_SIZE" not in os.environ:  # a single process (inline): the variables torchrun would set
         os.environ.update({"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1"})
-    if device_type == "cuda" and spec.memory.cuda_alloc_conf is not None:  # read at CUDA's first allocation
-        # torch >= 2.9 reads PYTORCH_ALLOC_CONF first, older releases only the CUDA name: set both.
-        os.environ.update(dict.fromkeys(CUDA_ALLOC_ENV, spec.memory.cuda_alloc_conf))
+    if device_type == "cuda" and spec.memory.cuda_alloc_conf is not None:
+        apply_cuda_alloc_conf(spec.memory.cuda_alloc_conf)
 
 
 def exit_status(summary: dict) -> ExitStatus:
