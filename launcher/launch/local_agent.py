@@ -132,6 +132,15 @@ def rank_pids(run_dir: Path) -> list[int]:
     return pids
 
 
+def _rank_of_pid(run_dir: Path, pid: int) -> int | None:
+    """The global rank whose logs/rank_R.pid names `pid`, None when none does."""
+    for path in (run_dir / "logs").glob("rank_*.pid"):
+        with contextlib.suppress(OSError, ValueError):
+            if int(path.read_text()) == pid:
+                return int(path.stem.removeprefix("rank_"))
+    return None
+
+
 def _parent_of(pid: int) -> int | None:
     """The parent pid of process `pid`, None when it is gone."""
     try:
@@ -200,7 +209,10 @@ class RestartReporter(logging.Handler):
                 if int(code) < 0
                 else f"exited with status {code}"
             )
-            self._failure = f"rank {local_rank} (pid {pid}) {how}"
+            rank = _rank_of_pid(
+                self.run_dir, int(pid)
+            )  # the agent names the local rank: on node 1 of 2, not the rank
+            self._failure = f"rank {local_rank if rank is None else rank} (pid {pid}) {how}"
         elif "attempts left" in message and len(args) >= 4:
             remaining, total = int(args[2]), int(args[3])
             good = checkpoint.good_checkpoints(self.run_dir, warn=False)

@@ -98,9 +98,9 @@ def check_arrival(store: dist.Store, rank: int, world_size: int, timeout_s: floa
             break
         time.sleep(0.05)
     if missing:
-        names = ", ".join(str(r) for r in missing) + _nodes_of(store, missing)
+        names = ", ".join(str(r) for r in missing)
         raise PreflightError(
-            f"preflight: rank(s) {names} of {world_size} did not join within {timeout_s:g} s "
+            f"preflight: rank(s) {names} of {world_size}{_nodes_of(store, missing)} did not join within {timeout_s:g} s "
             f"(seen from rank {rank}). Those processes did not start or cannot reach "
             f"{os.environ.get('MASTER_ADDR', '127.0.0.1')}:{os.environ.get('MASTER_PORT', '?')}; "
             "check their logs, the hosts and the network, or raise launcher.timeout_s."

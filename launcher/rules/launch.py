@@ -99,6 +99,13 @@ def _nodes_of_a_local_job(spec: RunSpec) -> Iterator[SpecError]:
             f"launcher.nnodes={lc.nnodes} needs launcher.rdzv_endpoint=HOST:PORT, node 0's address and a free "
             f"port (e.g. 10.0.0.1:29400), the same on every node; got {lc.rdzv_endpoint!r}.",
         )
+    if spec.verify_resume:
+        yield SpecError(
+            ("verify_resume", "launcher.nnodes"),
+            f"verify_resume=true starts runs of its own, which the other {lc.nnodes - 1} node(s) of a "
+            "multi-node local job cannot follow. Check resume on one node (launcher.nnodes=1), then run "
+            "the nodes without it.",
+        )
     if spec.run_dir is None or not spec.run_dir.strip():
         yield SpecError(
             ("run_dir",),

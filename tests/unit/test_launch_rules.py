@@ -39,6 +39,10 @@ def _errors(*argv: str) -> list[str]:
             "launcher.node_rank=2 but the job has launcher.nnodes=2 nodes",
         ),
         (["launcher=local", "parallel=ddp", "launcher.node_rank=1"], "join a multi-node local job"),
+        (
+            ["launcher=local", "parallel=ddp", "launcher.nnodes=2", "verify_resume=true"],
+            "verify_resume, launcher.nnodes: verify_resume=true starts runs of its own",
+        ),
         (["launcher=local", "parallel=ddp", "launcher.timeout_s=0"], "launcher.timeout_s: must be positive"),
         (["launcher=local", "parallel=ddp", "launcher.master_port=70000"], "70000 is not a TCP port"),
         (["parallel=ddp", "parallel.comm_hook=bf16"], "the bf16 compression hook needs NCCL on CUDA GPUs"),
