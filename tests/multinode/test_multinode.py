@@ -32,7 +32,6 @@ SHORT = [  # 6 steps, checkpoints at 3 and 6: the nodes' start-up dominates, not
     "train.eval_every=3",
     "checkpoint.every=3",
     "launcher=local",
-    "parallel=ddp",
 ]
 ONE_THREAD = {"OMP_NUM_THREADS": "1"}  # the same intra-op threads on one node and on two: bitwise losses
 
@@ -96,11 +95,14 @@ def _node(hosts: Hosts, k: int, args: list[str], cwd: Path) -> subprocess.Popen:
     return subprocess.Popen(cmd, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
-def _two_nodes(hosts: Hosts, run_dir: Path, extra: list[str], timeout_s: int = 60) -> list[str]:
+def _two_nodes(
+    hosts: Hosts, run_dir: Path, extra: list[str], timeout_s: int = 60, nproc: int = 1
+) -> list[str]:
+    """The arguments every node gets (each adds its launcher.node_rank)."""
     return [
         *SHORT,
         *extra,
-        "launcher.nproc=1",
+        f"launcher.nproc={nproc}",
         "launcher.nnodes=2",
         f"launcher.rdzv_endpoint={hosts.addresses[0]}:{_free_port(hosts)}",
         f"launcher.timeout_s={timeout_s}",
@@ -108,21 +110,32 @@ def _two_nodes(hosts: Hosts, run_dir: Path, extra: list[str], timeout_s: int = 6
     ]
 
 
+def _one_node(args: list[str], cwd: Path) -> subprocess.Popen:
+    """`train ARGS` on this machine's loopback: the one-node reference, started alongside the nodes."""
+    env = {**os.environ, **ONE_THREAD}
+    cmd = [sys.executable, "-m", "launcher", *args]
+    return subprocess.Popen(cmd, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
 def _finish(proc: subprocess.Popen, timeout: int = 240) -> tuple[int, str]:
     out, err = proc.communicate(timeout=timeout)
     return proc.returncode, out + err
 
 
-def test_two_nodes_of_one_rank_match_one_node_of_two_ranks(hosts, tmp_path) -> None:
-    reference = subprocess.Popen(  # one node, two ranks, on loopback: started alongside the two nodes
-        [sys.executable, "-m", "launcher", *SHORT, "launcher.nproc=2", f"run_dir={tmp_path / 'one'}"],
-        cwd=tmp_path,
-        env={**os.environ, **ONE_THREAD},
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    args = _two_nodes(hosts, tmp_path / "two", [])
+def _only_when_selected(request: pytest.FixtureRequest, what: str) -> None:
+    """Skip a test that is too slow for the default suite unless `-m netns` asked for these tests."""
+    if "netns" not in (request.config.option.markexpr or ""):
+        pytest.skip(f"{what}: too slow for the default suite, it runs with `-m netns`")
+
+
+@pytest.mark.parametrize(("parallel", "nproc"), [("ddp", 1), ("fsdp", 2)], ids=["ddp-2x1", "fsdp-2x2"])
+def test_two_nodes_match_one_node_of_the_same_world_size(hosts, tmp_path, request, parallel, nproc) -> None:
+    if parallel != "ddp":
+        _only_when_selected(request, "2 nodes x 2 ranks of FSDP (about 50 s here)")
+    strategy = [f"parallel={parallel}"]
+    one = [*SHORT, *strategy, f"launcher.nproc={2 * nproc}", f"run_dir={tmp_path / 'one'}"]
+    reference = _one_node(one, tmp_path)  # one node, the same world size
+    args = _two_nodes(hosts, tmp_path / "two", strategy, nproc=nproc)
     started = time.monotonic()
     nodes = [_node(hosts, 0, args, tmp_path), _node(hosts, 1, args, tmp_path)]
     results = [_finish(p) for p in nodes]
@@ -137,15 +150,15 @@ def test_two_nodes_of_one_rank_match_one_node_of_two_ranks(hosts, tmp_path) -> N
     spec = yaml.safe_load((tmp_path / "two" / "spec.yaml").read_text())
     assert spec["launcher"]["node_rank"] == 0 and spec["launcher"]["nnodes"] == 2  # one spec for every node
     assert not (tmp_path / "two" / "run.lock").exists()  # node 0 held it and let it go
-    hosts_of = {int(p.stem.split("_")[1]) for p in (tmp_path / "two" / "logs").glob("rank_*.pid")}
-    assert hosts_of == {0, 1}
-    print(f"two nodes x 1 rank: {wall_s:.1f} s wall")
+    ranks = {int(p.stem.split("_")[1]) for p in (tmp_path / "two" / "logs").glob("rank_*.pid")}
+    assert ranks == set(range(2 * nproc))
+    print(f"two nodes x {nproc} rank(s) of {parallel}: {wall_s:.1f} s wall")
 
 
 def test_a_node_that_never_joins_is_named_and_the_rendezvous_listens_on_node_0s_address_only(
     hosts, tmp_path
 ) -> None:
-    args = _two_nodes(hosts, tmp_path / "alone", [], timeout_s=8)
+    args = _two_nodes(hosts, tmp_path / "alone", ["parallel=ddp"], timeout_s=8)
     port = int(next(a for a in args if a.startswith("launcher.rdzv_endpoint=")).rpartition(":")[2])
     node0 = _node(hosts, 0, args, tmp_path)  # node 1 never comes
     try:
@@ -184,3 +197,58 @@ def _connects(namespace: str, address: str, port: int, wait_s: float = 0.0) -> b
         ["ip", "netns", "exec", namespace, sys.executable, "-c", probe], timeout=wait_s + 30
     )
     return result.returncode == 0
+
+
+def test_a_rank_killed_on_one_node_restarts_every_node_and_ends_at_the_uninterrupted_losses(
+    hosts, tmp_path, request
+) -> None:
+    _only_when_selected(request, "a rank killed on one node (about 30-40 s here)")
+    ddp = ["parallel=ddp", "train.max_steps=20", "train.eval_every=10", "checkpoint.every=5"]
+    reference = _one_node([*SHORT, *ddp, "launcher.nproc=2", f"run_dir={tmp_path / 'one'}"], tmp_path)
+    run_dir = tmp_path / "restarted"
+    args = _two_nodes(hosts, run_dir, [*ddp, "launcher.max_restarts=1"])
+    nodes = [_node(hosts, 0, args, tmp_path), _node(hosts, 1, args, tmp_path)]
+    deadline = time.monotonic() + 240
+    while not (run_dir / "checkpoints" / "step_5").is_dir():
+        assert all(p.poll() is None for p in nodes) and time.monotonic() < deadline, "ended before step 5"
+        time.sleep(0.01)
+    os.kill(int((run_dir / "logs" / "rank_1.pid").read_text()), 9)  # SIGKILL: no checkpoint, no goodbye
+    results = [_finish(p) for p in nodes]
+    for k, (code, text) in enumerate(results):
+        assert code == 0, f"node {k}: {text[-3000:]}"
+    assert any(
+        "restart 1 of 1: rank 1 " in text and "killed by signal SIGKILL" in text for _, text in results
+    )
+    code, text = _finish(reference)
+    assert code == 0, text[-3000:]
+    summary = yaml.safe_load((run_dir / "summary.json").read_text())
+    assert "step_" in str(summary["resumed_from"]) and summary["steps"] == 20
+    assert losses(run_dir) == losses(tmp_path / "one")  # every step, the resumed ones included: bitwise
+
+
+def test_preflight_names_the_node_of_each_rank_that_did_not_arrive(monkeypatch) -> None:
+    """6 ranks on 3 nodes of 2: rank 3 is missing on node 1 (whose rank 2 came), node 2's ranks never came."""
+    import torch.distributed as dist
+
+    from launcher.rank import preflight
+
+    store = dist.HashStore()
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
+    monkeypatch.setenv("GROUP_WORLD_SIZE", "3")
+
+    def check_in(rank: int, node: int) -> str:
+        """Rank `rank` of node `node` checks in (and gives up waiting for the others at once)."""
+        monkeypatch.setenv("LAUNCHER_NODE_RANK", str(node))
+        monkeypatch.setenv("LAUNCHER_NODE_ADDR", f"10.0.0.{node + 1}")
+        monkeypatch.setenv("GROUP_RANK", str(node))
+        with pytest.raises(preflight.PreflightError) as failure:
+            preflight.check_arrival(store, rank, 6, 0.05)
+        return str(failure.value)
+
+    check_in(2, node=1)
+    check_in(1, node=0)
+    message = check_in(0, node=0)
+    assert (
+        "rank(s) 3, 4, 5 of 6 (rank 3 on node 1 (10.0.0.2), rank 4 on the node of group rank 2, "
+        "rank 5 on the node of group rank 2) did not join" in message
+    ), message
