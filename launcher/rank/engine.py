@@ -226,8 +226,11 @@ class Engine:
         self.timer.start("data")
         batches = [self.parts.stream.next_batch() for _ in range(self.parts.batch.grad_accum_steps)]
         num_tokens = sum(int((b["labels"] != -100).sum()) for b in batches)  # CPU tensors: no device sync
-        tokens_per_rank = self.parts.dist.data_mean(num_tokens)  # the step's tokens, however ranks share them
         batches = [{k: v.to(self.device, non_blocking=True) for k, v in b.items()} for b in batches]
+        # The data phase is making batches only: the collective below waits for the slowest rank (on
+        # gloo it blocks), which is compute skew, not input, so it counts with the forward phase.
+        self.timer.start("forward")
+        tokens_per_rank = self.parts.dist.data_mean(num_tokens)  # the step's tokens, however ranks share them
         loss_sum = torch.zeros((), device=self.device)
         for i, batch in enumerate(batches):
             sync = i == len(batches) - 1
