@@ -132,3 +132,29 @@ def test_preemption_across_two_nodes_checkpoints_requeues_and_resumes_exactly(cl
     assert "preempted: checkpoint written, requeueing" in log and "(restart 1) on n[1-2]" in log, log[-3000:]
     assert summary["resumed_from"] is not None and summary["steps"] == 30
     assert losses(run_dir) == _reference_losses(reference, tmp_path / "one")  # bitwise, resumed steps too
+
+
+def test_the_time_limit_warning_checkpoints_both_nodes_before_the_limit_and_requeues(
+    cluster, tmp_path
+) -> None:
+    """--time=1 with --signal=USR2@40: the warning comes 20-50 s in (SLURM checks limits every ~30 s)."""
+    run_dir = tmp_path / "limited"
+    long_run = [
+        "train.max_steps=100000", "checkpoint.every=100000", "train.log_every=50", "launcher.slurm.wait=false",
+        "launcher.slurm.time_min=1", "launcher.slurm.signal_lead_s=40", "launcher.slurm.max_requeues=1",
+    ]  # fmt: skip
+    result = _on_node_1(cluster, _train(run_dir, *long_run), tmp_path)
+    assert result.returncode == 0, (result.stdout + result.stderr)[-3000:]
+    job_id = (run_dir / "slurm" / "job_id").read_text().strip()
+    log_path, deadline = run_dir / "slurm" / f"{job_id}.out", time.monotonic() + 240
+    while "resumed from" not in (log_path.read_text() if log_path.is_file() else ""):
+        assert time.monotonic() < deadline, log_path.read_text()[-3000:] if log_path.is_file() else "no log"
+        time.sleep(0.5)
+    _on_node_1(cluster, ["scancel", job_id], tmp_path)
+    log = log_path.read_text()
+    assert "preempted: checkpoint written, requeueing" in log and "(restart 1) on n[1-2]" in log, log[-3000:]
+    assert "DUE TO TIME LIMIT" not in log  # the warning came first: the limit itself never struck
+    saved = [p.name for p in (run_dir / "checkpoints").glob("step_*")]
+    assert (
+        len(saved) == 1 and f"resumed from {run_dir / 'checkpoints' / saved[0]}" in log
+    )  # the warning's checkpoint
