@@ -128,10 +128,12 @@ def _only_when_selected(request: pytest.FixtureRequest, what: str) -> None:
         pytest.skip(f"{what}: too slow for the default suite, it runs with `-m netns`")
 
 
-@pytest.mark.parametrize(("parallel", "nproc"), [("ddp", 1), ("fsdp", 2)], ids=["ddp-2x1", "fsdp-2x2"])
+@pytest.mark.parametrize(
+    ("parallel", "nproc"), [("ddp", 1), ("ddp", 2), ("fsdp", 2)], ids=["ddp-2x1", "ddp-2x2", "fsdp-2x2"]
+)
 def test_two_nodes_match_one_node_of_the_same_world_size(hosts, tmp_path, request, parallel, nproc) -> None:
-    if parallel != "ddp":
-        _only_when_selected(request, "2 nodes x 2 ranks of FSDP (about 50 s here)")
+    if nproc > 1:
+        _only_when_selected(request, f"2 nodes x 2 ranks of {parallel} (about 50 s here)")
     strategy = [f"parallel={parallel}"]
     one = [*SHORT, *strategy, f"launcher.nproc={2 * nproc}", f"run_dir={tmp_path / 'one'}"]
     reference = _one_node(one, tmp_path)  # one node, the same world size
