@@ -1,4 +1,8 @@
-"""What the hardware can do: device choice, dtype support and dense peak FLOP/s for MFU."""
+"""Which device a run computes on, its name, and its dense peak FLOP/s for MFU.
+
+`resolve_device` serves the launching process too: until torch is imported it asks
+launcher.groups.hardware_facts, where the rules also read bf16, TF32, GPU count and memory.
+"""
 
 from __future__ import annotations
 
@@ -39,40 +43,6 @@ def cuda_available() -> bool:
     import torch
 
     return torch.cuda.is_available()
-
-
-def num_gpus() -> int:
-    """CUDA devices visible to this process (0 on a CPU-only build or machine)."""
-    import torch
-
-    return torch.cuda.device_count() if torch.cuda.is_available() else 0
-
-
-def gpu_memory_bytes() -> int:
-    """Memory of the smallest visible CUDA device (0 where none is visible)."""
-    import torch
-
-    if not torch.cuda.is_available():
-        return 0
-    return min(torch.cuda.get_device_properties(i).total_memory for i in range(torch.cuda.device_count()))
-
-
-def bf16_supported(device_type: str) -> bool:
-    """bf16 autocast works on any CPU; on CUDA it needs Ampere (compute capability 8.0) or newer."""
-    import torch
-
-    if device_type == "cpu":
-        return True
-    return torch.cuda.is_available() and torch.cuda.is_bf16_supported(including_emulation=False)
-
-
-def tf32_supported(device_type: str) -> bool:
-    """TF32 matmuls exist only on NVIDIA GPUs of compute capability 8.0 or newer."""
-    import torch
-
-    if device_type != "cuda" or not torch.cuda.is_available():
-        return False
-    return torch.cuda.get_device_capability()[0] >= 8
 
 
 def device_name(device_type: str) -> str:
