@@ -3,7 +3,7 @@
 # (scripts/netns_hosts.sh), one slurmctld on host 1, one slurmd per host (NodeName nK, NodeAddr
 # its own address). Needs root and SLURM's packages (scripts/slurm_cluster.sh up installs them).
 #
-#   scripts/slurm_two_nodes.sh up      # hosts, configs, munged (shared), slurmctld, 2 slurmd; waits for idle
+#   scripts/slurm_two_nodes.sh up      # hosts, configs, munged (if none runs), slurmctld, 2 slurmd; waits for idle
 #   scripts/slurm_two_nodes.sh status  # sinfo of the two-node cluster
 #   scripts/slurm_two_nodes.sh down    # stop its daemons, remove the hosts
 #   scripts/slurm_two_nodes.sh run CMD...  # run CMD on host 1 with SLURM_CONF set (sbatch, train ...)
@@ -97,6 +97,7 @@ cmd_down() {
     stop_pid "$DIR/slurmd.n1.pid"
     stop_pid "$DIR/slurmd.n2.pid"
     stop_pid "$DIR/slurmctld.pid"
+    stop_pid "$DIR/munged.pid"  # only a munged that `up` started (one that was running stays)
     rm -rf "/etc/netns/${PREFIX}1" "/etc/netns/${PREFIX}2"
     bash "$HERE/netns_hosts.sh" down >/dev/null
     log "down"
@@ -112,6 +113,7 @@ cmd_up() {
     if ! pgrep -x munged >/dev/null; then  # the one-node cluster's munged serves both, if it runs
         mkdir -p /run/munge && chown munge:munge /run/munge
         runuser -u munge -- /usr/sbin/munged </dev/null >/dev/null 2>&1 || die "munged did not start"
+        cp /run/munge/munged.pid "$DIR/munged.pid"  # ours: `down` stops it again
     fi
     on 1 slurmctld -i </dev/null >/dev/null 2>&1 || die "slurmctld did not start ($DIR/slurmctld.log)"
     on 1 slurmd -N n1 </dev/null >/dev/null 2>&1 || die "slurmd n1 did not start ($DIR/slurmd.n1.log)"
