@@ -27,15 +27,13 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
+from launcher.front import override_checks
 from launcher.groups.aliases import alias_hint
 from launcher.spec import (
     RunSpec,
     SpecError,
-    did_you_mean,
-    schema_fields,
     schema_node,
     to_spec,
-    unknown_key_error,
 )
 
 CONFIG_MODULE = "launcher.conf"
@@ -206,7 +204,7 @@ def normalize(argv: list[str]) -> list[str]:
             continue
         key, sep, value = arg.partition("=")
         plain = key[1:]
-        known = plain in group_options() or _field_type(plain)[0] is not None
+        known = plain in group_options() or override_checks.field_type(plain)[0] is not None
         if sep and key.startswith("+") and not key.startswith("++") and known:
             arg = f"{plain}={value}"  # a group with a default, or a key the schema already has
         out.append(arg)
@@ -228,140 +226,9 @@ def split_argv(argv: list[str]) -> tuple[list[str], list[str]]:
     return flags, overrides
 
 
-def _field_type(path: str) -> tuple[type | None, list[str]]:
-    """The schema type at a dotted path, or (None, known keys at the first unknown step)."""
-    schema: typing.Any = RunSpec
-    for part in path.split("."):
-        if not dataclasses.is_dataclass(schema):
-            return None, []
-        fields = schema_fields(schema)
-        if part not in fields:
-            return None, list(fields)
-        schema = fields[part]
-    return schema, []
-
-
 def check_overrides(overrides: list[str], dirs: tuple[str, ...] = ()) -> list[SpecError]:
     """Unknown groups, options and keys, and values of the wrong type, among command-line overrides."""
-    from hydra.core.override_parser.overrides_parser import OverridesParser
-
-    errors: list[SpecError] = []
-    try:
-        parsed = OverridesParser.create().parse_overrides(overrides)
-    except Exception as err:  # Hydra's grammar error names the bad override
-        return [parse_error(err, overrides)]
-    scratch = schema_node()
-    groups = group_options(dirs)
-    for override in parsed:
-        key = override.key_or_group
-        if key.partition("/")[0].partition(".")[0] == "hydra":
-            errors.extend(_check_hydra(key))
-            continue
-        if override.is_delete():
-            continue
-        if key in groups:
-            errors.extend(_check_option(key, override, groups[key]))
-            continue
-        schema, known = _field_type(key)
-        if schema is None and known:
-            errors.append(unknown_key_error(key, known))
-            continue
-        if not override.is_sweep_override():
-            errors.extend(_check_value(scratch, key, override))
-    return errors
-
-
-def parse_error(err: Exception, overrides: list[str]) -> SpecError:
-    """One paragraph for an override Hydra's grammar refuses, with how to quote a value it cannot read bare."""
-    reason = " ".join(str(err).split("See https://")[0].split())
-    odd = [o for o in overrides if not o.isascii() or any(c in o.partition("=")[2] for c in " ()[]{}',:\\")]
-    hint = ""
-    if odd:
-        key, _, value = odd[0].partition("=")
-        hint = (
-            f" Values with spaces, non-ASCII letters or characters such as ()[]{{}},: must be quoted inside the "
-            f"override: '{key}=\"{value}\"' (the outer quotes are for the shell)."
-        )
-    return SpecError(("command line",), f"an override does not parse ({reason}).{hint}")
-
-
-PLUGIN_HINT = (
-    "`train` composes, starts and sweeps runs itself, so Hydra's launcher and sweeper plugins are not used. "
-    "Where runs go: launcher=inline|local|slurm (launcher.nproc, launcher.slurm.*); sweeps: "
-    "`train -m key=a,b` (also range(...) and choice(...)), one run per combination, each point validated first."
-)
-
-
-RUN_DIR_HINT = (
-    "hydra.run.dir is not where a run writes: `train` never changes into Hydra's run directory. Set "
-    "run_dir=PATH instead (checkpoints, logs, spec.yaml; default runs/<name>-<time>); a sweep's points go to "
-    "hydra.sweep.dir/hydra.sweep.subdir, which are honoured."
-)
-
-
-def _check_hydra(key: str) -> list[SpecError]:
-    """Hydra settings `train` does not honour: its launcher/sweeper plugins and its run directory."""
-    if key in ("hydra/launcher", "hydra/sweeper") or key.startswith(("hydra.launcher", "hydra.sweeper")):
-        return [
-            SpecError((key,), f"{key} is not supported: {PLUGIN_HINT} Remove {key} from the command line.")
-        ]
-    if key in ("hydra.run", "hydra.run.dir"):
-        return [SpecError((key,), RUN_DIR_HINT)]
-    return []
-
-
-def _check_node(cfg: DictConfig) -> list[SpecError]:
-    """The same Hydra settings when a config file (an experiment, say) set them rather than the command line."""
-    choices = cfg.hydra.runtime.choices
-    errors = [
-        SpecError(
-            (group,), f"{group}={choices[group]} is not supported: {PLUGIN_HINT} Remove it from your config."
-        )
-        for group in ("hydra/launcher", "hydra/sweeper")
-        if choices.get(group) not in (None, "basic")
-    ]
-    if OmegaConf.select(cfg, "hydra.run.dir") != ".":
-        errors.append(SpecError(("hydra.run.dir",), RUN_DIR_HINT))
-    return errors
-
-
-def _check_option(group: str, override: typing.Any, options: list[str]) -> list[SpecError]:
-    """An option that its group lacks, or a user's own group selected without the `+` Hydra needs."""
-    if group not in group_options() and not override.is_add():
-        value = override.get_value_element_as_str()
-        return [
-            SpecError(
-                (group,),
-                f"{group} is a group of your config directory that train.yaml's defaults list does not select: "
-                f"add it with +{group}={value} (Hydra's `+` appends a group that has no default).",
-            )
-        ]
-    values = list(override.sweep_iterator()) if override.is_sweep_override() else [override.value()]
-    values = [v for value in values for v in (value if isinstance(value, list) else [value])]  # logger=[a,b]
-    errors = []
-    for value in values:
-        if value is not None and str(value) not in options:
-            errors.append(
-                SpecError(
-                    (group,),
-                    f"no option '{value}' in group {group}.{did_you_mean(str(value), options)} "
-                    f"Options: {', '.join(options)}.",
-                )
-            )
-    return errors
-
-
-def _check_value(scratch: DictConfig, key: str, override: typing.Any) -> list[SpecError]:
-    try:
-        OmegaConf.update(scratch, key, override.value(), merge=True)
-    except Exception as err:
-        reason = str(err).splitlines()[0]
-        return [
-            SpecError(
-                (key,), f"wrong type: {reason}. Give a value of the key's type (see `train --cfg job`)."
-            )
-        ]
-    return []
+    return override_checks.check(overrides, groups=group_options(dirs), shipped=group_options())
 
 
 def compose(overrides: list[str], source: ConfigSource | None = None) -> DictConfig:
@@ -405,7 +272,7 @@ def compose_checked(overrides: list[str], source: ConfigSource) -> tuple[DictCon
         cfg = compose(overrides, source)
     except Exception as err:  # Hydra's composition errors: a missing option file, a bad interpolation, ...
         return None, [composition_error(err)]
-    errors = _check_node(cfg) if source.shipped else []
+    errors = override_checks.check_hydra_node(cfg) if source.shipped else []
     return (None, errors) if errors else (cfg, [])
 
 

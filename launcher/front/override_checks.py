@@ -1,0 +1,156 @@
+"""Checks of command-line overrides against the schema before composing: every unknown group, option
+or key and every value of the wrong type at once (Hydra would stop at the first, and lets
+`+key=value` bypass the schema), and the Hydra settings `train` does not honour (its launcher and
+sweeper plugins, hydra.run.dir), refused with what to use instead.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import typing
+
+from omegaconf import DictConfig, OmegaConf
+
+from launcher.spec import RunSpec, SpecError, did_you_mean, schema_fields, schema_node, unknown_key_error
+
+
+def field_type(path: str) -> tuple[type | None, list[str]]:
+    """The schema type at a dotted path, or (None, known keys at the first unknown step)."""
+    schema: typing.Any = RunSpec
+    for part in path.split("."):
+        if not dataclasses.is_dataclass(schema):
+            return None, []
+        fields = schema_fields(schema)
+        if part not in fields:
+            return None, list(fields)
+        schema = fields[part]
+    return schema, []
+
+
+def check(
+    overrides: list[str], *, groups: dict[str, list[str]], shipped: dict[str, list[str]]
+) -> list[SpecError]:
+    """Unknown groups, options and keys, and values of the wrong type, among command-line overrides.
+
+    `groups`: every config group and its options (the user's directories included); `shipped`: conf/'s own.
+    """
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    errors: list[SpecError] = []
+    try:
+        parsed = OverridesParser.create().parse_overrides(overrides)
+    except Exception as err:  # Hydra's grammar error names the bad override
+        return [parse_error(err, overrides)]
+    scratch = schema_node()
+    for override in parsed:
+        key = override.key_or_group
+        if key.partition("/")[0].partition(".")[0] == "hydra":
+            errors.extend(_check_hydra(key))
+            continue
+        if override.is_delete():
+            continue
+        if key in groups:
+            errors.extend(_check_option(key, override, groups[key], shipped))
+            continue
+        schema, known = field_type(key)
+        if schema is None and known:
+            errors.append(unknown_key_error(key, known))
+            continue
+        if not override.is_sweep_override():
+            errors.extend(_check_value(scratch, key, override))
+    return errors
+
+
+def parse_error(err: Exception, overrides: list[str]) -> SpecError:
+    """One paragraph for an override Hydra's grammar refuses, with how to quote a value it cannot read bare."""
+    reason = " ".join(str(err).split("See https://")[0].split())
+    odd = [o for o in overrides if not o.isascii() or any(c in o.partition("=")[2] for c in " ()[]{}',:\\")]
+    hint = ""
+    if odd:
+        key, _, value = odd[0].partition("=")
+        hint = (
+            f" Values with spaces, non-ASCII letters or characters such as ()[]{{}},: must be quoted inside the "
+            f"override: '{key}=\"{value}\"' (the outer quotes are for the shell)."
+        )
+    return SpecError(("command line",), f"an override does not parse ({reason}).{hint}")
+
+
+PLUGIN_HINT = (
+    "`train` composes, starts and sweeps runs itself, so Hydra's launcher and sweeper plugins are not used. "
+    "Where runs go: launcher=inline|local|slurm (launcher.nproc, launcher.slurm.*); sweeps: "
+    "`train -m key=a,b` (also range(...) and choice(...)), one run per combination, each point validated first."
+)
+
+
+RUN_DIR_HINT = (
+    "hydra.run.dir is not where a run writes: `train` never changes into Hydra's run directory. Set "
+    "run_dir=PATH instead (checkpoints, logs, spec.yaml; default runs/<name>-<time>); a sweep's points go to "
+    "hydra.sweep.dir/hydra.sweep.subdir, which are honoured."
+)
+
+
+def _check_hydra(key: str) -> list[SpecError]:
+    """Hydra settings `train` does not honour: its launcher/sweeper plugins and its run directory."""
+    if key in ("hydra/launcher", "hydra/sweeper") or key.startswith(("hydra.launcher", "hydra.sweeper")):
+        return [
+            SpecError((key,), f"{key} is not supported: {PLUGIN_HINT} Remove {key} from the command line.")
+        ]
+    if key in ("hydra.run", "hydra.run.dir"):
+        return [SpecError((key,), RUN_DIR_HINT)]
+    return []
+
+
+def check_hydra_node(cfg: DictConfig) -> list[SpecError]:
+    """The same Hydra settings when a config file (an experiment, say) set them rather than the command line."""
+    choices = cfg.hydra.runtime.choices
+    errors = [
+        SpecError(
+            (group,), f"{group}={choices[group]} is not supported: {PLUGIN_HINT} Remove it from your config."
+        )
+        for group in ("hydra/launcher", "hydra/sweeper")
+        if choices.get(group) not in (None, "basic")
+    ]
+    if OmegaConf.select(cfg, "hydra.run.dir") != ".":
+        errors.append(SpecError(("hydra.run.dir",), RUN_DIR_HINT))
+    return errors
+
+
+def _check_option(
+    group: str, override: typing.Any, options: list[str], shipped: dict[str, list[str]]
+) -> list[SpecError]:
+    """An option that its group lacks, or a user's own group selected without the `+` Hydra needs."""
+    if group not in shipped and not override.is_add():
+        value = override.get_value_element_as_str()
+        return [
+            SpecError(
+                (group,),
+                f"{group} is a group of your config directory that train.yaml's defaults list does not select: "
+                f"add it with +{group}={value} (Hydra's `+` appends a group that has no default).",
+            )
+        ]
+    values = list(override.sweep_iterator()) if override.is_sweep_override() else [override.value()]
+    values = [v for value in values for v in (value if isinstance(value, list) else [value])]  # logger=[a,b]
+    errors = []
+    for value in values:
+        if value is not None and str(value) not in options:
+            errors.append(
+                SpecError(
+                    (group,),
+                    f"no option '{value}' in group {group}.{did_you_mean(str(value), options)} "
+                    f"Options: {', '.join(options)}.",
+                )
+            )
+    return errors
+
+
+def _check_value(scratch: DictConfig, key: str, override: typing.Any) -> list[SpecError]:
+    try:
+        OmegaConf.update(scratch, key, override.value(), merge=True)
+    except Exception as err:
+        reason = str(err).splitlines()[0]
+        return [
+            SpecError(
+                (key,), f"wrong type: {reason}. Give a value of the key's type (see `train --cfg job`)."
+            )
+        ]
+    return []
