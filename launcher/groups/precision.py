@@ -12,6 +12,10 @@ if TYPE_CHECKING:  # torch only where a rank trains: the launching process never
 
 DTYPES = ("float32", "bfloat16", "float16")
 """The dtypes eval_dtype may name (torch's own names)."""
+FP8_RECIPES = ("tensorwise", "rowwise")
+"""torchao.float8 scaling recipes precision.fp8_recipe may name (Float8LinearConfig.from_recipe_name)."""
+FP8_MIN_CAPABILITY = (8, 9)
+"""CUDA compute capability with float8 tensor cores (Ada, Hopper and newer)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -30,6 +34,10 @@ class PrecisionConfig:
     """Initial loss scale for fp16."""
     loss_scale_growth_interval: int = 2000
     """Steps without overflow before the fp16 loss scale doubles."""
+    fp8: bool = False
+    """Swap linear layers for torchao float8 training layers (matmuls in fp8; needs a GPU of compute capability 8.9+)."""
+    fp8_recipe: str = "tensorwise"
+    """fp8 scaling: tensorwise (one scale per tensor, fastest) or rowwise (a scale per row, more accurate)."""
 
 
 def train_dtype(cfg: PrecisionConfig) -> torch.dtype:
@@ -73,6 +81,30 @@ def make_grad_scaler(cfg: PrecisionConfig, device_type: str) -> torch.amp.GradSc
         init_scale=cfg.loss_scale_init,
         growth_interval=cfg.loss_scale_growth_interval,
     )
+
+
+def fp8_linear(module: torch.nn.Module, fqn: str) -> bool:
+    """Whether a layer becomes a float8 layer: a linear whose dims are multiples of 16 (the fp8 GEMM's
+    requirement), not the output head (the logits stay in bf16, as torchtitan keeps its output layer)."""
+    from torch import nn
+
+    if not isinstance(module, nn.Linear) or fqn.split(".")[-1] == "lm_head":
+        return False
+    return module.in_features % 16 == 0 and module.out_features % 16 == 0
+
+
+def apply_fp8(model: torch.nn.Module, cfg: PrecisionConfig) -> torch.nn.Module:
+    """With precision.fp8: torchao's Float8Linear in place of the eligible linear layers (see `fp8_linear`).
+
+    Applied after the model is built and quantized, before tensor parallelism, compile and the data-parallel
+    wrap (launcher.rank.build), so FSDP2 shards the float8 layers' weights and compile fuses their casts.
+    """
+    if not cfg.fp8:
+        return model
+    from torchao.float8 import Float8LinearConfig, convert_to_float8_training
+
+    config = Float8LinearConfig.from_recipe_name(cfg.fp8_recipe)
+    return convert_to_float8_training(model, config=config, module_filter_fn=fp8_linear)
 
 
 def apply_backend_flags(cfg: PrecisionConfig, device_type: str) -> None:

@@ -37,7 +37,7 @@ from launcher.groups.data.loader import BackgroundBatches, PrefetchedBatches
 from launcher.groups.data.sequences import PackedSequences
 from launcher.groups.data.tokens import Corpus, build_cache, load_corpus, uses_cache
 from launcher.groups.model.build import build_model, flops_per_token
-from launcher.groups.precision import apply_backend_flags
+from launcher.groups.precision import apply_backend_flags, apply_fp8
 from launcher.groups.scheduler import build_scheduler
 from launcher.parallel import pretrained
 from launcher.parallel.dims import DistContext
@@ -92,6 +92,7 @@ def build(spec: RunSpec, dist: DistContext, run_dir: Path | None = None) -> Comp
     model = quantization.apply(
         model, spec.quantization, spec.precision, device=device, strategy=spec.parallel.strategy
     )
+    model = apply_fp8(model, spec.precision)  # float8 linears before TP, compile and FSDP see them
     if spec.parallel.strategy == "pp":  # this rank's stages, each prepared below as a whole model would be
         plan = plan_stages(spec.model, spec.parallel, spec.data.seq_len, dist.dims.pp_rank(dist.rank))
         model = nn.ModuleList(

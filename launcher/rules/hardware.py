@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from launcher.groups.hardware_facts import NO_CUDA, cuda_facts
+from launcher.groups.precision import FP8_MIN_CAPABILITY
 from launcher.spec import RunSpec
 
 
@@ -24,6 +25,10 @@ class Hardware:
     """The facts describe a SLURM job's requested nodes, not the machine that submits it."""
     gpu_memory_bytes: int = 0
     """Memory of one GPU (the smallest visible); 0 where unknown (no GPU, or a SLURM job's nodes)."""
+    fp8: bool = False
+    """float8 matmuls exist there (CUDA compute capability 8.9+)."""
+    capability: tuple[int, int] = (0, 0)
+    """Compute capability of the first GPU; (0, 0) on a CPU or where unknown (a SLURM job's nodes)."""
 
 
 def detect_hardware(spec: RunSpec) -> Hardware:
@@ -43,13 +48,15 @@ def detect_hardware(spec: RunSpec) -> Hardware:
         tf32=kind == "cuda" and facts.capability[0] >= 8,
         num_gpus=facts.num_gpus,
         gpu_memory_bytes=facts.gpu_memory_bytes if kind == "cuda" else 0,
+        fp8=kind == "cuda" and tuple(facts.capability) >= FP8_MIN_CAPABILITY,
+        capability=tuple(facts.capability) if kind == "cuda" else (0, 0),
     )
 
 
 def requested_hardware(spec: RunSpec) -> Hardware:
     """The nodes a SLURM job asks for: a login node often has no GPU, so probing it would judge the wrong machine.
 
-    GPU nodes are taken to support bf16 and TF32 (Ampere or newer); the rank checks the real device at start.
+    GPU nodes are taken to support bf16, TF32 (Ampere or newer) and fp8; the rank checks the real device at start.
     """
     gpus = spec.launcher.slurm.gpus_per_node
     cuda = spec.launcher.device == "cuda" or (spec.launcher.device == "auto" and gpus > 0)
@@ -57,6 +64,7 @@ def requested_hardware(spec: RunSpec) -> Hardware:
         device_type="cuda" if cuda else "cpu",
         bf16=True,
         tf32=cuda,
+        fp8=cuda,
         num_gpus=max(gpus, 0),
         requested=True,
     )

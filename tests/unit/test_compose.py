@@ -15,6 +15,7 @@ NEEDS_PATH = {
 }
 CPU_ONLY_INVALID = {
     ("precision", "tf32"): ("precision.tf32",),
+    ("precision", "fp8"): ("precision.fp8",),
     ("compile", "reduce_overhead"): ("compile.mode",),
 }
 # GPU recipes on this CPU-only machine: refused for the hardware only (tests/unit/test_recipes.py).
