@@ -1,5 +1,5 @@
 """`python -m launcher ...` is the same as `train ...`."""
 
-from launcher.front.cli import main
+from launcher.front.entry import main
 
 main()

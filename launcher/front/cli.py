@@ -13,7 +13,17 @@ from pathlib import Path
 from rich.console import Console
 
 from launcher.exits import ExitStatus
-from launcher.front import compose, dryrun, hydra_help, recipe_auto, rundir, sweep, torchrun, verify
+from launcher.front import (
+    compose,
+    dryrun,
+    help_cache,
+    hydra_help,
+    recipe_auto,
+    rundir,
+    sweep,
+    torchrun,
+    verify,
+)
 from launcher.front.tokenize import prepare_data
 from launcher.launch import run_lock
 from launcher.spec import SpecError
@@ -114,8 +124,9 @@ def _hydra_print(argv: list[str]) -> int:
 
 
 def main() -> None:
-    """Console entry point of `train`."""
-    argv = compose.normalize(sys.argv[1:])
+    """Console entry point of `train` (through launcher.front.entry)."""
+    raw = sys.argv[1:]
+    argv = compose.normalize(raw)
     compose.register_schemas()
     flags = [flag.split("=", 1)[0] for flag in compose.split_argv(argv)[0]]
     if any(flag in CFG_FLAGS for flag in flags):  # print only what a run would accept
@@ -125,6 +136,8 @@ def main() -> None:
             rundir.report(errors)
             sys.exit(ExitStatus.INVALID_SPEC)
     if any(flag in HYDRA_PRINT_FLAGS for flag in flags):
+        if help_cache.cacheable(raw):  # the next `train --help` is answered from the cache (front/entry.py)
+            sys.exit(help_cache.print_and_keep(raw, lambda: _hydra_print(argv)))
         sys.exit(_hydra_print(argv))
     argv = recipe_auto.resolve(argv, console=Console(stderr=True, highlight=False))
     try:
