@@ -94,7 +94,12 @@ def model_state(step_dir: Path, spec: RunSpec, *, merge: bool, fmt: str) -> dict
             f"{spec.quantization.lora.rank}), which a plain model cannot load. Add --merge to fold them "
             f"into full-precision weights{other}."
         )
-    return {k: v.detach().to("cpu").contiguous() for k, v in consolidate(step_dir, spec).items()}
+    state = consolidate(step_dir, spec)
+    if spec.prune.method != "none":  # the zeros are in the weights: dropping the masks makes the pruning permanent
+        from launcher.groups.prune import without_masks
+
+        state = without_masks(state)
+    return {k: v.detach().to("cpu").contiguous() for k, v in state.items()}
 
 
 @torch.no_grad()

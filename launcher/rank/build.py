@@ -29,7 +29,7 @@ from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 
 from launcher.groups import device as devices
-from launcher.groups import memory, quantization
+from launcher.groups import memory, prune, quantization
 from launcher.groups.batch_split import BatchSplit
 from launcher.groups.batching import build_stream
 from launcher.groups.compile import apply as compile_model
@@ -93,6 +93,7 @@ def build(spec: RunSpec, dist: DistContext, run_dir: Path | None = None) -> Comp
         model, spec.quantization, spec.precision, device=device, strategy=spec.parallel.strategy
     )
     model = apply_fp8(model, spec.precision)  # float8 linears before TP, compile and FSDP see them
+    pruner = prune.apply(model, spec.prune)  # mask buffers before any wrap: every checkpoint holds them
     if spec.parallel.strategy == "pp":  # this rank's stages, each prepared below as a whole model would be
         plan = plan_stages(spec.model, spec.parallel, spec.data.seq_len, dist.dims.pp_rank(dist.rank))
         model = nn.ModuleList(
@@ -140,5 +141,10 @@ def build(spec: RunSpec, dist: DistContext, run_dir: Path | None = None) -> Comp
         dist=dist,
         flops_per_token=flops_per_token(spec.model, spec.data.seq_len),
         peak_flops=devices.peak_flops(device.type),
-        after_step=[hook for hook in [memory.empty_cache_hook(spec.memory, device.type)] if hook],
+        after_step=[
+            hook
+            for hook in [pruner and pruner.after_step, memory.empty_cache_hook(spec.memory, device.type)]
+            if hook
+        ],
+        record_extras=[pruner.record] if pruner else [],
     )

@@ -59,6 +59,8 @@ class Components:
     """Training FLOPs per token of the model (for MFU)."""
     peak_flops: float | None
     """The device's dense peak FLOP/s, None where unknown (every CPU)."""
+    record_extras: list[Callable[[], dict[str, float]]] = field(default_factory=list)
+    """Called at each log step; their keys join the metrics record (e.g. the pruned layers' sparsity)."""
     after_step: list[Callable[[int], None]] = field(default_factory=list)
     """Called with the step number after every optimizer step (e.g. memory.empty_cache_steps)."""
 
@@ -282,6 +284,7 @@ class Engine:
             "nonfinite_skips": self.guard.nonfinite_skips,
             "overflow_skips": self.guard.overflow_skips,
             "session": self.session,
+            **{key: value for extra in self.parts.record_extras for key, value in extra().items()},
             **{f"time_{name}_s": round(seconds, 6) for name, seconds in phases.items()},
         }
         self._history["tokens_per_s"].append(tokens_per_s)
