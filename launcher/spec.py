@@ -32,6 +32,7 @@ from launcher.groups.optimizer import OptimizerConfig
 from launcher.groups.parallel import ParallelConfig
 from launcher.groups.precision import PrecisionConfig
 from launcher.groups.profiling import ProfilerConfig
+from launcher.groups.qat import QatConfig
 from launcher.groups.prune import PruneConfig
 from launcher.groups.quantization import QuantizationConfig
 from launcher.groups.scheduler import SchedulerConfig
@@ -99,6 +100,7 @@ class RunSpec:
     data: DataConfig = field(default_factory=DataConfig)
     tokenizer: TokenizerConfig = field(default_factory=TokenizerConfig)
     quantization: QuantizationConfig = field(default_factory=QuantizationConfig)
+    qat: QatConfig = field(default_factory=QatConfig)
     prune: PruneConfig = field(default_factory=PruneConfig)
     memory: MemoryConfig = field(default_factory=MemoryConfig)
     compile: CompileConfig = field(default_factory=CompileConfig)

@@ -1,4 +1,4 @@
-"""`train-export SOURCE OUT [--format pt|hf] [--merge | --adapter] [--force]`: a run's weights outside the launcher.
+"""`train-export SOURCE OUT [--format pt|hf] [--merge | --adapter | --qat-convert] [--force]`: a run's weights outside the launcher.
 
 SOURCE is a `checkpoints/step_N` directory or a run directory (its newest complete checkpoint is
 used). The run's spec.yaml names the strategy; that strategy's module (the registry entry's)
@@ -15,6 +15,8 @@ dequantizes int8/nf4 weights) instead. Either way the result loads at world size
 - `--adapter`: the LoRA/DoRA adapters alone, as a PEFT folder (adapter_config.json +
   adapter_model.safetensors) that `PeftModel.from_pretrained(base_model, OUT)` loads
   (launcher.front.adapter_folder).
+- `--qat-convert`: a QAT run's model converted by torchao to the quantized scheme it trained for,
+  as a .pt state dict (launcher.front.qat_export).
 """
 
 from __future__ import annotations
@@ -132,8 +134,13 @@ def write_hf(spec: RunSpec, state: dict[str, torch.Tensor], out: Path, *, force:
     return diff
 
 
-def export(source: Path, out: Path, *, fmt: str = "pt", merge: bool = False, force: bool = False) -> Path:
-    """Write `source`'s weights (a checkpoint or run directory) to `out` in `fmt`; returns the checkpoint used."""
+def export(
+    source: Path, out: Path, *, fmt: str = "pt", merge: bool = False, force: bool = False, qat_convert: bool = False
+) -> Path:
+    """Write `source`'s weights (a checkpoint or run directory) to `out` in `fmt`; returns the checkpoint used.
+
+    `qat_convert`: a QAT run's weights really quantized (launcher.front.qat_export), as a pt file.
+    """
     step_dir, run_dir = locate(source)
     spec_path = run_dir / "spec.yaml"
     if not spec_path.is_file():
@@ -143,7 +150,14 @@ def export(source: Path, out: Path, *, fmt: str = "pt", merge: bool = False, for
         from launcher.front.hf_folder import refuse_existing
 
         refuse_existing(out, force=force)  # before the (possibly long) consolidation
+    if qat_convert and (fmt != "pt" or merge):
+        raise ExportError("--qat-convert writes a quantized torch state dict: use it with --format pt and without --merge.")
     state = model_state(step_dir, spec, merge=merge, fmt=fmt)
+    if qat_convert:
+        from launcher.front.qat_export import write_converted
+
+        write_converted(state, spec, out)
+        return step_dir
     if fmt == "hf":
         diff = write_hf(spec, state, out, force=force)
         print(f"logits of the Hugging Face model vs the launcher's: max |difference| {diff:.3g}")
@@ -200,12 +214,19 @@ def main(argv: list[str] | None = None) -> int:
         help="write the LoRA/DoRA adapters alone as a PEFT folder (PeftModel.from_pretrained(base, OUT))",
     )
     parser.add_argument("--force", action="store_true", help="replace an existing, non-empty OUT folder")
+    parser.add_argument(
+        "--qat-convert",
+        action="store_true",
+        help="a QAT run: write the really quantized model (torchao convert of its qat.scheme) as a .pt state dict",
+    )
     args = parser.parse_args(argv)
     try:
         if args.adapter:
             used = export_adapter(args.checkpoint, args.out, merge=args.merge, force=args.force)
         else:
-            used = export(args.checkpoint, args.out, fmt=args.fmt, merge=args.merge, force=args.force)
+            used = export(
+                args.checkpoint, args.out, fmt=args.fmt, merge=args.merge, force=args.force, qat_convert=args.qat_convert
+            )
     except (ExportError, KeyError, FileNotFoundError, ValueError) as err:
         print(f"error: {err}", file=sys.stderr)
         return ExitStatus.INVALID_SPEC

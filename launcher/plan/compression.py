@@ -8,6 +8,7 @@ prints the notes in the dry run's plan.
 from __future__ import annotations
 
 from launcher.groups.model.shape import model_shape
+from launcher.groups.qat import SCALE_BYTES, scale_bytes
 from launcher.spec import RunSpec
 
 PRUNE_MASK_BYTES = 1
@@ -24,7 +25,23 @@ def prune_masks(spec: RunSpec) -> tuple[int, str] | None:
     return weights * PRUNE_MASK_BYTES, f"prune masks: {weights:,} weights x {PRUNE_MASK_BYTES} B (uint8)"
 
 
-TERMS = (prune_masks,)
+def qat_scales(spec: RunSpec) -> tuple[int, str] | None:
+    """QAT's fake-quant scales and zero points: one fp32 + one int32 per weight group, recomputed each forward."""
+    if spec.qat.scheme == "none":
+        return None
+    shape = model_shape(spec.model)
+    layers = [
+        (fan_out, fan_in) for fan_in, fan_out in shape.block_linears.values()
+    ] * shape.equivalent.n_layer
+    num = scale_bytes(layers, spec.qat)
+    groups = num // (2 * SCALE_BYTES)
+    return (
+        num,
+        f"QAT fake-quant scales: {groups:,} groups of {spec.qat.group_size} x (4 B scale + 4 B zero point)",
+    )
+
+
+TERMS = (prune_masks, qat_scales)
 """Every compression term, in the order the plan's notes list them."""
 
 

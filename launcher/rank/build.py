@@ -6,8 +6,10 @@ the data-parallel wrap):
 1. weights, created identically on every rank (same seed) before anything wraps them; a pretrained
    Hugging Face folder under fsdp/tp is built empty instead and read into the shards after step 7
    (launcher.parallel.pretrained);
-2. quantization and adapters, which change which parameters exist; under strategy pp the model is
-   then cut into this rank's pipeline stages, and steps 3, 4 and 6 apply to each stage;
+2. quantization and adapters, which change which parameters exist, then QAT's fake quantizers
+   (launcher.groups.qat: nn.Linear -> torchao FakeQuantizedLinear, the same parameters), which must be
+   in the module tree before TP splits, compile traces and DDP/FSDP2 wrap it; under strategy pp the
+   model is then cut into this rank's pipeline stages, and steps 3, 4 and 6 apply to each stage;
 3. tensor parallelism, which splits the blocks' projections into DTensors (and needs them on the device);
 4. activation checkpointing and offload, which wrap the (split) blocks' forward;
 5. the micro-batch search (memory.auto_micro_batch), which measures that eager model and chooses a
@@ -29,7 +31,7 @@ from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 
 from launcher.groups import device as devices
-from launcher.groups import memory, prune, quantization
+from launcher.groups import memory, prune, qat, quantization
 from launcher.groups.batch_split import BatchSplit
 from launcher.groups.batching import build_stream
 from launcher.groups.compile import apply as compile_model
@@ -92,6 +94,8 @@ def build(spec: RunSpec, dist: DistContext, run_dir: Path | None = None) -> Comp
     model = quantization.apply(
         model, spec.quantization, spec.precision, device=device, strategy=spec.parallel.strategy
     )
+    model = qat.prepare(model, spec.qat)
+    qat_switch = qat.switch_hook(model, spec.qat)
     model = apply_fp8(model, spec.precision)  # float8 linears before TP, compile and FSDP see them
     pruner = prune.apply(model, spec.prune)  # mask buffers before any wrap: every checkpoint holds them
     if spec.parallel.strategy == "pp":  # this rank's stages, each prepared below as a whole model would be
@@ -147,4 +151,5 @@ def build(spec: RunSpec, dist: DistContext, run_dir: Path | None = None) -> Comp
             if hook
         ],
         record_extras=[pruner.record] if pruner else [],
+        before_step=[qat_switch] if qat_switch else [],
     )

@@ -63,6 +63,8 @@ class Components:
     """Called at each log step; their keys join the metrics record (e.g. the pruned layers' sparsity)."""
     after_step: list[Callable[[int], None]] = field(default_factory=list)
     """Called with the step number after every optimizer step (e.g. memory.empty_cache_steps)."""
+    before_step: list[Callable[[int], None]] = field(default_factory=list)
+    """Called with the 0-based index of the step about to run, before its first forward (e.g. the QAT switch)."""
 
 
 class Engine:
@@ -224,6 +226,8 @@ class Engine:
         """One optimizer step over grad_accum_steps micro batches, normalized by the step's trained tokens on all ranks."""
         strategy = self.parts.strategy
         dtype = train_dtype(self.spec.precision)
+        for hook in self.parts.before_step:
+            hook(self.step)
         self.guard.check_learning_rate(self.parts.scheduler.get_last_lr()[0], self.step)
         self.timer.start("data")
         batches = [self.parts.stream.next_batch() for _ in range(self.parts.batch.grad_accum_steps)]
