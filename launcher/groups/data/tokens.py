@@ -82,11 +82,14 @@ def is_val_document(key: str, val_fraction: float) -> bool:
 
 
 def uses_cache(cfg: DataConfig, tok: TokenizerConfig) -> bool:
-    """Whether the corpus is tokenized once into the cache: records (jsonl, files), a real tokenizer, or cache_dir set.
+    """Whether the corpus is tokenized once into the cache: records (jsonl, files), the standard library's
+    source (the default job), a real tokenizer, or cache_dir set.
 
-    Plain text as bytes (the default job) is cheaper to read again than to cache.
+    The default job's 11 MB of stdlib source took about 0.5 s to read and encode before every run
+    (1.5 s on a busy machine) against 0.05-0.12 s to memory-map from the cache, the same tokens;
+    one plain text file (data.kind=text) is read again each run.
     """
-    return tok.kind == "hf" or cfg.kind in ("jsonl", "files") or cfg.cache_dir is not None
+    return tok.kind == "hf" or cfg.kind in ("jsonl", "files", "stdlib") or cfg.cache_dir is not None
 
 
 def cache_root(cfg: DataConfig) -> Path:
