@@ -23,6 +23,7 @@ from launcher.groups.aliases import alias_hint
 from launcher.groups.checkpoint import CheckpointConfig
 from launcher.groups.compile import CompileConfig
 from launcher.groups.data.config import DataConfig
+from launcher.groups.distill import DistillConfig
 from launcher.groups.launcher import LauncherConfig
 from launcher.groups.loggers import LoggerConfig
 from launcher.groups.memory import MemoryConfig
@@ -100,6 +101,7 @@ class RunSpec:
     data: DataConfig = field(default_factory=DataConfig)
     tokenizer: TokenizerConfig = field(default_factory=TokenizerConfig)
     quantization: QuantizationConfig = field(default_factory=QuantizationConfig)
+    distill: DistillConfig = field(default_factory=DistillConfig)
     qat: QatConfig = field(default_factory=QatConfig)
     prune: PruneConfig = field(default_factory=PruneConfig)
     memory: MemoryConfig = field(default_factory=MemoryConfig)

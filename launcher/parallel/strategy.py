@@ -24,6 +24,7 @@ if TYPE_CHECKING:
 
     from launcher.groups.batch_split import BatchSplit
     from launcher.groups.checkpoint_files import CheckpointFiles
+    from launcher.groups.distill import Distiller
     from launcher.groups.metrics import PhaseTimer
     from launcher.parallel.dims import DistContext
     from launcher.spec import RunSpec
@@ -66,6 +67,8 @@ class WholeModelVerbs:
     model: nn.Module
     backward: Callable[[torch.Tensor], None]
     """Backward through the (loss-scaled) normalized loss: each strategy's own."""
+    distiller: Distiller | None = None
+    """Set by launcher.rank.build under distill.teacher: adds the teacher's KD term to the training loss."""
 
     def forward_backward(
         self,
@@ -77,7 +80,12 @@ class WholeModelVerbs:
         """Forward under autocast, backward of the summed token loss / `normalizer`; returns the summed loss."""
         timer.start("forward")
         with autocast(dtype, batch["input_ids"].device.type):
-            token_loss_sum, _ = lm_loss(self.model(**model_inputs(batch)), batch["labels"])
+            inputs = model_inputs(batch)
+            logits = self.model(**inputs)
+            token_loss_sum, _ = lm_loss(logits, batch["labels"])
+            if self.distiller is not None:
+                token_loss_sum = self.distiller.loss_sum(token_loss_sum, logits, inputs, batch["labels"])
+            del logits
         timer.start("backward")
         self.backward(token_loss_sum / normalizer)
         return token_loss_sum.detach()

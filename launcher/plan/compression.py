@@ -7,12 +7,20 @@ prints the notes in the dry run's plan.
 
 from __future__ import annotations
 
+from pathlib import Path
+
+from launcher.groups.distill import KD_CHUNK_ROWS
+from launcher.groups.model.config import ModelConfig, vocab_size
 from launcher.groups.model.shape import model_shape
 from launcher.groups.qat import SCALE_BYTES, scale_bytes
-from launcher.spec import RunSpec
+from launcher.spec import RunSpec, load_spec
 
 PRUNE_MASK_BYTES = 1
 """Bytes per weight of a pruned layer: launcher.groups.prune keeps each mask as a uint8 buffer."""
+
+
+KD_CHUNK_COPIES = 6
+"""float32 (rows x vocab) tensors of one KL chunk: both models' upcast logits, log-softmaxes, a probability, the product."""
 
 
 def prune_masks(spec: RunSpec) -> tuple[int, str] | None:
@@ -41,7 +49,37 @@ def qat_scales(spec: RunSpec) -> tuple[int, str] | None:
     )
 
 
-TERMS = (prune_masks, qat_scales)
+def teacher_model(path: str) -> ModelConfig | None:
+    """The teacher's model config: a run directory's spec.yaml, or a Hugging Face folder; None if neither."""
+    folder = Path(path)
+    if (folder / "spec.yaml").is_file():
+        return load_spec(folder / "spec.yaml").model
+    if (folder / "config.json").is_file():
+        return ModelConfig(kind="hf", path=str(folder))
+    return None
+
+
+def distill_teacher(spec: RunSpec) -> tuple[int, str] | None:
+    """The frozen teacher's weights (training dtype; sharded under FSDP2), its logits of a micro batch, and one
+    float32 chunk of logits per model with their softmax intermediates (launcher.groups.distill)."""
+    if not spec.distill.teacher or (teacher := teacher_model(spec.distill.teacher)) is None:
+        return None
+    dtype_bytes = 2 if spec.precision.bf16 or spec.precision.fp16 else 4
+    shards = max(spec.launcher.world_size, 1) if spec.parallel.strategy == "fsdp" else 1
+    num_params = model_shape(teacher).num_params
+    weights = num_params * dtype_bytes // shards
+    vocab = vocab_size(spec.model)
+    logits = spec.train.micro_batch_size * spec.data.seq_len * vocab * dtype_bytes
+    chunks = KD_CHUNK_ROWS * vocab * 4 * KD_CHUNK_COPIES
+    return weights + logits + chunks, (
+        f"distillation teacher: {num_params:,} weights x {dtype_bytes} B"
+        + (f" / {shards} FSDP2 shards" if shards > 1 else "")
+        + f", its logits ({spec.train.micro_batch_size} x {spec.data.seq_len} x {vocab} x {dtype_bytes} B) and "
+        f"{KD_CHUNK_ROWS}-row float32 KL chunks"
+    )
+
+
+TERMS = (prune_masks, qat_scales, distill_teacher)
 """Every compression term, in the order the plan's notes list them."""
 
 

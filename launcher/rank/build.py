@@ -23,6 +23,7 @@ the data-parallel wrap):
 from __future__ import annotations
 
 import random
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -48,6 +49,7 @@ from launcher.parallel.registry import STRATEGIES, build_strategy
 from launcher.parallel.strategy import Setup
 from launcher.rank.engine import Components
 from launcher.rank.micro_batch import fit_micro_batch
+from launcher.rank.teacher import build_distiller
 from launcher.spec import RunSpec
 
 
@@ -115,6 +117,7 @@ def build(spec: RunSpec, dist: DistContext, run_dir: Path | None = None) -> Comp
     load_weights = (lambda wrapped: pretrained.load_into_shards(wrapped, spec.model, dist)) if empty else None
     setup = Setup(spec=spec, dist=dist, batch=batch, mesh=mesh, load_weights=load_weights)
     strategy = build_strategy(model, setup)
+    strategy.distiller = distiller = build_distiller(spec, setup)  # frozen teacher, placed like the student
     scheduler = build_scheduler(strategy.optimizer, spec.scheduler, spec.train.max_steps)
     corpus = _corpus(spec, dist)
     d = spec.data
@@ -150,6 +153,10 @@ def build(spec: RunSpec, dist: DistContext, run_dir: Path | None = None) -> Comp
             for hook in [pruner and pruner.after_step, memory.empty_cache_hook(spec.memory, device.type)]
             if hook
         ],
-        record_extras=[pruner.record] if pruner else [],
+        record_extras=[
+            extra
+            for extra in [pruner and pruner.record, distiller and partial(distiller.metrics, dist.data_sum)]
+            if extra
+        ],
         before_step=[qat_switch] if qat_switch else [],
     )

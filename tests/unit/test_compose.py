@@ -32,6 +32,7 @@ INVALID_ALONE = {
     ("quantization", "int8"): ("quantization.method", "quantization.lora.rank"),
     ("quantization", "nf4"): ("quantization.method", "quantization.lora.rank"),
     ("model", "hf"): ("model.path", "model.hf_config"),  # a model folder to name
+    ("distill", "kd"): ("distill.teacher",),  # a teacher to name
 }
 # Options whose mesh needs several ranks: composed with that many local ranks.
 NEEDS_RANKS = {

@@ -1,0 +1,67 @@
+"""The distillation teacher of a rank: read from a run directory or a Hugging Face folder, frozen, placed.
+
+A run directory gives its spec.yaml (the teacher's architecture) and its newest complete checkpoint,
+consolidated by the strategy that wrote it, as `train-export` reads it; a Hugging Face folder is
+built as model.kind=hf with model.path. The teacher is built with torch's RNG forked, so the
+student's init, dropout and data order are those of the same run without distillation. Its weights
+are cast to the training dtype, it is in eval mode with requires_grad off everywhere, and it is
+placed as the strategy places the student: a whole copy on the device (one process, DDP), or under
+FSDP2 sharded per decoder layer over the same mesh, so that it fits where the student fits.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from launcher.groups import checkpoint
+from launcher.groups.distill import Distiller
+from launcher.groups.model.build import build_model
+from launcher.groups.model.config import ModelConfig
+from launcher.groups.precision import train_dtype
+from launcher.parallel.registry import strategy_module
+from launcher.parallel.strategy import Setup
+from launcher.spec import RunSpec, load_spec
+
+SPEC = "spec.yaml"
+
+
+def load_teacher(path: str) -> nn.Module:
+    """The teacher's model on the CPU in float32, weights loaded: from a run directory or a HF folder."""
+    folder = Path(path)
+    if (folder / SPEC).is_file():
+        spec = load_spec(folder / SPEC)
+        step_dir = checkpoint.good_checkpoints(folder, warn=False)[0]
+        model = build_model(spec.model)
+        model.load_state_dict(strategy_module(spec.parallel.strategy).consolidate(step_dir))
+        return model
+    return build_model(ModelConfig(kind="hf", path=str(folder)))
+
+
+def _place(teacher: nn.Module, setup: Setup) -> nn.Module:
+    """On the device, or FSDP2-sharded like the student (gathered per layer in forward, resharded after)."""
+    teacher = teacher.to(setup.dist.device)
+    if setup.spec.parallel.strategy != "fsdp":
+        return teacher
+    from torch.distributed.fsdp import fully_shard
+
+    from launcher.groups.model.hf import decoder_layers
+    from launcher.parallel.fsdp import data_mesh
+
+    mesh = data_mesh(setup.mesh, setup.dist.dims.replicate)
+    for layer in decoder_layers(teacher) or []:
+        fully_shard(layer, mesh=mesh, reshard_after_forward=True)
+    fully_shard(teacher, mesh=mesh, reshard_after_forward=True)
+    return teacher
+
+
+def build_distiller(spec: RunSpec, setup: Setup) -> Distiller | None:
+    """The frozen, placed teacher and its KD term, or None without distill.teacher."""
+    if spec.distill.teacher is None:
+        return None
+    with torch.random.fork_rng(devices=[]):
+        teacher = load_teacher(spec.distill.teacher)
+    teacher = teacher.to(dtype=train_dtype(spec.precision)).eval().requires_grad_(False)
+    return Distiller(_place(teacher, setup), spec.distill)

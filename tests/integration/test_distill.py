@@ -1,0 +1,82 @@
+"""Knowledge distillation through the real loop: a student distilled from a trained teacher learns faster
+than the same student on cross-entropy alone, the metrics split the two terms, and resume is exact."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from conftest import TINY, losses, run_inline
+from launcher.groups.metrics import read_metrics
+
+# The teacher: TINY (2 blocks of 64) trained 60 steps; the student: 1 block of 32, 20 steps.
+TEACHER = [*TINY, "train.max_steps=60", "train.eval_every=60", "checkpoint.every=60", "optimizer.lr=3e-3"]
+STUDENT = [*TINY, "model.n_layer=1", "model.d_model=32", "train.eval_every=20", "optimizer.lr=3e-3"]
+KD = ["distill=kd", "distill.kd_ratio=0.9", "distill.temperature=1.0"]
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory) -> dict[str, Path]:
+    """The teacher, the distilled student and the student on cross-entropy alone (same seed and steps)."""
+    base = tmp_path_factory.mktemp("distill")
+    assert run_inline(TEACHER, base / "teacher") == 0
+    assert run_inline(STUDENT, base / "ce") == 0
+    assert run_inline([*STUDENT, *KD, f"distill.teacher={base / 'teacher'}"], base / "kd") == 0
+    return {name: base / name for name in ("teacher", "ce", "kd")}
+
+
+def _eval_loss(run_dir: Path) -> float:
+    return json.loads((run_dir / "summary.json").read_text())["eval_loss"]
+
+
+def test_distilled_student_beats_cross_entropy_alone(runs) -> None:
+    teacher, ce, kd = (_eval_loss(runs[name]) for name in ("teacher", "ce", "kd"))
+    # Measured: teacher 3.58, student on CE alone 4.35, distilled 4.22 eval loss (seed 1234).
+    assert teacher < kd < ce - 0.05, (teacher, kd, ce)
+
+
+def test_metrics_split_cross_entropy_and_kd(runs) -> None:
+    records = [r for r in read_metrics(runs["kd"] / "metrics.jsonl") if "loss" in r]
+    assert len(records) == 20
+    for r in records:  # loss = 0.1 * CE + 0.9 * KD, all per trained token
+        assert r["loss"] == pytest.approx(0.1 * r["ce_loss"] + 0.9 * r["kd_loss"], rel=1e-5)
+    assert records[-1]["kd_loss"] < records[0]["kd_loss"]
+    assert all("kd_loss" not in r for r in read_metrics(runs["ce"] / "metrics.jsonl"))
+    step_dir = runs["kd"] / "checkpoints" / "step_20"
+    assert sorted(p.name for p in step_dir.glob("*.pt")) == sorted(
+        p.name for p in (runs["ce"] / "checkpoints" / "step_20").glob("*.pt")
+    )  # the teacher is read-only input: never saved with the student
+
+
+def test_resume_is_bitwise_exact(runs, tmp_path) -> None:
+    split = [*STUDENT, *KD, f"distill.teacher={runs['teacher']}"]
+    assert run_inline([*split, "train.stop_after=10"], tmp_path / "split") == 0
+    assert run_inline([*split, "resume=auto"], tmp_path / "split") == 0
+    assert losses(tmp_path / "split") == losses(runs["kd"])
+    terms = {
+        r["step"]: (r["ce_loss"], r["kd_loss"])
+        for r in read_metrics(tmp_path / "split" / "metrics.jsonl")
+        if "kd_loss" in r
+    }
+    straight = {
+        r["step"]: (r["ce_loss"], r["kd_loss"])
+        for r in read_metrics(runs["kd"] / "metrics.jsonl")
+        if "kd_loss" in r
+    }
+    assert terms == straight
+
+
+def test_plan_adds_the_teacher_and_its_logits(runs) -> None:
+    from launcher.groups.model.config import config_num_params
+    from launcher.plan.planner import plan
+    from launcher.spec import load_spec
+
+    spec = load_spec(runs["kd"] / "spec.yaml")
+    alone = plan(load_spec(runs["ce"] / "spec.yaml"))
+    distilled = plan(spec)
+    teacher_params = config_num_params(load_spec(runs["teacher"] / "spec.yaml").model)  # 131,392, float32
+    logits = 4 * 32 * 256 * 4
+    assert distilled.buffers - alone.buffers == teacher_params * 4 + logits + 128 * 256 * 4 * 6
+    assert any("distillation teacher" in note for note in distilled.notes)

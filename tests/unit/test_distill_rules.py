@@ -1,0 +1,94 @@
+"""Every distillation spec the rules refuse before launch, with its key and fix; the chunked KL against a direct one."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from conftest import write_spec
+from launcher.front.cli import precheck
+from launcher.groups.distill import kd_loss_sum
+
+
+def _errors(*argv: str) -> dict[tuple[str, ...], str]:
+    return {e.keys: e.message for e in precheck(list(argv))}
+
+
+@pytest.fixture(scope="module")
+def hf_teacher(tmp_path_factory) -> Path:
+    """A folder that looks like a Hugging Face model of 300 token ids (the rules read config.json only)."""
+    folder = tmp_path_factory.mktemp("hf_teacher")
+    (folder / "config.json").write_text(json.dumps({"model_type": "llama", "vocab_size": 300}))
+    (folder / "model.safetensors").write_bytes(b"")
+    return folder
+
+
+def test_settings_out_of_range_are_refused(hf_teacher: Path) -> None:
+    errors = _errors(
+        "distill=kd", f"distill.teacher={hf_teacher}", "model.vocab_size=300",
+        "distill.kd_ratio=1.5", "distill.temperature=0", "distill.loss=js",
+    )  # fmt: skip
+    assert "[0, 1]" in errors[("distill.kd_ratio",)]
+    assert "must be positive" in errors[("distill.temperature",)]
+    assert "forward_kl, reverse_kl" in errors[("distill.loss",)]
+    assert set(errors) == {("distill.kd_ratio",), ("distill.temperature",), ("distill.loss",)}
+
+
+def test_teacher_paths_and_vocabularies_are_checked(hf_teacher: Path, tmp_path: Path) -> None:
+    assert (
+        "does not exist"
+        in _errors("distill=kd", f"distill.teacher={tmp_path / 'nope'}")[("distill.teacher",)]
+    )
+    assert (
+        "neither a run directory"
+        in _errors("distill=kd", f"distill.teacher={tmp_path}")[("distill.teacher",)]
+    )
+    message = _errors("distill=kd", f"distill.teacher={hf_teacher}")[("distill.teacher", "model.vocab_size")]
+    assert "300 ids and the student's 256" in message and "model.vocab_size=300" in message
+    untrained = tmp_path / "untrained"
+    write_spec(["train.max_steps=1"], untrained)
+    assert (
+        "no complete checkpoint"
+        in _errors("distill=kd", f"distill.teacher={untrained}")[("distill.teacher",)]
+    )
+
+
+def test_pipeline_parallel_is_refused_with_the_reason(hf_teacher: Path) -> None:
+    errors = _errors(
+        "distill=kd",
+        f"distill.teacher={hf_teacher}",
+        "model.vocab_size=300",
+        "parallel=pp",
+        "launcher.nproc=2",
+    )
+    assert (
+        "a pipeline's stages never hold the whole student's logits"
+        in errors[("distill.teacher", "parallel.strategy")]
+    )
+
+
+def test_distill_none_composes_without_a_teacher() -> None:
+    assert _errors("distill=none") == {}
+    assert ("distill.teacher",) in {e.keys for e in precheck(["distill=kd"])}  # distill=kd: the teacher must be named
+
+
+@pytest.mark.parametrize("loss", ["forward_kl", "reverse_kl"])
+def test_chunked_kl_equals_the_whole_one_and_its_gradient(loss: str) -> None:
+    gen = torch.Generator().manual_seed(0)
+    student = torch.randn(3, 10, 50, generator=gen, requires_grad=True)
+    teacher = torch.randn(3, 10, 50, generator=gen)
+    labels = torch.randint(0, 50, (3, 10), generator=gen)
+    labels[0, :4] = -100
+    chunked = kd_loss_sum(student, teacher, labels, temperature=2.0, loss=loss, chunk_rows=7)
+    (grad_chunked,) = torch.autograd.grad(chunked, student)
+    log_s, log_t = F.log_softmax(student / 2.0, -1), F.log_softmax(teacher / 2.0, -1)
+    pair = (log_t, log_s) if loss == "forward_kl" else (log_s, log_t)
+    kl = (pair[0].exp() * (pair[0] - pair[1])).sum(-1)
+    whole = 4.0 * (kl * (labels != -100)).sum()
+    (grad_whole,) = torch.autograd.grad(whole, student)
+    torch.testing.assert_close(chunked, whole)
+    torch.testing.assert_close(grad_chunked, grad_whole)
