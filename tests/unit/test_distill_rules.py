@@ -73,7 +73,8 @@ def test_pipeline_parallel_is_refused_with_the_reason(hf_teacher: Path) -> None:
 
 def test_distill_none_composes_without_a_teacher() -> None:
     assert _errors("distill=none") == {}
-    assert ("distill.teacher",) in {e.keys for e in precheck(["distill=kd"])}  # distill=kd: the teacher must be named
+    # distill=kd: the teacher must be named
+    assert ("distill.teacher",) in {e.keys for e in precheck(["distill=kd"])}
 
 
 @pytest.mark.parametrize("loss", ["forward_kl", "reverse_kl"])
