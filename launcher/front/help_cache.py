@@ -1,8 +1,8 @@
 """`train --help` from a cache: the text depends only on the command line and the shipped code and
 config files, so once printed it is kept and printed again without importing Hydra or the schemas.
 
-The key hashes the command line, the Python and launcher versions and the path, size and
-modification time of every file of the package and of conf/ (a changed option file or schema makes
+The key hashes the command line, the Python version and the path, size and modification
+time of every file of the package (its version too) and of conf/ (a changed option file or schema makes
 a new key). Command lines that read a user's config directories (--config-dir, --config-path,
 hydra.searchpath) are never cached: those files are not in the key. The cache lives under
 $XDG_CACHE_HOME/torch-launcher/help (default ~/.cache); a file that cannot be written is skipped.
@@ -39,12 +39,10 @@ def _files(root: Path) -> Iterator[str]:
 
 
 def _key(argv: list[str]) -> str:
-    import launcher
-
-    package = Path(launcher.__file__).parent
+    package = Path(__file__).resolve().parents[1]  # launcher/: its files (the version's too) are in the key
     conf = package / "conf"
     roots = [package] + ([] if conf.is_dir() else [package.parent / "conf"])  # editable: conf/ beside it
-    digest = hashlib.sha256("\0".join([sys.version, launcher.__version__, *argv]).encode())
+    digest = hashlib.sha256("\0".join([sys.version, *argv]).encode())
     for root in roots:
         if root.is_dir():
             for line in _files(root):
