@@ -33,8 +33,8 @@ from launcher.groups.optimizer import OptimizerConfig
 from launcher.groups.parallel import ParallelConfig
 from launcher.groups.precision import PrecisionConfig
 from launcher.groups.profiling import ProfilerConfig
-from launcher.groups.qat import QatConfig
 from launcher.groups.prune import PruneConfig
+from launcher.groups.qat import QatConfig
 from launcher.groups.quantization import QuantizationConfig
 from launcher.groups.scheduler import SchedulerConfig
 from launcher.groups.tokenizer import TokenizerConfig

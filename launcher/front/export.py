@@ -97,7 +97,8 @@ def model_state(step_dir: Path, spec: RunSpec, *, merge: bool, fmt: str) -> dict
             f"into full-precision weights{other}."
         )
     state = consolidate(step_dir, spec)
-    if spec.prune.method != "none":  # the zeros are in the weights: dropping the masks makes the pruning permanent
+    # The zeros are in the weights: dropping the masks makes the pruning permanent.
+    if spec.prune.method != "none":
         from launcher.groups.prune import without_masks
 
         state = without_masks(state)
@@ -135,7 +136,13 @@ def write_hf(spec: RunSpec, state: dict[str, torch.Tensor], out: Path, *, force:
 
 
 def export(
-    source: Path, out: Path, *, fmt: str = "pt", merge: bool = False, force: bool = False, qat_convert: bool = False
+    source: Path,
+    out: Path,
+    *,
+    fmt: str = "pt",
+    merge: bool = False,
+    force: bool = False,
+    qat_convert: bool = False,
 ) -> Path:
     """Write `source`'s weights (a checkpoint or run directory) to `out` in `fmt`; returns the checkpoint used.
 
@@ -151,7 +158,9 @@ def export(
 
         refuse_existing(out, force=force)  # before the (possibly long) consolidation
     if qat_convert and (fmt != "pt" or merge):
-        raise ExportError("--qat-convert writes a quantized torch state dict: use it with --format pt and without --merge.")
+        raise ExportError(
+            "--qat-convert writes a quantized torch state dict: use it with --format pt and without --merge."
+        )
     state = model_state(step_dir, spec, merge=merge, fmt=fmt)
     if qat_convert:
         from launcher.front.qat_export import write_converted
@@ -225,7 +234,12 @@ def main(argv: list[str] | None = None) -> int:
             used = export_adapter(args.checkpoint, args.out, merge=args.merge, force=args.force)
         else:
             used = export(
-                args.checkpoint, args.out, fmt=args.fmt, merge=args.merge, force=args.force, qat_convert=args.qat_convert
+                args.checkpoint,
+                args.out,
+                fmt=args.fmt,
+                merge=args.merge,
+                force=args.force,
+                qat_convert=args.qat_convert,
             )
     except (ExportError, KeyError, FileNotFoundError, ValueError) as err:
         print(f"error: {err}", file=sys.stderr)

@@ -113,7 +113,9 @@ def load_source(source: Path) -> tuple[nn.Module, RunSpec | None, dict[str, Any]
 
     step_dir, run_dir = locate(source)
     if not (run_dir / "spec.yaml").is_file():
-        raise ExportError(f"{run_dir / 'spec.yaml'} is missing: the model and its data are read from the run's spec.")
+        raise ExportError(
+            f"{run_dir / 'spec.yaml'} is missing: the model and its data are read from the run's spec."
+        )
     spec = load_spec(run_dir / "spec.yaml")
     state = model_state(step_dir, spec, merge=is_adapted(spec), fmt="pt")
     model = build_model(spec.model)
@@ -129,9 +131,13 @@ def evaluate(model: nn.Module, spec: RunSpec) -> dict[str, float]:
     from launcher.groups.model.loss import lm_loss, model_inputs
 
     d = spec.data
-    val = PackedSequences(load_corpus(d, spec.tokenizer).val, d.seq_len, document_mask=d.packing and d.document_mask)
+    val = PackedSequences(
+        load_corpus(d, spec.tokenizer).val, d.seq_len, document_mask=d.packing and d.document_mask
+    )
     total, count = 0.0, 0
-    batches = val_batches(val, micro_batch_size=spec.train.micro_batch_size, max_batches=spec.train.eval_batches)
+    batches = val_batches(
+        val, micro_batch_size=spec.train.micro_batch_size, max_batches=spec.train.eval_batches
+    )
     for batch in batches:
         loss_sum, n = lm_loss(model(**model_inputs(batch)), batch["labels"])
         total, count = total + float(loss_sum), count + int(n)
@@ -150,7 +156,9 @@ def _data_spec(spec: RunSpec | None, spec_path: Path | None) -> RunSpec | None:
         return spec
     path = spec_path / "spec.yaml" if spec_path.is_dir() else spec_path
     if not path.is_file():
-        raise ExportError(f"--spec {spec_path}: no spec.yaml there. Give a run's spec.yaml or its run directory.")
+        raise ExportError(
+            f"--spec {spec_path}: no spec.yaml there. Give a run's spec.yaml or its run directory."
+        )
     return load_spec(path)
 
 
@@ -205,11 +213,19 @@ def table(record: dict[str, Any]) -> str:
         ppl = f"{m['eval_ppl']:.3f}" if "eval_ppl" in m else "-"
         rows.append((name, f"{m['bytes']:,}", loss, ppl))
     widths = [max(len(row[i]) for row in rows) for i in range(4)]
-    lines = ["  ".join(cell.ljust(w) if i == 0 else cell.rjust(w) for i, (cell, w) in enumerate(zip(row, widths))) for row in rows]
+    lines = [
+        "  ".join(
+            cell.ljust(w) if i == 0 else cell.rjust(w)
+            for i, (cell, w) in enumerate(zip(row, widths, strict=True))
+        )
+        for row in rows
+    ]
     ratio = record["before"]["bytes"] / max(record["after"]["bytes"], 1)
     lines.append(f"size ratio {ratio:.2f}x ({record['torchao_config']})")
     if "eval_loss" not in record["after"]:
-        lines.append("no eval: an HF folder has no data of its own; add --spec RUN_DIR/spec.yaml to measure loss")
+        lines.append(
+            "no eval: an HF folder has no data of its own; add --spec RUN_DIR/spec.yaml to measure loss"
+        )
     return "\n".join(lines)
 
 
@@ -223,11 +239,16 @@ def main(argv: list[str] | None = None) -> int:
         "bad input.",
         epilog="schemes: " + "; ".join(f"{name} = torchao {cfg}" for name, cfg in SCHEMES.items()),
     )
-    parser.add_argument("source", type=Path, help="a run directory, a checkpoints/step_N directory, or an HF model folder")
+    parser.add_argument(
+        "source", type=Path, help="a run directory, a checkpoints/step_N directory, or an HF model folder"
+    )
     parser.add_argument("out", type=Path, help="the folder to write (must not exist, or be empty)")
     parser.add_argument("--scheme", required=True, help=f"one of {', '.join(SCHEMES)}")
     parser.add_argument(
-        "--spec", type=Path, default=None, help="a spec.yaml (or run directory) whose data evaluates an HF folder"
+        "--spec",
+        type=Path,
+        default=None,
+        help="a spec.yaml (or run directory) whose data evaluates an HF folder",
     )
     args = parser.parse_args(argv)
     try:

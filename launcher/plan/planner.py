@@ -383,7 +383,9 @@ def plan(spec: RunSpec, world: int | None = None, device_type: str | None = None
         f" x {vocab_size(gpt.model)} x 4 B x 3",
     ]
     kept = acts.head_bytes(gpt.model, shape) + acts.layer_bytes(gpt.model, shape)
-    extra, extra_notes = compression.extra_bytes(spec)  # masks, teachers, observers: small per-technique terms
+    extra, extra_notes = compression.extra_bytes(
+        spec
+    )  # masks, teachers, observers: small per-technique terms
     states = dataclasses.replace(states, buffers=states.buffers + extra)
     notes += extra_notes
     return device_plan(spec, states, activations, kept=kept, world=n, kind=kind, notes=notes)

@@ -39,5 +39,7 @@ def test_fp8_converts_the_block_linears() -> None:
     from launcher.groups.model.config import ModelConfig
     from launcher.groups.precision import PrecisionConfig, apply_fp8
 
-    model = apply_fp8(build_model(ModelConfig(n_layer=2, d_model=64, n_head=2)), PrecisionConfig(bf16=True, fp8=True))
+    model = apply_fp8(
+        build_model(ModelConfig(n_layer=2, d_model=64, n_head=2)), PrecisionConfig(bf16=True, fp8=True)
+    )
     assert sum(isinstance(m, Float8Linear) for m in model.modules()) == 2 * 6  # q, k, v, o, up, down

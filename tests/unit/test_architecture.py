@@ -184,5 +184,14 @@ def test_every_strategy_offers_the_whole_protocol(name: str) -> None:
     attributes = list(typing.get_type_hints(Strategy))
     missing = [v for v in verbs if not callable(getattr(built, v, None))]
     assert not missing, f"{built.__name__} lacks {missing}"
-    assert set(verbs) >= {"step", "save", "load", "state_bytes", "export_state_dict", "no_sync", "forward_backward", "eval_loss"}
+    assert set(verbs) >= {
+        "step",
+        "save",
+        "load",
+        "state_bytes",
+        "export_state_dict",
+        "no_sync",
+        "forward_backward",
+        "eval_loss",
+    }
     assert attributes == ["model", "optimizer"]

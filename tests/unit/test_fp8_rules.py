@@ -47,9 +47,10 @@ def test_older_gpus_are_refused_and_sm89_accepted() -> None:
 
 
 def test_recipe_bf16_and_quantized_base_are_checked() -> None:
-    assert "Did you mean rowwise?" in _gpu_errors((9, 0), "precision=fp8", "precision.fp8_recipe=rowwize")[
-        ("precision.fp8_recipe",)
-    ]
+    assert (
+        "Did you mean rowwise?"
+        in _gpu_errors((9, 0), "precision=fp8", "precision.fp8_recipe=rowwize")[("precision.fp8_recipe",)]
+    )
     assert "precision=fp8" in _gpu_errors((9, 0), "precision.fp8=true")[("precision.fp8", "precision.bf16")]
     both = ("precision.fp8", "quantization.method")
     assert "quantization=none" in _gpu_errors((9, 0), "precision=fp8", "quantization=int8_lora")[both]
@@ -66,6 +67,8 @@ def test_convert_swaps_eligible_linears_only() -> None:
     model = build_model(ModelConfig(n_layer=1, d_model=64, n_head=2, d_ff=200))
     apply_fp8(model, PrecisionConfig(bf16=True, fp8=True, fp8_recipe="rowwise"))
     block = model.blocks[0]
-    assert all(isinstance(getattr(block.attn, n), Float8Linear) for n in ("q_proj", "k_proj", "v_proj", "o_proj"))
+    assert all(
+        isinstance(getattr(block.attn, n), Float8Linear) for n in ("q_proj", "k_proj", "v_proj", "o_proj")
+    )
     assert not isinstance(block.mlp.up, Float8Linear)  # 200 is not a multiple of 16
     assert not isinstance(model.lm_head, Float8Linear) and model.lm_head.weight is model.tok_emb.weight
