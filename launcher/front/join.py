@@ -28,21 +28,28 @@ def written_spec(cfg: DictConfig, run_dir: Path) -> str:
     return spec_text(compose.strip_hydra(cfg), run_dir / "spec.yaml")
 
 
-def wait_for_node_0(cfg: DictConfig, spec: RunSpec, run_dir: Path) -> str | None:
-    """Wait until node 0 wrote this node's spec into run_dir; None when it did, else why not."""
-    path, expected = run_dir / "spec.yaml", written_spec(cfg, run_dir)
-    deadline = time.monotonic() + spec.launcher.timeout_s
+def wait_for_spec(path: Path, expected: str, timeout_s: float) -> bool:
+    """Wait until `path` holds exactly `expected` (rank 0 or node 0 wrote it); whether it did in time."""
+    deadline = time.monotonic() + timeout_s
     while not _holds(path, expected):
         if time.monotonic() > deadline:
-            return (
-                f"error: node {spec.launcher.node_rank} waited {spec.launcher.timeout_s:g} s "
-                f"(launcher.timeout_s) for node 0 to write {path} with the spec this node composed, and it "
-                "did not. Node 0 did not start or failed (its error comes first), the nodes were given "
-                "different arguments (only launcher.node_rank may differ), or run_dir is not shared between "
-                "the nodes (it must be: a shared filesystem path)."
-            )
+            return False
         time.sleep(POLL_S)
-    return None
+    return True
+
+
+def wait_for_node_0(cfg: DictConfig, spec: RunSpec, run_dir: Path) -> str | None:
+    """Wait until node 0 wrote this node's spec into run_dir; None when it did, else why not."""
+    path = run_dir / "spec.yaml"
+    if wait_for_spec(path, written_spec(cfg, run_dir), spec.launcher.timeout_s):
+        return None
+    return (
+        f"error: node {spec.launcher.node_rank} waited {spec.launcher.timeout_s:g} s "
+        f"(launcher.timeout_s) for node 0 to write {path} with the spec this node composed, and it "
+        "did not. Node 0 did not start or failed (its error comes first), the nodes were given "
+        "different arguments (only launcher.node_rank may differ), or run_dir is not shared between "
+        "the nodes (it must be: a shared filesystem path)."
+    )
 
 
 def _holds(path: Path, expected: str) -> bool:

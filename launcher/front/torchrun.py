@@ -11,20 +11,16 @@ started by `train` do. The run directory must be given and, across nodes, shared
 from __future__ import annotations
 
 import os
-import time
 from collections.abc import Mapping
 from pathlib import Path
 
 from omegaconf import DictConfig
 
 from launcher.exits import ExitStatus
-from launcher.front import compose, rundir
+from launcher.front import compose, join, rundir
 from launcher.front.tokenize import prepare_data
 from launcher.groups.launcher import torchrun_world
 from launcher.spec import RunSpec, SpecError, spec_text
-
-POLL_S = 0.1
-"""How often a waiting rank looks at spec.yaml."""
 
 
 def active(env: Mapping[str, str] = os.environ) -> bool:
@@ -119,26 +115,16 @@ def start(cfg: DictConfig, spec: RunSpec, run_dir: Path, env: Mapping[str, str] 
     cfg.run_dir = str(run_dir)
     path = run_dir / "spec.yaml"
     expected = spec_text(compose.strip_hydra(cfg), path)  # what rundir.write makes of it on rank 0
-    deadline = time.monotonic() + spec.launcher.timeout_s
-    while not _holds(path, expected):
-        if time.monotonic() > deadline:
-            rundir.err_console.print(
-                f"error: rank {env.get('RANK')} waited {spec.launcher.timeout_s:.0f} s (launcher.timeout_s) for "
-                f"rank 0 to write {path} with the spec this rank composed, and it did not. Rank 0 failed (its "
-                "error comes first), the ranks were given different command lines, or the run directory is "
-                "not shared between the nodes (it must be: a shared filesystem path).",
-                markup=False,
-                soft_wrap=True,
-            )
-            return ExitStatus.FAILED
-        time.sleep(POLL_S)
+    if not join.wait_for_spec(path, expected, spec.launcher.timeout_s):
+        rundir.err_console.print(
+            f"error: rank {env.get('RANK')} waited {spec.launcher.timeout_s:.0f} s (launcher.timeout_s) for "
+            f"rank 0 to write {path} with the spec this rank composed, and it did not. Rank 0 failed (its "
+            "error comes first), the ranks were given different command lines, or the run directory is "
+            "not shared between the nodes (it must be: a shared filesystem path).",
+            markup=False,
+            soft_wrap=True,
+        )
+        return ExitStatus.FAILED
     from launcher.launch import backend
 
     return backend("torchrun").launch(spec, run_dir)
-
-
-def _holds(path: Path, expected: str) -> bool:
-    try:
-        return path.read_text() == expected
-    except OSError:
-        return False
