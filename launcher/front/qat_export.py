@@ -11,7 +11,6 @@ activations are quantized per token at run time). OUT is that state dict, writte
 
 from __future__ import annotations
 
-import math
 from pathlib import Path
 
 import torch
@@ -57,24 +56,3 @@ def load_converted(path: Path, spec: RunSpec) -> nn.Module:
     # assign: the saved torchao tensors replace the float parameters as they are
     model.load_state_dict(torch.load(path, weights_only=True), assign=True)
     return model.eval()
-
-
-@torch.no_grad()
-def eval_loss(model: nn.Module, spec: RunSpec) -> float:
-    """Token-mean float32 loss on the held-out micro batches the engine's evaluate reads at world size 1."""
-    from launcher.groups.data.sequences import PackedSequences, val_batches
-    from launcher.groups.data.tokens import load_corpus
-    from launcher.groups.model.loss import lm_loss, model_inputs
-
-    d = spec.data
-    val = PackedSequences(
-        load_corpus(d, spec.tokenizer).val, d.seq_len, document_mask=d.packing and d.document_mask
-    )
-    total, count = 0.0, 0
-    for batch in val_batches(
-        val, micro_batch_size=spec.train.micro_batch_size, max_batches=spec.train.eval_batches
-    ):
-        loss_sum, n = lm_loss(model(**model_inputs(batch)), batch["labels"])
-        total, count = total + float(loss_sum), count + int(n)
-    loss = total / max(count, 1)
-    return loss if math.isfinite(loss) else float("nan")

@@ -10,6 +10,7 @@ import torch
 
 from conftest import TINY, losses, run_inline, run_ranks
 from launcher.front import export, qat_export
+from launcher.front.quantize import evaluate
 from launcher.groups import checkpoint, qat
 from launcher.groups.model.build import build_model
 from launcher.spec import load_spec
@@ -63,7 +64,7 @@ def test_converted_export_matches_the_fake_quantized_eval(qat_run, tmp_path) -> 
     model = qat_export.load_converted(out, spec)
     assert type(model.blocks[0].mlp.up.weight).__name__ == "IntxUnpackedToInt8Tensor"
     fake_quant = json.loads((qat_run / "summary.json").read_text())["eval_loss"]
-    converted = qat_export.eval_loss(model, spec)
+    converted = evaluate(model, spec)["eval_loss"]
     print(f"eval loss: fake-quantized {fake_quant:.6f}, converted {converted:.6f}")
     # measured 0 to 1e-6 apart: convert applies the same int4 grid and per-token int8 activations
     assert converted == pytest.approx(fake_quant, abs=1e-3)
