@@ -110,14 +110,17 @@ def build(spec: RunSpec, dist: DistContext, run_dir: Path | None = None) -> Comp
     batch = BatchSplit(
         micro_batch_size=spec.train.micro_batch_size, grad_accum_steps=spec.train.grad_accum_steps
     )
-    if spec.memory.auto_micro_batch:
-        batch = fit_micro_batch(model, spec, device, run_dir=run_dir, is_main=dist.is_main)
+    distiller = build_distiller(spec, dist, mesh)  # frozen teacher, placed like the student
+    if spec.memory.auto_micro_batch:  # the teacher's weights, logits and KL chunks count in every try
+        batch = fit_micro_batch(
+            model, spec, device, run_dir=run_dir, is_main=dist.is_main, distiller=distiller
+        )
     for module in model if spec.parallel.strategy == "pp" else [model]:
         compile_model(module, spec.compile)
     load_weights = (lambda wrapped: pretrained.load_into_shards(wrapped, spec.model, dist)) if empty else None
     setup = Setup(spec=spec, dist=dist, batch=batch, mesh=mesh, load_weights=load_weights)
     strategy = build_strategy(model, setup)
-    strategy.distiller = distiller = build_distiller(spec, setup)  # frozen teacher, placed like the student
+    strategy.distiller = distiller
     scheduler = build_scheduler(strategy.optimizer, spec.scheduler, spec.train.max_steps)
     corpus = _corpus(spec, dist)
     d = spec.data

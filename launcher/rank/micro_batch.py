@@ -11,7 +11,8 @@ resident, which can only make the choice smaller, never too large. The micro bat
 (micro x accum of the spec), so after doubling the search backs off through the divisors between
 the last size that fit and the first that did not. Ranks take the smallest choice of any rank.
 Optimizer state does not exist yet, so each try also holds a ballast of two fp32 values per
-trainable parameter (AdamW's moments; an upper bound for 8-bit and SGD optimizers).
+trainable parameter (AdamW's moments; an upper bound for 8-bit and SGD optimizers). Under
+distillation the teacher is already on the device and each try runs its forward and the KD term too.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ import torch.distributed as dist
 from torch import nn
 
 from launcher.groups.batch_split import BatchSplit
+from launcher.groups.distill import Distiller
 from launcher.groups.model.config import vocab_size
 from launcher.groups.model.loss import lm_loss
 from launcher.groups.precision import autocast, train_dtype
@@ -93,9 +95,14 @@ def _free(device: torch.device) -> None:
 
 
 def _try_size(
-    model: nn.Module, spec: RunSpec, size: int, device: torch.device, budget: int | None
+    model: nn.Module,
+    spec: RunSpec,
+    size: int,
+    device: torch.device,
+    budget: int | None,
+    distiller: Distiller | None = None,
 ) -> tuple[bool, int]:
-    """(fits, peak bytes) of one forward and backward pass at micro batch `size`."""
+    """(fits, peak bytes) of one forward and backward pass at micro batch `size` (with the teacher's, if any)."""
     ids = torch.randint(0, vocab_size(spec.model), (size, spec.data.seq_len + 1), device=device)
     ballast_numel = 2 * sum(p.numel() for p in model.parameters() if p.requires_grad)
     _free(device)
@@ -104,7 +111,12 @@ def _try_size(
     try:
         ballast = torch.zeros(ballast_numel, dtype=torch.float32, device=device)  # zeros: pages touched
         with autocast(train_dtype(spec.precision), device.type):
-            loss_sum, count = lm_loss(model(ids[:, :-1]), ids[:, 1:])
+            inputs, labels = {"input_ids": ids[:, :-1]}, ids[:, 1:]
+            logits = model(**inputs)
+            loss_sum, count = lm_loss(logits, labels)
+            if distiller is not None:  # teacher logits and the chunked KL, as a training step holds them
+                loss_sum = distiller.loss_sum(loss_sum, logits, inputs, labels)
+            del logits
         (loss_sum / count).backward()
         del ballast, loss_sum, count
     except torch.OutOfMemoryError:
@@ -134,11 +146,13 @@ def _candidates_between(per_rank: int, low: int, high: int) -> list[int]:
     return [d for d in range(min(high - 1, per_rank), low, -1) if per_rank % d == 0]
 
 
-def _search(model: nn.Module, spec: RunSpec, device: torch.device, search: Search) -> None:
+def _search(
+    model: nn.Module, spec: RunSpec, device: torch.device, search: Search, distiller: Distiller | None
+) -> None:
     """Fill `search` with tries and the choice."""
 
     def fits(size: int) -> bool:
-        ok, peak = _try_size(model, spec, size, device, search.budget_bytes)
+        ok, peak = _try_size(model, spec, size, device, search.budget_bytes, distiller)
         search.tries.append({"micro_batch_size": size, "peak_bytes": peak, "fits": ok})
         return ok
 
@@ -204,8 +218,9 @@ def fit_micro_batch(
     *,
     run_dir: Path | None = None,
     is_main: bool = True,
+    distiller: Distiller | None = None,
 ) -> BatchSplit:
-    """The micro batch and accumulation the search chose for the spec's per-rank batch."""
+    """The micro batch and accumulation the search chose for the spec's per-rank batch (`distiller`: its teacher counts)."""
     t = spec.train
     search = Search(
         per_rank_batch=t.micro_batch_size * t.grad_accum_steps,
@@ -222,7 +237,9 @@ def fit_micro_batch(
     else:
         model.to(device)
         rng = torch.get_rng_state(), torch.cuda.get_rng_state_all() if device.type == "cuda" else None
-        _search(model, spec, device, search)
+        _search(model, spec, device, search, distiller)
+        if distiller is not None:
+            distiller.metrics(lambda sums: sums)  # the tries' CE and KD sums are no training step's
         torch.set_rng_state(rng[0])  # dropout in the tries must not shift the training run's randomness
         if rng[1] is not None:
             torch.cuda.set_rng_state_all(rng[1])

@@ -15,14 +15,15 @@ from pathlib import Path
 
 import torch
 from torch import nn
+from torch.distributed.device_mesh import DeviceMesh
 
 from launcher.groups import checkpoint
 from launcher.groups.distill import Distiller
 from launcher.groups.model.build import build_model
 from launcher.groups.model.config import ModelConfig
 from launcher.groups.precision import train_dtype
+from launcher.parallel.dims import DistContext
 from launcher.parallel.registry import strategy_module
-from launcher.parallel.strategy import Setup
 from launcher.spec import RunSpec, load_spec
 
 SPEC = "spec.yaml"
@@ -40,28 +41,28 @@ def load_teacher(path: str) -> nn.Module:
     return build_model(ModelConfig(kind="hf", path=str(folder)))
 
 
-def _place(teacher: nn.Module, setup: Setup) -> nn.Module:
+def _place(teacher: nn.Module, spec: RunSpec, dist: DistContext, mesh: DeviceMesh | None) -> nn.Module:
     """On the device, or FSDP2-sharded like the student (gathered per layer in forward, resharded after)."""
-    teacher = teacher.to(setup.dist.device)
-    if setup.spec.parallel.strategy != "fsdp":
+    teacher = teacher.to(dist.device)
+    if spec.parallel.strategy != "fsdp":
         return teacher
     from torch.distributed.fsdp import fully_shard
 
     from launcher.groups.model.hf import decoder_layers
     from launcher.parallel.fsdp import data_mesh
 
-    mesh = data_mesh(setup.mesh, setup.dist.dims.replicate)
+    shard_mesh = data_mesh(mesh, dist.dims.replicate)
     for layer in decoder_layers(teacher) or []:
-        fully_shard(layer, mesh=mesh, reshard_after_forward=True)
-    fully_shard(teacher, mesh=mesh, reshard_after_forward=True)
+        fully_shard(layer, mesh=shard_mesh, reshard_after_forward=True)
+    fully_shard(teacher, mesh=shard_mesh, reshard_after_forward=True)
     return teacher
 
 
-def build_distiller(spec: RunSpec, setup: Setup) -> Distiller | None:
+def build_distiller(spec: RunSpec, dist: DistContext, mesh: DeviceMesh | None) -> Distiller | None:
     """The frozen, placed teacher and its KD term, or None without distill.teacher."""
     if spec.distill.teacher is None:
         return None
     with torch.random.fork_rng(devices=[]):
         teacher = load_teacher(spec.distill.teacher)
     teacher = teacher.to(dtype=train_dtype(spec.precision)).eval().requires_grad_(False)
-    return Distiller(_place(teacher, setup), spec.distill)
+    return Distiller(_place(teacher, spec, dist, mesh), spec.distill)

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import TINY, losses, run_inline
+from conftest import TINY, losses, run_inline, run_ranks
 from launcher.groups.metrics import read_metrics
 
 # The teacher: TINY (2 blocks of 64) trained 60 steps; the student: 1 block of 32, 20 steps.
@@ -68,6 +68,20 @@ def test_resume_is_bitwise_exact(runs, tmp_path) -> None:
     assert terms == straight
 
 
+def test_ddp_two_ranks_distill_as_one_process(runs, tmp_path) -> None:
+    """Each of two gloo ranks holds the whole teacher; CE and KD terms summed over ranks match one process."""
+    ddp = tmp_path / "ddp"
+    args = [*STUDENT, *KD, f"distill.teacher={runs['teacher']}", "parallel=ddp", "train.micro_batch_size=2"]
+    result = run_ranks([*args, "train.stop_after=10"], ddp)
+    assert result.returncode == 0, result.stderr[-2000:]
+    one = {r["step"]: r for r in read_metrics(runs["kd"] / "metrics.jsonl") if "kd_loss" in r}
+    two = {r["step"]: r for r in read_metrics(ddp / "metrics.jsonl") if "kd_loss" in r}
+    assert sorted(two) == list(range(1, 11))
+    for step, record in two.items():  # measured 1.7e-7 apart: fp32 sums in another order
+        for key in ("loss", "ce_loss", "kd_loss"):
+            assert record[key] == pytest.approx(one[step][key], abs=1e-5), (step, key)
+
+
 def test_plan_adds_the_teacher_and_its_logits(runs) -> None:
     from launcher.groups.model.config import config_num_params
     from launcher.plan.planner import plan
@@ -80,3 +94,28 @@ def test_plan_adds_the_teacher_and_its_logits(runs) -> None:
     logits = 4 * 32 * 256 * 4
     assert distilled.buffers - alone.buffers == teacher_params * 4 + logits + 128 * 256 * 4 * 6
     assert any("distillation teacher" in note for note in distilled.notes)
+
+
+def test_micro_batch_search_counts_the_teacher(runs) -> None:
+    """A search try under distillation holds the teacher's forward and the KL: its peak is clearly higher."""
+    import dataclasses
+
+    import torch
+
+    from launcher.groups.distill import Distiller
+    from launcher.groups.model.build import build_model
+    from launcher.rank.micro_batch import _try_size
+    from launcher.rank.teacher import load_teacher
+    from launcher.spec import load_spec
+
+    spec = load_spec(runs["kd"] / "spec.yaml")
+    spec = dataclasses.replace(spec, data=dataclasses.replace(spec.data, seq_len=256))
+    student = build_model(dataclasses.replace(spec.model, max_seq_len=256))
+    teacher = load_teacher(str(runs["teacher"]))
+    teacher.eval().requires_grad_(False)
+    cpu = torch.device("cpu")
+    for _ in range(2):  # the first tries warm the allocator's arenas
+        _, alone = _try_size(student, spec, 32, cpu, None)
+        _, with_teacher = _try_size(student, spec, 32, cpu, None, Distiller(teacher, spec.distill))
+    # teacher logits alone: 32 x 256 positions x 256 ids x 4 bytes = 8 MiB, plus its transient activations
+    assert with_teacher - alone > 8 * 2**20, (alone, with_teacher)
