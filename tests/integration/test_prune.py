@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from conftest import TINY, losses, run_inline
+from conftest import TINY, losses, run_inline, run_ranks
 from launcher.front import export
 from launcher.groups.metrics import read_metrics
 from launcher.groups.model.build import build_model
@@ -102,3 +102,21 @@ def test_export_makes_the_pruning_permanent(runs, tmp_path) -> None:
         assert torch.equal(state[f"{name}.weight"], weight), name  # the checkpoint's zeros, bit for bit
     zeros = sum(int((state[f"{name}.weight"] == 0).sum()) for name in pruned)
     assert zeros == round(0.75 * sum(weight.numel() for weight, _ in pruned.values()))
+
+
+def test_ddp_two_ranks_prune_as_one_process(runs, tmp_path) -> None:
+    """Two gloo ranks (micro batch 2 each) make the mask updates after steps 5, 8 and 11 as one process does."""
+    ddp = tmp_path / "ddp"
+    args = [*MAGNITUDE, "parallel=ddp", "train.micro_batch_size=2", "train.stop_after=12"]
+    result = run_ranks(args, ddp)
+    assert result.returncode == 0, result.stderr[-2000:]
+    one, two = losses(runs["straight"]), losses(ddp)
+    assert two.keys() == set(range(1, 13))
+    for step in two:  # fp32 parity: the all-reduce sums in another order
+        assert two[step] == pytest.approx(one[step], abs=1e-4), step
+    records = {r["step"]: r for r in read_metrics(ddp / "metrics.jsonl") if "sparsity" in r}
+    straight = {r["step"]: r for r in read_metrics(runs["straight"] / "metrics.jsonl") if "sparsity" in r}
+    for step in records:  # global magnitude scope: the same count of zeros after every update
+        assert records[step]["sparsity"] == pytest.approx(straight[step]["sparsity"], abs=1e-6), step
+    for name, (weight, mask) in _pruned(_model_state(ddp, 10)).items():
+        assert torch.equal(weight == 0, mask == 0), name  # the checkpoint rank 0 wrote holds the masks
