@@ -68,10 +68,18 @@ def test_resume_is_bitwise_exact(runs, tmp_path) -> None:
     assert terms == straight
 
 
-def test_ddp_two_ranks_distill_as_one_process(runs, tmp_path) -> None:
-    """Each of two gloo ranks holds the whole teacher; CE and KD terms summed over ranks match one process."""
-    ddp = tmp_path / "ddp"
-    args = [*STUDENT, *KD, f"distill.teacher={runs['teacher']}", "parallel=ddp", "train.micro_batch_size=2"]
+@pytest.mark.parametrize("parallel", ["ddp", "fsdp"])
+def test_two_ranks_distill_as_one_process(runs, tmp_path, parallel: str) -> None:
+    """Two gloo ranks, the teacher whole on each (DDP) or sharded like the student (FSDP2): the CE and KD
+    terms summed over ranks match one process."""
+    ddp = tmp_path / parallel
+    args = [
+        *STUDENT,
+        *KD,
+        f"distill.teacher={runs['teacher']}",
+        f"parallel={parallel}",
+        "train.micro_batch_size=2",
+    ]
     result = run_ranks([*args, "train.stop_after=10"], ddp)
     assert result.returncode == 0, result.stderr[-2000:]
     one = {r["step"]: r for r in read_metrics(runs["kd"] / "metrics.jsonl") if "kd_loss" in r}

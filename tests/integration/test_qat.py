@@ -71,12 +71,14 @@ def test_converted_export_matches_the_fake_quantized_eval(qat_run, tmp_path) -> 
     assert export.main([str(qat_run), str(tmp_path / "x"), "--qat-convert", "--format", "hf"]) == 2
 
 
-def test_ddp_two_ranks_match_one_process(qat_run, tmp_path) -> None:
-    ddp = tmp_path / "ddp"
+@pytest.mark.parametrize("parallel", ["ddp", "fsdp"])
+def test_two_ranks_match_one_process(qat_run, tmp_path, parallel: str) -> None:
+    """DDP replicas and FSDP2 shards (the fake quantizer sees the gathered weight) train as one process."""
+    ddp = tmp_path / parallel
     result = run_ranks(
         [
             *QAT_RUN,
-            "parallel=ddp",
+            f"parallel={parallel}",
             "launcher=local",
             "launcher.nproc=2",
             "train.micro_batch_size=2",
