@@ -19,6 +19,8 @@
 # so that several small jobs run at once. Logs: /var/log/slurm, /var/log/mysql,
 # /var/log/munge; apt output: /tmp/slurm_cluster_apt.log.
 set -euo pipefail
+# shellcheck source=scripts/slurm_conf_common.sh
+source "$(dirname "${BASH_SOURCE[0]}")/slurm_conf_common.sh"
 
 readonly CLUSTER=localcluster
 readonly NODE=localhost
@@ -149,27 +151,10 @@ render_slurm_conf() {
 ClusterName=$CLUSTER
 SlurmctldHost=$NODE
 SlurmUser=slurm
-AuthType=auth/munge
-CredType=cred/munge
-# A requeued job may start again cred_expire+1 s after it ended (default 120 s).
-AuthInfo=cred_expire=10
-MpiDefault=none
-MailProg=/bin/true
-ProctrackType=proctrack/linuxproc
-TaskPlugin=task/none
+$(slurm_conf_common)
 JobAcctGatherType=jobacct_gather/linux
-SchedulerType=sched/backfill
-# Try pending jobs every 1-2 s (defaults 30 s / 60 s: a requeued job would wait for them).
-SchedulerParameters=bf_interval=1,sched_interval=2
-SelectType=select/cons_tres
-SelectTypeParameters=CR_Core
-# Impossible requests (unknown partition, too many CPUs) are rejected by sbatch at once.
-EnforcePartLimits=ALL
-ReturnToService=2
-JobRequeue=1
-# Finished jobs leave slurmctld's memory after 60 s (sacct keeps them); SIGKILL 5 s after SIGTERM.
+# Finished jobs leave slurmctld's memory after 60 s (sacct keeps them).
 MinJobAge=60
-KillWait=5
 StateSaveLocation=$STATE_DIR/slurmctld
 SlurmdSpoolDir=$STATE_DIR/slurmd
 SlurmctldPidFile=$CTLD_PID
@@ -178,7 +163,6 @@ SlurmctldLogFile=$LOG_DIR/slurmctld.log
 SlurmdLogFile=$LOG_DIR/slurmd.log
 AccountingStorageType=accounting_storage/slurmdbd
 AccountingStorageHost=$NODE
-JobCompType=jobcomp/none
 NodeName=$NODE CPUs=$CPUS RealMemory=$MEM State=UNKNOWN
 # FORCE:4: up to 4 jobs share a core, so small jobs run side by side on few CPUs.
 PartitionName=$PARTITION Nodes=$NODE Default=YES MaxTime=INFINITE State=UP OverSubscribe=FORCE:4

@@ -19,6 +19,8 @@
 set -euo pipefail
 
 HERE=$(cd "$(dirname "$0")" && pwd)
+# shellcheck source=scripts/slurm_conf_common.sh
+source "$HERE/slurm_conf_common.sh"
 PREFIX=${NETNS_PREFIX:-tnode}
 SUBNET=${NETNS_SUBNET:-10.77.0}
 DIR=${SLURM_TWO_DIR:-/tmp/slurm_two_nodes}
@@ -46,23 +48,9 @@ write_conf() {
 ClusterName=twonodes
 SlurmctldHost=$HOST(${SUBNET}.1)
 SlurmUser=root
-AuthType=auth/munge
-CredType=cred/munge
-AuthInfo=cred_expire=10
-MpiDefault=none
-MailProg=/bin/true
-ProctrackType=proctrack/linuxproc
-TaskPlugin=task/none
+$(slurm_conf_common)
 JobAcctGatherType=jobacct_gather/none
-SchedulerType=sched/backfill
-SchedulerParameters=bf_interval=1,sched_interval=2
-SelectType=select/cons_tres
-SelectTypeParameters=CR_Core
-EnforcePartLimits=ALL
-ReturnToService=2
-JobRequeue=1
 MinJobAge=300
-KillWait=5
 StateSaveLocation=$DIR/state
 SlurmdSpoolDir=$DIR/spool/%n
 SlurmctldPidFile=$DIR/slurmctld.pid
@@ -70,7 +58,6 @@ SlurmdPidFile=$DIR/slurmd.%n.pid
 SlurmctldLogFile=$DIR/slurmctld.log
 SlurmdLogFile=$DIR/slurmd.%n.log
 AccountingStorageType=accounting_storage/none
-JobCompType=jobcomp/none
 NodeName=n1 NodeAddr=${SUBNET}.1 CPUs=$cpus RealMemory=1000 State=UNKNOWN
 NodeName=n2 NodeAddr=${SUBNET}.2 CPUs=$cpus RealMemory=1000 State=UNKNOWN
 PartitionName=debug Nodes=n1,n2 Default=YES MaxTime=INFINITE State=UP OverSubscribe=FORCE:4
