@@ -18,7 +18,8 @@ from launcher.launch import backend
 from launcher.parallel.pipeline_split import MULTI_STAGE_SCHEDULES, bubble_fraction
 from launcher.parallel.pipeline_stage import plan_stages
 from launcher.plan.pipeline import PipelineLayout, PipelinePlan, RankPlan, pipeline_plan
-from launcher.plan.planner import format_bytes, plan, plan_table
+from launcher.plan.planner import plan
+from launcher.plan.render import format_bytes, plan_table
 from launcher.spec import RunSpec, SpecError, redacted_container, schema_node
 
 

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from rich.console import Console
 
-from launcher.plan.planner import format_bytes
+from launcher.plan.render import format_bytes
 
 AUTO = "auto"
 CPU_RECIPE = "cpu"

@@ -14,7 +14,8 @@ import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from launcher.plan.planner import MemoryPlan, format_bytes, plan
+from launcher.plan.planner import MemoryPlan, plan
+from launcher.plan.render import format_bytes
 from launcher.spec import RunSpec, SpecError
 
 EIGHT_BIT = {"adamw": "adamw_8bit"}

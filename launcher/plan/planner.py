@@ -19,16 +19,12 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 from launcher.groups.model.config import vocab_size
 from launcher.groups.model.shape import model_shape
 from launcher.plan import activations as acts
 from launcher.plan import compression
 from launcher.spec import RunSpec
-
-if TYPE_CHECKING:
-    from rich.table import Table
 
 MiB, GiB = 1024**2, 1024**3
 # Optimizer state bytes per trainable parameter, beside the weights (float32 states unless 8-bit).
@@ -389,30 +385,3 @@ def plan(spec: RunSpec, world: int | None = None, device_type: str | None = None
     states = dataclasses.replace(states, buffers=states.buffers + extra)
     notes += extra_notes
     return device_plan(spec, states, activations, kept=kept, world=n, kind=kind, notes=notes)
-
-
-def format_bytes(num: float) -> str:
-    """Bytes as GiB (from 1 GiB up) or MiB."""
-    return f"{num / GiB:.2f} GiB" if num >= GiB else f"{num / MiB:.1f} MiB"
-
-
-def plan_table(memory: MemoryPlan) -> Table:
-    """The plan as a rich table: one row per part, its size per device and how it was counted."""
-    from rich.table import Table
-
-    table = Table(box=None, padding=(0, 2, 0, 0))
-    table.add_column("part")
-    table.add_column("per device", justify="right")
-    rows = (
-        ("parameters", memory.parameters),
-        ("gradients", memory.gradients),
-        ("optimizer states", memory.optimizer_states),
-        ("activations", memory.activations),
-        ("buffers", memory.buffers),
-    )
-    for name, num in rows:
-        table.add_row(name, format_bytes(num))
-    table.add_row("[bold]total", f"[bold]{format_bytes(memory.total)}")
-    if memory.host_bytes:
-        table.add_row("[dim]host (offloaded)", f"[dim]{format_bytes(memory.host_bytes)}")
-    return table
