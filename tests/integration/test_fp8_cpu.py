@@ -38,7 +38,7 @@ def _train(model: torch.nn.Module, ids: torch.Tensor, steps: int) -> list[float]
         (loss_sum / count).backward()
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
-        out.append(float(loss_sum / count))
+        out.append(float(loss_sum.detach() / count))
     return out
 
 
