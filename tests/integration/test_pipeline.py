@@ -136,17 +136,30 @@ def test_fp16_loss_scale_agrees_across_stages(cached_run) -> None:
     assert len(scales) == 1 and scales != {None}
 
 
-def test_resume_is_bitwise_across_stage_layouts(cached_run, tmp_path) -> None:
+def test_resume_across_stage_layouts(cached_run, tmp_path) -> None:
     """3 steps as 2 stages (1f1b), resumed to 6 as 4 interleaved stages: the checkpoint holds the whole
-    model's names, so the new layout reads it, and every per-step loss is bitwise the straight run's."""
-    straight = cached_run(["parallel=pp", *SCHEDULES["interleaved_1f1b"]])
-    run_dir = tmp_path / "resumed"
+    model's names, so the new layout reads it. Bitwise only where the arithmetic is the same: steps 1-3
+    are 1f1b's floats, and from one checkpoint the interleaved layout gives the same floats whether it
+    runs straight to step 6 or stops at 5 and resumes. Against six straight interleaved steps the run
+    that changed layouts is close, not bitwise: its first three gradients were summed in 1f1b's order."""
+    straight_1f1b = losses(cached_run(["parallel=pp", *SCHEDULES["1f1b"]]))
+    straight_interleaved = losses(cached_run(["parallel=pp", *SCHEDULES["interleaved_1f1b"]]))
     args = [*BASE, "launcher=local", "launcher.nproc=2", "parallel=pp"]
+    interleaved = [*args, *SCHEDULES["interleaved_1f1b"]]
+    run_dir, again = tmp_path / "resumed", tmp_path / "resumed_twice"
     first = run_ranks([*args, *SCHEDULES["1f1b"], "train.stop_after=3"], run_dir)
     assert first.returncode == 0, first.stderr[-3000:]
-    second = run_ranks([*args, *SCHEDULES["interleaved_1f1b"], "resume=auto"], run_dir)
-    assert second.returncode == 0, second.stderr[-3000:]
-    assert losses(run_dir) == losses(straight)
+    shutil.copytree(run_dir, again)
+    for proc in (
+        run_ranks([*interleaved, "resume=auto"], run_dir),
+        run_ranks([*interleaved, "train.stop_after=5", "resume=auto"], again),
+        run_ranks([*interleaved, "resume=auto"], again),
+    ):
+        assert proc.returncode == 0, proc.stderr[-3000:]
+    resumed = losses(run_dir)
+    assert {step: resumed[step] for step in (1, 2, 3)} == {step: straight_1f1b[step] for step in (1, 2, 3)}
+    assert losses(again) == resumed  # the same checkpoint, the same layout: bitwise, across a second resume
+    _assert_close(resumed, straight_interleaved, rel=1e-6)
 
 
 def test_verify_resume_passes_for_a_pipeline(tmp_path) -> None:
