@@ -45,7 +45,7 @@ def _options(spec: RunSpec, hw: Hardware) -> Iterator[SpecError]:
         yield SpecError(
             ("data.format", "data.kind"),
             f"data.kind={d.kind} reads plain text, so only data.format=text applies (got {d.format}). Records in "
-            "the instruction, chat or pretokenized layout come from `data=files` (or `data=jsonl`).",
+            "the instruction, chat, sharegpt or pretokenized layout come from `data=files` (or `data=jsonl`).",
         )
     if d.streaming and d.kind != "files":
         yield SpecError(

@@ -250,3 +250,18 @@ def test_a_template_error_past_the_sample_stops_tokenization_the_same_way(tmp_pa
     (problem,) = prepare_data(spec)
     assert f"{path}:1006: the tokenizer's chat template refused the conversation" in problem.message
     assert "data.system_prompt_merge=true" in problem.message and "no rank was started" in problem.message
+
+
+def test_a_sweep_point_with_format_auto_is_unchanged_against_its_own_spec(tmp_path) -> None:
+    from launcher.front import sweep
+    from launcher.spec import dump_spec
+
+    path = write_jsonl(tmp_path / "sg.jsonl", sharegpt_records(5))
+    argv = ["data=jsonl", f"data.path={path}", "data.format=auto"]
+    cfg = compose.compose(argv)
+    assert compose.validate(cfg)[1] == [] and cfg.data.format == "sharegpt"
+    dump_spec(compose.strip_hydra(cfg), tmp_path / "spec.yaml")
+    assert sweep._changed_keys(tmp_path / "spec.yaml", compose.compose(argv)) == []
+    assert sweep._changed_keys(tmp_path / "spec.yaml", compose.compose([*argv, "data.seq_len=64"])) == [
+        "data.seq_len"
+    ]

@@ -127,6 +127,7 @@ def tool_specs(value: Any, where: str) -> list[dict[str, Any]] | None:
 
 
 def _message(message: Any, i: int, name: str, where: str) -> dict[str, Any]:
+    """Message `i` of a chat record checked and normalized: role, text content, tool calls, tool-turn ids."""
     hint = f"data.format=chat reads a list of {{role, content}} under '{name}' (set data.field to its field)"
     if not isinstance(message, dict):
         raise RecordError(
