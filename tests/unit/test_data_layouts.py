@@ -184,6 +184,12 @@ def test_data_jsonl_reads_a_json_array(tmp_path) -> None:
     }  # fmt: skip
     sizes = {p: len(c.train.tokens) + len(c.val.tokens) for p, c in corpus.items()}
     assert sizes[array] == sizes[lines] > 0  # the same records (held-out keys differ: file names differ)
+    (tmp_path / "one.json").write_text(json.dumps({"train": alpaca_records(2)}, indent=2))
+    (problem,) = precheck(["data=jsonl", f"data.path={tmp_path / 'one.json'}"])
+    assert (
+        "one.json:1: not valid JSON" in problem.message
+        and "is one JSON object (keys: train)" in problem.message
+    )
 
 
 @pytest.mark.parametrize("kind", ["jsonl", "files"])

@@ -79,6 +79,21 @@ def read_text(path: Path, limit: int | None) -> str:
     return data.decode("utf-8", "surrogateescape")
 
 
+def _one_object_hint(path: Path) -> str:
+    """What to do when a file that fails as JSON Lines is one (pretty-printed) JSON object; '' when it is not."""
+    try:
+        value = json.loads(path.read_bytes())
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        return ""
+    if not isinstance(value, dict):
+        return ""
+    keys = ", ".join(sorted(map(str, value))[:8])
+    return (
+        f" The file is one JSON object (keys: {keys}), not JSON Lines or a JSON array of records: write one "
+        "record per line, or the records as one array [{...}, {...}]."
+    )
+
+
 def _jsonl(path: Path, limit: int | None = None) -> Iterator[tuple[int, Any]]:
     """(line number, parsed value) of each non-blank line of a JSON Lines file."""
     with path.open("rb") as f:
@@ -89,7 +104,8 @@ def _jsonl(path: Path, limit: int | None = None) -> Iterator[tuple[int, Any]]:
             try:
                 yield lineno, json.loads(line)
             except json.JSONDecodeError as err:
-                raise RecordError(f"{path}:{lineno}: not valid JSON ({err.msg}).") from err
+                hint = _one_object_hint(path) if count == 0 else ""
+                raise RecordError(f"{path}:{lineno}: not valid JSON ({err.msg}).{hint}") from err
             count += 1
             if limit is not None and count >= limit:
                 return
