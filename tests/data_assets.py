@@ -71,6 +71,20 @@ def chat_records(count: int) -> list[dict]:
     return records
 
 
+def sharegpt_records(count: int) -> list[dict]:
+    """chat_records(count) in ShareGPT's layout: a `system` string, then human/gpt `conversations` turns."""
+    roles = {"user": "human", "assistant": "gpt"}
+    return [
+        {
+            "system": record["messages"][0]["content"],
+            "conversations": [
+                {"from": roles[m["role"]], "value": m["content"]} for m in record["messages"][1:]
+            ],
+        }
+        for record in chat_records(count)
+    ]
+
+
 def text_records(count: int) -> list[dict]:
     """Plain documents of different lengths."""
     return [{"text": f"document {i}: " + "lorem ipsum dolor sit amet " * (1 + i % 9)} for i in range(count)]

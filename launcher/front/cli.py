@@ -15,6 +15,7 @@ from rich.console import Console
 from launcher.exits import ExitStatus
 from launcher.front import (
     compose,
+    data_format,
     dryrun,
     help_cache,
     hydra_help,
@@ -67,7 +68,10 @@ def run(argv: list[str]) -> int:
     if errors:
         report(errors)
         return ExitStatus.INVALID_SPEC
+    auto_format = cfg.data.format == "auto"  # validate replaces it with the detected format
     spec, errors = compose.validate(cfg)
+    if auto_format and spec is not None and report is not _silent:
+        Console(highlight=False).print(data_format.announce(spec), markup=False, soft_wrap=True)
     run_dir = Path(cfg.run_dir) if cfg.get("run_dir") else rundir.default_run_dir(rundir.safe_name(cfg))
     if cfg.get("dry_run"):
         dryrun.show(cfg, spec, errors, run_dir)

@@ -284,6 +284,7 @@ def strip_hydra(cfg: DictConfig) -> DictConfig:
 
 def validate(cfg: DictConfig) -> tuple[RunSpec | None, list[SpecError]]:
     """Schema and cross-field rules on a composed config: the spec, or every violation found."""
+    from launcher.front.data_format import fill_format
     from launcher.front.model_dims import fill_folder_dims
     from launcher.front.vocab import fill_vocab
     from launcher.front.warmup import fit_warmup
@@ -301,6 +302,9 @@ def validate(cfg: DictConfig) -> tuple[RunSpec | None, list[SpecError]]:
     backend = resolve_backend(spec.launcher)  # `auto` is decided here, once, before the rules
     spec = dataclasses.replace(spec, launcher=dataclasses.replace(spec.launcher, backend=backend))
     spec, errors = fill_vocab(cfg, spec)
+    if errors:
+        return None, errors
+    spec, errors = fill_format(cfg, spec)  # data.format=auto -> the first record's layout
     if errors:
         return None, errors
     spec = fit_warmup(cfg, spec)

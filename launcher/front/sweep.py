@@ -94,6 +94,8 @@ def _changed_keys(spec_path: Path, cfg: DictConfig) -> list[str]:
     new = dryrun.flatten(redacted_container(compose.strip_hydra(cfg)))
     keys = sorted(set(old) | set(new))
     filled = {k for k in FILLED_KEYS if new.get(k) is None}  # validation fills them from other keys
+    if new.get("data.format") == "auto":  # validation writes the detected format (and field) in their place
+        filled |= {"data.format", "data.field"}
     return [
         k for k in keys if not k.startswith(_IGNORED_KEYS) and k not in filled and old.get(k) != new.get(k)
     ]

@@ -49,8 +49,12 @@ class Tokenizer(Protocol):
         """Token ids of the joined segments, and per token whether its segment is trained."""
         ...
 
-    def render_chat(self, messages: list[dict[str, Any]], *, add_generation_prompt: bool) -> str:
-        """A conversation as the text the model is trained on."""
+    has_chat_template: bool
+
+    def render_chat(
+        self, messages: list[dict[str, Any]], *, add_generation_prompt: bool, tools: list[dict] | None = None
+    ) -> str:
+        """A conversation (and the tool specs it may call) as the text the model is trained on."""
         ...
 
     def special_tokens(self) -> dict[str, str]:
@@ -71,6 +75,7 @@ class ByteTokenizer:
     vocab_size = 256
     bos_id = None
     eos_id = 0
+    has_chat_template = False
 
     def encode(self, segments: list[tuple[str, bool]]) -> tuple[list[int], list[bool]]:
         """Bytes of each segment, flagged with the segment's trained flag."""
@@ -82,8 +87,10 @@ class ByteTokenizer:
             trained.extend([is_trained] * len(data))
         return ids, trained
 
-    def render_chat(self, messages: list[dict[str, Any]], *, add_generation_prompt: bool) -> str:
-        """The built-in chat layout, messages ended by the 0 byte."""
+    def render_chat(
+        self, messages: list[dict[str, Any]], *, add_generation_prompt: bool, tools: list[dict] | None = None
+    ) -> str:
+        """The built-in chat layout, messages ended by the 0 byte (it renders no tools: the data group refuses them)."""
         return default_chat(messages, "\0", add_generation_prompt=add_generation_prompt)
 
     def special_tokens(self) -> dict[str, str]:
@@ -123,11 +130,13 @@ class HFTokenizer:
         flags = [owner[min(start, len(owner) - 1)] for start, _ in enc["offset_mapping"]]
         return list(enc["input_ids"]), flags
 
-    def render_chat(self, messages: list[dict[str, Any]], *, add_generation_prompt: bool) -> str:
-        """The tokenizer's chat template, or the built-in layout (with its eos) where it has none."""
+    def render_chat(
+        self, messages: list[dict[str, Any]], *, add_generation_prompt: bool, tools: list[dict] | None = None
+    ) -> str:
+        """The tokenizer's chat template (given the tools), or the built-in layout (with its eos) where it has none."""
         if getattr(self.tok, "chat_template", None):
             return self.tok.apply_chat_template(
-                messages, tokenize=False, add_generation_prompt=add_generation_prompt
+                messages, tools=tools, tokenize=False, add_generation_prompt=add_generation_prompt
             )
         return default_chat(messages, self.tok.eos_token or "", add_generation_prompt=add_generation_prompt)
 

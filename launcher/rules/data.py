@@ -6,6 +6,7 @@ from collections.abc import Iterator
 
 from launcher.groups.data.config import BATCHING, FORMATS, TRAIN_ON
 from launcher.groups.data.formats import INSTRUCTION_TEMPLATE, template_problem
+from launcher.groups.data.layouts import find_registry, registry_problem
 from launcher.groups.data.sources import BUILDERS, matching_files
 from launcher.groups.model.hf_files import local_dir
 from launcher.rules.hardware import Hardware
@@ -44,7 +45,7 @@ def _options(spec: RunSpec, hw: Hardware) -> Iterator[SpecError]:
         yield SpecError(
             ("data.format", "data.kind"),
             f"data.kind={d.kind} reads plain text, so only data.format=text applies (got {d.format}). Records in "
-            "the instruction, chat or pretokenized layout come from `data=files` (or `data=jsonl`).",
+            "the instruction, chat, sharegpt or pretokenized layout come from `data=files` (or `data=jsonl`).",
         )
     if d.streaming and d.kind != "files":
         yield SpecError(
@@ -55,6 +56,12 @@ def _options(spec: RunSpec, hw: Hardware) -> Iterator[SpecError]:
         yield SpecError(
             ("data.template", "data.format"),
             "data.template renders instruction records: add data.format=instruction or drop it.",
+        )
+    if d.system_prompt_merge and d.format not in ("chat", "sharegpt"):
+        yield SpecError(
+            ("data.system_prompt_merge", "data.format"),
+            f"data.system_prompt_merge folds a conversation's system turn into its first user turn; it applies to "
+            f"data.format=chat and sharegpt, not {d.format}. Drop it or set the format.",
         )
     problem = template_problem(d.template)
     if problem:
@@ -78,6 +85,10 @@ def _files(spec: RunSpec, hw: Hardware) -> Iterator[SpecError]:
             found = matching_files(pattern, key=key, suffixes=suffixes)
         except FileNotFoundError as err:
             yield SpecError((key,), str(err))
+            continue
+        registry = find_registry([path for _, path in found]) if d.kind != "text" else None
+        if registry is not None:
+            yield SpecError((key,), registry_problem(registry, key))
             continue
         if d.kind == "text" and all(path.stat().st_size == 0 for _, path in found):
             yield SpecError(

@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from launcher.groups.data.formats import encode_record
+from launcher.groups.data.layouts import find_registry
 from launcher.groups.data.sources import BUILDERS, RecordError, matching_files, sample_records
 from launcher.groups.model.hf_files import local_dir, local_vocab_size
 from launcher.groups.tokenizer import TOKENIZER_KINDS, folder_problem, load_tokenizer, tokenizer_size
@@ -73,6 +74,8 @@ def _sample(spec: RunSpec, hw: Hardware) -> Iterator[SpecError]:
             files += [path for _, path in matching_files(d.val_path, key="data.val_path")]
     except FileNotFoundError:
         return  # the data rules name the path
+    if find_registry(files) is not None:
+        return  # the data rules name the registry and the files it lists
     tok = spec.tokenizer
     if tok.kind not in TOKENIZER_KINDS or (tok.kind == "hf" and folder_problem(tok.path)):
         return  # the tokenizer rule says why

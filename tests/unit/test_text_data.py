@@ -142,7 +142,8 @@ BAD_RECORDS = [  # (file name, content, extra overrides, phrase)
         "sharegpt.jsonl",
         [{"conversations": [{"from": "human", "value": "hi"}]}],
         ["data.format=chat", "data.field=conversations"],
-        "conversations[0] has role None; known roles: system, user, assistant, tool. (ShareGPT's",
+        "conversations[0] has role None; known roles: system, user, assistant, tool. The turns have ShareGPT's "
+        "from/value layout: set data.format=sharegpt.",
     ),
     (
         "notalist.jsonl",

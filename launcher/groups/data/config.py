@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 DATA_KINDS = ("stdlib", "text", "jsonl", "files")
-FORMATS = ("text", "instruction", "chat", "pretokenized")
+FORMATS = ("text", "instruction", "chat", "sharegpt", "pretokenized", "auto")
 TRAIN_ON = ("completion", "all")
 BATCHING = ("fixed", "group_by_length", "token_budget")
 
@@ -21,13 +21,15 @@ class DataConfig:
     val_path: str | None = None
     """Held-out records from these files instead of a data.val_fraction share of data.path."""
     format: str = "text"
-    """Record layout: text (data.field), instruction (alpaca), chat (messages), pretokenized (input_ids)."""
+    """Record layout: text (data.field), instruction (alpaca), chat (messages), sharegpt (conversations), pretokenized (input_ids), auto (chosen from the first record)."""
     field: str = "text"
-    """The record field holding the text (text), the conversation (chat) or the token ids (pretokenized)."""
+    """The record field holding the text (text), the conversation (chat, sharegpt) or the token ids (pretokenized)."""
     template: str | None = None
     """instruction: the prompt template with {instruction} and {input}; null: the alpaca template (docs/data.md)."""
     train_on: str = "completion"
-    """instruction, chat: completion (prompt tokens get label -100) or all (every token is trained)."""
+    """instruction, chat, sharegpt: completion (prompt tokens get label -100) or all (every token is trained)."""
+    system_prompt_merge: bool = False
+    """chat, sharegpt: fold a leading system turn into the first user turn, for chat templates with no system role."""
     seq_len: int = 128
     """Tokens per training sequence."""
     val_fraction: float = 0.02

@@ -3,8 +3,10 @@
 - text: `data.field` holds a document; every token is trained.
 - instruction: the alpaca layout (`instruction`, `input`, `output`), rendered with
   INSTRUCTION_TEMPLATE (or `data.template`); the prompt is not trained unless data.train_on=all.
-- chat: `data.field` (default `messages`) holds `{role, content}` dicts, rendered with the
-  tokenizer's chat template; only assistant turns are trained unless data.train_on=all.
+- chat: `data.field` (default `messages`) holds `{role, content}` dicts (content: a string or text
+  parts; assistant `tool_calls`, `tool` turns, the record's `tools`), rendered with the tokenizer's
+  chat template; only assistant turns are trained unless data.train_on=all (chat.py, render.py).
+- sharegpt: `data.field` (default `conversations`) holds `{from, value}` turns, read as chat.
 - pretokenized: `data.field` (default `input_ids`) holds token ids, optional `labels` (-100 = not trained).
 
 Every problem is a RecordError naming the record (`where`), the key and the fix.
@@ -15,9 +17,12 @@ from __future__ import annotations
 import string
 from typing import Any
 
+from launcher.groups.data.chat import chat_conversation, merge_system, sharegpt_conversation
 from launcher.groups.data.config import DataConfig
+from launcher.groups.data.layouts import detect, reason
+from launcher.groups.data.render import conversation_segments
 from launcher.groups.data.sources import RecordError
-from launcher.groups.tokenizer import CHAT_ROLES, Tokenizer, TokenizerConfig
+from launcher.groups.tokenizer import Tokenizer, TokenizerConfig
 
 INSTRUCTION_TEMPLATE = "### Instruction:\n{instruction}\n\n### Input:\n{input}\n\n### Response:\n"
 """The alpaca prompt for a record with an input."""
@@ -27,6 +32,7 @@ TEMPLATE_FIELDS = frozenset({"instruction", "input"})
 DEFAULT_FIELDS = {
     "text": "text",
     "chat": "messages",
+    "sharegpt": "conversations",
     "pretokenized": "input_ids",
     "instruction": "instruction",
 }
@@ -67,12 +73,14 @@ def _text(record: dict, name: str, where: str, hint: str, *, suggest: bool = Fal
 
 def _layout_hint(record: dict) -> str | None:
     """The format a record's fields suggest, when they suggest one."""
-    if {"instruction", "output"} <= record.keys():
-        return "The record has the alpaca layout: add data.format=instruction."
-    for name in ("messages", "conversations"):
-        if isinstance(record.get(name), list):
-            return f"The record holds a conversation: add data.format=chat data.field={name}."
-    return None
+    found = detect(record)
+    if found is None or found[0] == "text":
+        return None
+    fmt, name = found
+    if fmt == "instruction":
+        return "The record has the alpaca layout: add data.format=instruction (or data.format=auto)."
+    field = "" if DEFAULT_FIELDS[fmt] == name else f" data.field={name}"
+    return f"The record has the {fmt} layout ({reason(fmt, name)}): add data.format={fmt}{field} (or data.format=auto)."
 
 
 def _instruction(record: dict, cfg: DataConfig, where: str) -> list[tuple[str, bool]]:
@@ -89,55 +97,18 @@ def _instruction(record: dict, cfg: DataConfig, where: str) -> list[tuple[str, b
     return [(prompt, cfg.train_on == "all"), (output, True)]
 
 
-def check_messages(messages: Any, where: str, name: str) -> list[dict[str, str]]:
-    """The conversation of a chat record, or a RecordError naming what is wrong."""
-    hint = f"data.format=chat reads a list of {{role, content}} under '{name}' (set data.field to its field)"
-    if not isinstance(messages, list) or not messages:
-        kind = "empty" if isinstance(messages, list) else type(messages).__name__
-        raise RecordError(f"{where}: '{name}' is {kind}, not a list of messages. {hint}.")
-    for i, message in enumerate(messages):
-        if not isinstance(message, dict):
-            raise RecordError(
-                f"{where}: {name}[{i}] is {type(message).__name__}, not a {{role, content}} dict. {hint}."
-            )
-        role, content = message.get("role"), message.get("content")
-        if role not in CHAT_ROLES:
-            raise RecordError(
-                f"{where}: {name}[{i}] has role {role!r}; known roles: {', '.join(CHAT_ROLES)}. "
-                "(ShareGPT's from/value layout: rename the keys to role/content and human/gpt to user/assistant.)"
-            )
-        if not isinstance(content, str):
-            raise RecordError(
-                f"{where}: {name}[{i}].content is {type(content).__name__}, not a string. {hint}."
-            )
-    return [{"role": m["role"], "content": m["content"]} for m in messages]
-
-
-def _chat(record: dict, cfg: DataConfig, tokenizer: Tokenizer, where: str) -> list[tuple[str, bool]]:
+def _conversation(record: dict, cfg: DataConfig, tokenizer: Tokenizer, where: str) -> list[tuple[str, bool]]:
+    """A chat or sharegpt record as rendered segments, prompt turns untrained unless data.train_on=all."""
     name = field_of(cfg)
     if name not in record:
         keys = ", ".join(sorted(map(str, record))) or "none"
-        raise RecordError(f"{where}: no field '{name}' (the record's fields: {keys}); set data.field.")
-    messages = check_messages(record[name], where, name)
-    full = tokenizer.render_chat(messages, add_generation_prompt=False)
-    if cfg.train_on == "all":
-        return [(full, True)]
-    segments, done = [], 0
-    for i, message in enumerate(messages):
-        if message["role"] != "assistant":
-            continue
-        prompt = tokenizer.render_chat(messages[:i], add_generation_prompt=True) if i else ""
-        through = tokenizer.render_chat(messages[: i + 1], add_generation_prompt=False)
-        start, end = len(prompt), len(through)
-        if not (full.startswith(prompt) and full.startswith(through)) or start < done:
-            raise RecordError(
-                f"{where}: the chat template does not render a conversation's first turns as the beginning of the "
-                "whole, so prompt tokens cannot be told apart; set data.train_on=all or use another template."
-            )
-        segments += [(full[done:start], False), (full[start:end], True)]
-        done = end
-    segments.append((full[done:], False))
-    return [s for s in segments if s[0]]
+        hint = _layout_hint(record) or "Set data.field to the field that holds the conversation."
+        raise RecordError(f"{where}: no field '{name}' (the record's fields: {keys}). {hint}")
+    read = sharegpt_conversation if cfg.format == "sharegpt" else chat_conversation
+    conversation = read(record, name, where)
+    if cfg.system_prompt_merge:
+        conversation = merge_system(conversation, where)
+    return conversation_segments(conversation, tokenizer, train_all=cfg.train_on == "all", where=where)
 
 
 def _pretokenized(record: dict, cfg: DataConfig, vocab_size: int, where: str) -> tuple[list[int], list[bool]]:
@@ -172,8 +143,12 @@ def encode_record(
         raise RecordError(f"{where}: a record must be a JSON object, not {type(record).__name__}.")
     if cfg.format == "pretokenized":
         return _pretokenized(record, cfg, tokenizer.vocab_size, where)
-    if cfg.format == "chat":
-        return tokenizer.encode(_chat(record, cfg, tokenizer, where))
+    if cfg.format in ("chat", "sharegpt"):
+        return tokenizer.encode(_conversation(record, cfg, tokenizer, where))
+    if cfg.format == "auto":  # front/data_format.py resolves it before the checks; this is a last guard
+        raise RecordError(
+            f"{where}: data.format=auto found no records to choose a format from; set data.format."
+        )
     if cfg.format == "instruction":
         segments = _instruction(record, cfg, where)
     else:

@@ -79,6 +79,21 @@ def read_text(path: Path, limit: int | None) -> str:
     return data.decode("utf-8", "surrogateescape")
 
 
+def _one_object_hint(path: Path) -> str:
+    """What to do when a file that fails as JSON Lines is one (pretty-printed) JSON object; '' when it is not."""
+    try:
+        value = json.loads(path.read_bytes())
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        return ""
+    if not isinstance(value, dict):
+        return ""
+    keys = ", ".join(sorted(map(str, value))[:8])
+    return (
+        f" The file is one JSON object (keys: {keys}), not JSON Lines or a JSON array of records: write one "
+        "record per line, or the records as one array [{...}, {...}]."
+    )
+
+
 def _jsonl(path: Path, limit: int | None = None) -> Iterator[tuple[int, Any]]:
     """(line number, parsed value) of each non-blank line of a JSON Lines file."""
     with path.open("rb") as f:
@@ -89,17 +104,23 @@ def _jsonl(path: Path, limit: int | None = None) -> Iterator[tuple[int, Any]]:
             try:
                 yield lineno, json.loads(line)
             except json.JSONDecodeError as err:
-                raise RecordError(f"{path}:{lineno}: not valid JSON ({err.msg}).") from err
+                hint = _one_object_hint(path) if count == 0 else ""
+                raise RecordError(f"{path}:{lineno}: not valid JSON ({err.msg}).{hint}") from err
             count += 1
             if limit is not None and count >= limit:
                 return
 
 
-def _json(path: Path, limit: int | None) -> Iterator[tuple[int, Any]]:
-    """Records of a .json file: a JSON array of records, or JSON Lines under a .json name."""
+def is_json_array(path: Path) -> bool:
+    """Whether a file holds one JSON array (alpaca_data.json's layout) rather than JSON Lines."""
     with path.open("rb") as f:
         head = f.read(4096).lstrip()
-    if not head.startswith(b"["):
+    return head.startswith(b"[")
+
+
+def _json(path: Path, limit: int | None) -> Iterator[tuple[int, Any]]:
+    """Records of a .json file: a JSON array of records, or JSON Lines under a .json name."""
+    if not is_json_array(path):
         yield from _jsonl(path, limit)
         return
     try:
@@ -130,12 +151,14 @@ def _parquet(path: Path, limit: int | None) -> Iterator[tuple[int, Any]]:
 
 
 def sample_records(path: Path, limit: int, *, jsonl: bool = False) -> Iterator[tuple[str, Any]]:
-    """(where, record) of the first `limit` records of a data file (`jsonl`: read as JSON Lines whatever its name).
+    """(where, record) of the first `limit` records of a data file (`jsonl`: JSON Lines or a JSON array, whatever its name).
 
     Read without `datasets`, so it is fast. `where` names the record for a person: `file:line` for
     JSON Lines, `file record N` otherwise.
     """
-    suffix = ".jsonl" if jsonl else path.suffix
+    suffix = path.suffix
+    if jsonl:
+        suffix = ".json" if is_json_array(path) else ".jsonl"
     if suffix == ".txt":
         yield f"{path}", {"text": read_text(path, None)}
         return
@@ -184,6 +207,10 @@ def records(cfg: DataConfig, pattern: str | None, cache_dir: Path) -> Iterator[t
             yield key, str(path), {"text": read_text(path, cfg.max_bytes)}
     elif cfg.kind == "jsonl":
         for key, path in matching_files(pattern, suffixes=(".jsonl", ".json")):
+            if is_json_array(path):  # the alpaca_data.json layout: one array of records
+                for index, record in _json(path, None):
+                    yield f"{key}:{index}", f"{path} record {index}", record
+                continue
             for lineno, record in _jsonl(path):
                 yield f"{key}:{lineno}", f"{path}:{lineno}", record
     elif cfg.kind == "files":

@@ -1,0 +1,85 @@
+"""Resolve `data.format=auto` from the first record, before the rules run and spec.yaml is written.
+
+spec.yaml then holds the chosen format (and field), so a rank, the token cache key and a rerun of
+the run directory all see one concrete layout; `announce` says what was chosen and why.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from omegaconf import DictConfig, open_dict
+
+from launcher.groups.data.config import DataConfig
+from launcher.groups.data.formats import DEFAULT_FIELDS
+from launcher.groups.data.layouts import detect, find_registry, reason
+from launcher.groups.data.sources import BUILDERS, RecordError, matching_files, sample_records
+from launcher.spec import RunSpec, SpecError
+
+FORMAT_KEYS = ("data.format", "data.field")
+
+
+def _first_record(d: DataConfig) -> tuple[str, object] | None:
+    """(where, record) of the first record of data.path; None when there is none to read (the rules say why)."""
+    try:
+        files = [p for _, p in matching_files(d.path, suffixes=tuple(BUILDERS) if d.kind == "files" else ())]
+    except FileNotFoundError:
+        return None
+    if find_registry(files) is not None:
+        return None
+    for path in files:
+        try:
+            for where, record in sample_records(path, 1, jsonl=d.kind == "jsonl"):
+                return where, record
+        except RecordError:
+            return None  # the record check reports the unreadable file
+    return None
+
+
+def choose(d: DataConfig) -> tuple[str, str] | SpecError | None:
+    """(format, field) for data.format=auto, a SpecError when no layout fits, or None when there is no record to read."""
+    if d.kind in ("stdlib", "text"):
+        return "text", d.field
+    first = _first_record(d)
+    if first is None:
+        return None
+    where, record = first
+    found = detect(record, None if d.field == "text" else d.field)
+    if found is not None:
+        return found
+    fields = ", ".join(sorted(map(str, record))) if isinstance(record, dict) else type(record).__name__
+    return SpecError(
+        FORMAT_KEYS,
+        f"data.format=auto recognizes no layout in {where} (its fields: {fields}). It knows text (a 'text' "
+        "string), instruction ('instruction' and 'output'), chat ('messages' of role/content), sharegpt "
+        "('conversations' of from/value) and pretokenized ('input_ids'). Set data.format (and data.field) to "
+        "the record's layout.",
+    )
+
+
+def fill_format(cfg: DictConfig, spec: RunSpec) -> tuple[RunSpec, list[SpecError]]:
+    """The spec (and cfg) with data.format=auto replaced by the detected format and field; or why it cannot be."""
+    d = spec.data
+    if d.format != "auto":
+        return spec, []
+    chosen = choose(d)
+    if chosen is None:
+        return spec, []
+    if isinstance(chosen, SpecError):
+        return spec, [chosen]
+    fmt, field = chosen
+    field = "text" if field == DEFAULT_FIELDS[fmt] else field  # left at `text`: the format's usual field
+    with open_dict(cfg):
+        cfg.data.format = fmt
+        cfg.data.field = field
+    return dataclasses.replace(spec, data=dataclasses.replace(d, format=fmt, field=field)), []
+
+
+def announce(spec: RunSpec) -> str:
+    """The line printed before launch (and in the dry run) when data.format=auto chose the format."""
+    from launcher.groups.data.formats import field_of
+
+    d = spec.data
+    field = field_of(d)
+    extra = "" if d.field == "text" else f" data.field={d.field}"
+    return f"data.format=auto: data.format={d.format}{extra}, since {reason(d.format, field)}"
