@@ -17,6 +17,7 @@ import os
 import shutil
 import tempfile
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -280,6 +281,7 @@ def _write(
         "dtype": dtype.str,
         "sizes": sizes,
         "num_documents": splitter.num_documents,
+        "split": "val_path" if cfg.val_path else "tail" if few_documents else "hash",
         "tokenizer": tokenizer.name,
         "vocab_size": tokenizer.vocab_size,
     }
@@ -324,6 +326,19 @@ def build_cache(cfg: DataConfig, tok_cfg: TokenizerConfig, progress: Any = None)
         shutil.rmtree(partial, ignore_errors=True)
         raise
     return folder, True
+
+
+@contextmanager
+def corpus_folder(cfg: DataConfig, tok_cfg: TokenizerConfig) -> Iterator[Path]:
+    """A folder holding the tokenized corpus and its meta.json: the cache's, or a temporary one (the
+    corpora the cache does not keep: one text file with the bytes tokenizer, fast to encode again)."""
+    if uses_cache(cfg, tok_cfg):
+        yield build_cache(cfg, tok_cfg)[0]
+        return
+    with tempfile.TemporaryDirectory(prefix="launcher-tokens-") as tmp:
+        meta = _write(Path(tmp), cfg, tok_cfg, load_tokenizer(tok_cfg), cache_root(cfg))
+        (Path(tmp) / "meta.json").write_text(json.dumps(meta, indent=1))
+        yield Path(tmp)
 
 
 def load_corpus(cfg: DataConfig, tok_cfg: TokenizerConfig | None = None) -> Corpus:
