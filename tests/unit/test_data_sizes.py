@@ -118,11 +118,15 @@ def test_a_one_file_corpus_keeps_its_training_side_and_trains(tmp_path, kind: st
         *TINY,
         f"data={kind}",
         f"data.path={book}",
-        "train.max_steps=4",
+        "train.max_steps=3",
+        "scheduler.warmup_steps=1",
         "train.eval_every=2",
         f"run_dir={run_dir}",
     ]
-    assert prepare_data(_spec(*args)) == []
+    spec = _spec(*args)
+    assert prepare_data(spec) == []
+    corpus = load_corpus(spec.data, spec.tokenizer)
+    assert len(corpus.train) > 40 * len(corpus.val) > 0  # the hash would have held out the whole book
     assert cli.run(args) == 0
     summary = json.loads((run_dir / "summary.json").read_text())
-    assert summary["steps"] == 4 and summary["eval_loss"] is not None
+    assert summary["steps"] == 3 and summary["eval_loss"] is not None
