@@ -62,7 +62,7 @@ class Splitter:
 
     def __init__(self, sides: dict[str, Side], head: Side | None, val_fraction: float) -> None:
         self.sides, self.head, self.val_fraction = sides, head, val_fraction
-        self.hashing = head is not None  # data.val_path given: every document of data.path trains
+        self.hashing = head is not None  # false with data.val_path: every document of data.path trains
         self.pending: list[tuple[str, int]] = []  # (key, tokens) of the documents in the head, in order
         self.num_documents = {"train": 0, "val": 0}
 
