@@ -1,7 +1,9 @@
 """Tokenize once, before any rank starts: build (or reuse) the cached corpus, with a progress bar.
 
 A record that the sample checks did not reach and that cannot be used stops here, named with its
-file and index, with exit status 2: no rank has started and no checkpoint is touched.
+file and index, with exit status 2: no rank has started and no checkpoint is touched. So does data
+too small for the run (front/data_sizes.py): fewer sequences than one optimizer step, or held-out
+data that cannot give every rank a batch.
 """
 
 from __future__ import annotations
@@ -11,16 +13,17 @@ import time
 from rich.console import Console
 from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
+from launcher.front.data_sizes import size_errors
 from launcher.groups.data.sources import RecordError
 from launcher.spec import RunSpec, SpecError
 
 
 def prepare_data(spec: RunSpec, console: Console | None = None) -> list[SpecError]:
-    """Make sure the tokenized corpus of `spec` is in the cache; the problems that stopped it."""
+    """Make sure the tokenized corpus of `spec` is in the cache and enough for the run; the problems that stop it."""
     from launcher.groups.data.tokens import build_cache, uses_cache  # numpy: only a run that starts needs it
 
     if not uses_cache(spec.data, spec.tokenizer):
-        return []
+        return size_errors(spec)
     console = console or Console(stderr=True)
     started = time.perf_counter()
     counts = {"records": 0, "tokens": 0}
@@ -59,4 +62,4 @@ def prepare_data(spec: RunSpec, console: Console | None = None) -> list[SpecErro
         console.print(
             f"data: reusing the tokenized corpus in {folder} ({elapsed:.2f} s)", markup=False, highlight=False
         )
-    return []
+    return size_errors(spec)

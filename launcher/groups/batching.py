@@ -143,12 +143,19 @@ class TokenBudgetStream(EpochStream):
         self.dataset, self.max_tokens, self.seed = dataset, max_tokens, seed
         self.rank, self.world_size, self.grad_accum_steps = rank, world_size, grad_accum_steps
         self._begin()
-        if len(self._plan) < grad_accum_steps:
+        if (
+            self.batches_per_epoch < grad_accum_steps
+        ):  # refused before launch (front/data_sizes.py): a last guard
             raise ValueError(
                 f"the training data makes {len(self._plan)} global micro batches of at most {max_tokens} tokens "
                 f"per rank, fewer than one optimizer step needs ({grad_accum_steps}). Lower "
                 "data.max_tokens_per_batch or train.grad_accum_steps, or use more data."
             )
+
+    @property
+    def batches_per_epoch(self) -> int:
+        """Global micro batches of the current epoch (an optimizer step takes grad_accum_steps of them)."""
+        return len(self._plan)
 
     def _cut(self, order: torch.Tensor) -> list[torch.Tensor]:
         """Greedy batches along `order` within the token budget (a batch always takes one sequence)."""

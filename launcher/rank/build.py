@@ -37,7 +37,7 @@ from launcher.groups.batch_split import BatchSplit
 from launcher.groups.batching import build_stream
 from launcher.groups.compile import apply as compile_model
 from launcher.groups.data.loader import BackgroundBatches, PrefetchedBatches
-from launcher.groups.data.sequences import PackedSequences
+from launcher.groups.data.sequences import PackedSequences, check_held_out
 from launcher.groups.data.tokens import Corpus, build_cache, load_corpus, uses_cache
 from launcher.groups.model.build import build_model, flops_per_token
 from launcher.groups.precision import apply_backend_flags, apply_fp8
@@ -137,6 +137,11 @@ def build(spec: RunSpec, dist: DistContext, run_dir: Path | None = None) -> Comp
         rank=dist.dp_rank,
         world_size=dist.dp_size,
     )
+    val = PackedSequences(corpus.val, d.seq_len, document_mask=d.packing and d.document_mask)
+    if (
+        spec.train.eval_every
+    ):  # fail here, not at the first evaluation (the launching process refuses it first)
+        check_held_out(val, dist.dp_size)
     if d.num_workers > 0:
         stream = PrefetchedBatches(stream, num_workers=d.num_workers, pin_memory=device.type == "cuda")
     elif device.type == "cuda":  # pinned batches built ahead by a thread; on CPU it would compete for cores
@@ -147,7 +152,7 @@ def build(spec: RunSpec, dist: DistContext, run_dir: Path | None = None) -> Comp
         strategy=strategy,
         scheduler=scheduler,
         stream=stream,
-        val=PackedSequences(corpus.val, d.seq_len, document_mask=d.packing and d.document_mask),
+        val=val,
         dist=dist,
         flops_per_token=flops_per_token(spec.model, spec.data.seq_len),
         peak_flops=devices.peak_flops(device.type),

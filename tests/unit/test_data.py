@@ -11,7 +11,8 @@ from launcher.groups.data.config import DataConfig
 from launcher.groups.data.loader import BackgroundBatches
 from launcher.groups.data.sequences import BatchStream, PackedSequences, val_batches
 from launcher.groups.data.sources import describe
-from launcher.groups.data.tokens import START, TokenStore, is_val_document, load_corpus
+from launcher.groups.data.split import HASH_SPLIT_MIN_DOCUMENTS, held_out_tail, is_val_document
+from launcher.groups.data.tokens import START, TokenStore, load_corpus
 
 
 def _documents(store: TokenStore) -> list[bytes]:
@@ -76,11 +77,37 @@ def test_a_single_text_file_holds_out_its_tail(tmp_path) -> None:
     assert corpus.val.flags[0] & START  # the held-out tail is a document of its own
 
 
-def test_few_files_still_give_a_val_sequence(tmp_path) -> None:
+def test_few_files_hold_out_the_tail_of_their_stream(tmp_path) -> None:
     docs = _write_docs(tmp_path, 3)
     corpus = load_corpus(DataConfig(kind="text", path=str(tmp_path / "*.txt"), seq_len=16))
-    assert len(PackedSequences(corpus.val, 16)) >= 1
-    assert sorted(_documents(corpus.train) + _documents(corpus.val)) == docs
+    assert len(PackedSequences(corpus.val, 16)) >= 1 and len(corpus.train) > len(corpus.val)
+    stream = bytes(corpus.train.tokens.tolist()) + bytes(corpus.val.tokens.tolist())
+    assert stream == b"".join(doc + b"\0" for doc in docs)  # in order, cut inside the last document
+    assert len(corpus.val) == held_out_tail(len(stream), 16, 0.02) == 17
+
+
+@pytest.mark.parametrize("kind", ["text", "files"])
+def test_a_single_document_the_hash_would_hold_out_still_trains(tmp_path, kind: str) -> None:
+    assert is_val_document("book321.txt", 0.02) and is_val_document("book321.txt:0", 0.02)
+    text = "".join(f"line {i} of the only book\n" for i in range(200))
+    (tmp_path / "book321.txt").write_text(text)
+    cfg = DataConfig(kind=kind, path=str(tmp_path / "book321.txt"), seq_len=16, cache_dir=str(tmp_path / "c"))
+    corpus = load_corpus(cfg)
+    total = len(corpus.train) + len(corpus.val)
+    assert total >= len(text) and len(corpus.val) == held_out_tail(total, 16, 0.02) == round(0.02 * total)
+    assert bytes(corpus.train.tokens[:40].tolist()) == text[:40].encode()
+
+
+def test_the_hash_rule_starts_at_its_document_count(tmp_path) -> None:
+    docs = _write_docs(tmp_path / "corpus", HASH_SPLIT_MIN_DOCUMENTS)
+    hashed = load_corpus(DataConfig(kind="text", path=str(tmp_path / "corpus" / "*.txt"), val_fraction=0.1))
+    expected = [d for i, d in enumerate(docs) if is_val_document(f"doc_{i:03d}.txt", 0.1)]
+    assert _documents(hashed.val) == expected
+    (tmp_path / "corpus" / "doc_000.txt").unlink()
+    tail = load_corpus(DataConfig(kind="text", path=str(tmp_path / "corpus" / "*.txt"), val_fraction=0.1))
+    stream = b"".join(doc + b"\0" for doc in docs[1:])
+    assert bytes(tail.train.tokens.tolist()) + bytes(tail.val.tokens.tolist()) == stream
+    assert len(tail.val) == round(0.1 * len(stream))
 
 
 def test_jsonl_reads_the_field_of_every_line_of_a_glob(tmp_path) -> None:

@@ -173,6 +173,15 @@ class BatchStream(EpochStream):
         return indices
 
 
+def check_held_out(dataset: PackedSequences, world_size: int) -> None:
+    """Raise unless every rank gets a held-out sequence (the launching process refuses this first: the last guard)."""
+    if len(dataset) < world_size:
+        raise ValueError(
+            f"the held-out data holds {len(dataset)} sequences of {dataset.seq_len} tokens, fewer than the "
+            f"{world_size} ranks. Raise data.val_fraction or lower data.seq_len."
+        )
+
+
 def val_batches(
     dataset: PackedSequences, *, micro_batch_size: int, max_batches: int, rank: int = 0, world_size: int = 1
 ) -> Iterator[dict[str, torch.Tensor]]:
@@ -181,12 +190,8 @@ def val_batches(
     Every rank yields the same number of equally shaped batches (collective strategies need
     that); when the data holds fewer sequences than one global micro batch, batches shrink.
     """
+    check_held_out(dataset, world_size)
     batch_size = min(micro_batch_size, len(dataset) // world_size)
-    if batch_size == 0:
-        raise ValueError(
-            f"the held-out data holds {len(dataset)} sequences of {dataset.seq_len} tokens, fewer than the "
-            f"{world_size} ranks. Raise data.val_fraction or lower data.seq_len."
-        )
     num_batches = min(max_batches, len(dataset) // (batch_size * world_size))
     for j in range(num_batches):
         start = (j * world_size + rank) * batch_size

@@ -16,8 +16,8 @@ import multiprocessing
 import os
 import shutil
 import tempfile
-import zlib
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -27,6 +27,7 @@ import numpy as np
 from launcher.groups.data.config import DataConfig
 from launcher.groups.data.formats import encode_record
 from launcher.groups.data.sources import records, source_files
+from launcher.groups.data.split import Splitter
 from launcher.groups.tokenizer import Tokenizer, TokenizerConfig, fingerprint, load_tokenizer
 
 if TYPE_CHECKING:  # torch only where a rank reads the corpus: tokenizing before launch needs only numpy
@@ -36,8 +37,11 @@ TRAINED = 1
 """Flag bit: the token is a training target (its label is kept)."""
 START = 2
 """Flag bit: the token begins a document."""
-FORMAT_VERSION = 1
-"""Bumped when the cache layout or the tokenization rules change, so old caches are not reused."""
+FORMAT_VERSION = 2
+"""Bumped when the cache layout or the tokenization (or split) rules change, so old caches are not reused.
+
+2: a data.path of fewer than split.HASH_SPLIT_MIN_DOCUMENTS documents holds out its tail, not hashed documents.
+"""
 CHUNK_RECORDS = 256
 
 
@@ -74,11 +78,6 @@ class Corpus:
 
     train: TokenStore
     val: TokenStore
-
-
-def is_val_document(key: str, val_fraction: float) -> bool:
-    """Whether the document with this key is held out (a hash of the key, so stable everywhere)."""
-    return zlib.crc32(key.encode("utf-8")) % 10_000 < val_fraction * 10_000
 
 
 def uses_cache(cfg: DataConfig, tok: TokenizerConfig) -> bool:
@@ -149,6 +148,14 @@ class _Side:
         self.tokens.write(bytes(ids) if one_byte else np.asarray(ids, dtype=self.dtype).tobytes())
         self.flags.write(flags.tobytes())
         self.size += len(ids)
+
+    def append(self, tokens: np.ndarray, flags: np.ndarray) -> None:
+        """Append a piece of a token stream whose first token begins a document."""
+        flags = flags.copy()
+        flags[0] |= START
+        self.tokens.write(tokens.astype(self.dtype, copy=False).tobytes())
+        self.flags.write(flags.tobytes())
+        self.size += len(tokens)
 
     def close(self) -> None:
         self.tokens.close()
@@ -247,35 +254,34 @@ def _write(
     dtype = _dtype(tokenizer.vocab_size)
     caps = dict(zip(("train", "val"), _budgets(cfg), strict=True))
     sides = {name: _Side(folder, name, dtype, caps[name]) for name in ("train", "val")}
-    num_documents = {"train": 0, "val": 0}
+    splitter = Splitter(sides, None if cfg.val_path else _Side(folder, "head", dtype, None), cfg.val_fraction)
     try:
         for side, key, ids, trained in _encoded(cfg, tok_cfg, cache_dir):
-            if side == "train" and not cfg.val_path and is_val_document(key, cfg.val_fraction):
-                side = "val"
             if progress is not None:
                 progress(len(ids))
-            if sides[side].full:
-                if all(s.full for s in sides.values()):
-                    break
-                continue
-            sides[side].add(ids, trained)
-            num_documents[side] += 1
+            if not splitter.add(side, key, ids, trained):
+                break
+        few_documents = splitter.few_documents
+        if few_documents:  # the tail of the stream is held out (split.py says why)
+            splitter.split_tail(cfg.max_bytes, cfg.seq_len)
     finally:
-        for s in sides.values():
+        for s in [*sides.values(), *([splitter.head] if splitter.head else [])]:
             s.close()
     sizes = {name: s.size for name, s in sides.items()}
     for name, cap in caps.items():  # a cap cuts the last document
-        if cap is not None and sizes[name] > cap:
+        if cap is not None and sizes[name] > cap and not few_documents:
             for suffix, size in (("tokens", dtype.itemsize), ("flags", 1)):
                 os.truncate(folder / f"{name}.{suffix}", cap * size)
             sizes[name] = cap
     if sizes["train"] == 0 and sizes["val"] == 0:
         raise ValueError("the corpus holds no tokens: every record is empty.")
-    _ensure_val(folder, sizes, cfg, dtype)
+    if not few_documents:
+        _ensure_val(folder, sizes, cfg, dtype)
     return {
         "dtype": dtype.str,
         "sizes": sizes,
-        "num_documents": num_documents,
+        "num_documents": splitter.num_documents,
+        "split": "val_path" if cfg.val_path else "tail" if few_documents else "hash",
         "tokenizer": tokenizer.name,
         "vocab_size": tokenizer.vocab_size,
     }
@@ -320,6 +326,19 @@ def build_cache(cfg: DataConfig, tok_cfg: TokenizerConfig, progress: Any = None)
         shutil.rmtree(partial, ignore_errors=True)
         raise
     return folder, True
+
+
+@contextmanager
+def corpus_folder(cfg: DataConfig, tok_cfg: TokenizerConfig) -> Iterator[Path]:
+    """A folder holding the tokenized corpus and its meta.json: the cache's, or a temporary one (the
+    corpora the cache does not keep: one text file with the bytes tokenizer, fast to encode again)."""
+    if uses_cache(cfg, tok_cfg):
+        yield build_cache(cfg, tok_cfg)[0]
+        return
+    with tempfile.TemporaryDirectory(prefix="launcher-tokens-") as tmp:
+        meta = _write(Path(tmp), cfg, tok_cfg, load_tokenizer(tok_cfg), cache_root(cfg))
+        (Path(tmp) / "meta.json").write_text(json.dumps(meta, indent=1))
+        yield Path(tmp)
 
 
 def load_corpus(cfg: DataConfig, tok_cfg: TokenizerConfig | None = None) -> Corpus:
