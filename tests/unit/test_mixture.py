@@ -59,6 +59,15 @@ def test_ranks_together_see_what_one_process_with_a_bigger_batch_sees() -> None:
     assert ranks[0].state_dict() == ranks[1].state_dict() == single.state_dict()
 
 
+def test_rows_are_the_sources_packed_sequences() -> None:
+    batch = _stream(micro=12).next_batch()
+    sources = {0: _dataset(0, 100), 100: _dataset(100, 40), 200: _dataset(200, 7)}
+    for row, first in enumerate(_ids(batch)):
+        offset = 200 if first >= 200 else 100 if first >= 100 else 0
+        alone = sources[offset].batch(torch.tensor([first - offset]))
+        assert all(torch.equal(batch[key][row], alone[key][0]) for key in alone)
+
+
 def test_each_source_sees_every_sequence_once_per_epoch_and_reshuffles() -> None:
     stream = _stream(micro=8)
     drawn = [i for _ in range(20) for i in _ids(stream.next_batch())]

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import torch
 
-from launcher.groups.data.sequences import PackedSequences
+from launcher.groups.data.sequences import PackedSequences, labels_and_positions
 
 BLOCK_DRAWS = 4096
 """Draws per generator block: the j-th choice needs only block j // BLOCK_DRAWS."""
@@ -101,6 +101,7 @@ class MixtureStream:
         self.global_micro_batch = micro_batch_size * world_size
         self._draws, self._seen = 0, (0,) * len(self.names)
         self._orders: dict[tuple[int, int], torch.Tensor] = {}
+        self._block: tuple[int, torch.Tensor] | None = None
 
     def __copy__(self) -> MixtureStream:
         """A stream at the same position with its own cache of source orders (copies move independently)."""
@@ -120,9 +121,19 @@ class MixtureStream:
             self._orders[key] = source_order(self.seed, self.names[k], epoch, self.lengths[k])
         return self._orders[key]
 
+    def _choices(self, start: int, count: int) -> torch.Tensor:
+        """choose(), with the last block kept: a block serves BLOCK_DRAWS / global micro batch batches."""
+        block = start // BLOCK_DRAWS
+        if (start + count - 1) // BLOCK_DRAWS != block:
+            return choose(self.seed, start, count, self.cumulative)
+        if self._block is None or self._block[0] != block:
+            self._block = (block, choose_block(self.seed, block, self.cumulative))
+        begin = start - block * BLOCK_DRAWS
+        return self._block[1][begin : begin + count]
+
     def _advance(self) -> tuple[torch.Tensor, torch.Tensor]:
         """Consume one global micro batch: this rank's (source, occurrence number) per row."""
-        choices = choose(self.seed, self._draws, self.global_micro_batch, self.cumulative)
+        choices = self._choices(self._draws, self.global_micro_batch)
         onehot = torch.nn.functional.one_hot(choices, len(self.names))
         before = (onehot.cumsum(0) - onehot).gather(1, choices[:, None]).squeeze(1)
         occurrence = torch.tensor(self._seen)[choices] + before
@@ -137,16 +148,21 @@ class MixtureStream:
     def next_batch(self) -> dict[str, torch.Tensor]:
         """This rank's part of the next global micro batch (rows in draw order; input_ids, labels, [position_ids])."""
         sources, occurrences = self._advance()
-        parts, rows = [], []
+        tokens, flags, rows = [], [], []
         for k in sources.unique().tolist():
             where = torch.nonzero(sources == k).flatten()
-            n = occurrences[where]
-            length = self.lengths[k]
-            indices = torch.stack([self._order(k, int(o) // length)[int(o) % length] for o in n.tolist()])
-            parts.append(self.datasets[k].batch(indices))
+            data, length = self.datasets[k], self.lengths[k]
+            indices = torch.stack(
+                [self._order(k, o // length)[o % length] for o in occurrences[where].tolist()]
+            )
+            positions = indices[:, None] * data.seq_len + torch.arange(data.seq_len + 1)
+            tokens.append(data.tokens[positions].long())
+            flags.append(data.flags[positions])
             rows.append(where)
-        order = torch.argsort(torch.cat(rows))
-        return {key: torch.cat([part[key] for part in parts])[order] for key in parts[0]}
+        order = torch.argsort(torch.cat(rows))  # back to draw order
+        return labels_and_positions(
+            torch.cat(tokens)[order], torch.cat(flags)[order], document_mask=self.datasets[0].document_mask
+        )
 
     def skip(self) -> None:
         """Move past the next micro batch without building it."""
