@@ -13,6 +13,7 @@ from conftest import write_spec
 from launcher.front import compose
 from launcher.groups.data import mixture
 from launcher.groups.data.interleave import MixtureStream, choose, source_epochs, thresholds
+from launcher.groups.data.loader import BackgroundBatches, PrefetchedBatches
 from launcher.groups.data.sequences import PackedSequences
 from launcher.groups.data.tokens import START, TokenStore, build_cache, load_corpus
 from launcher.spec import load_spec
@@ -183,3 +184,36 @@ def test_bad_mixtures_are_refused_naming_the_entry_key(tmp_path) -> None:
     assert any(
         e.startswith("data.sources[1].path, data.sources[1].format, data.sources[1].field:") for e in same
     )
+
+
+@pytest.mark.parametrize("wrap", ["workers", "thread"])
+def test_loader_workers_and_the_batch_thread_hand_out_the_streams_batches_and_resume(wrap: str) -> None:
+    plain = _stream(micro=4)
+    ahead = (
+        PrefetchedBatches(_stream(micro=4), num_workers=2, pin_memory=False)
+        if wrap == "workers"
+        else BackgroundBatches(_stream(micro=4), pin_memory=False)
+    )
+    for _ in range(12):
+        expected, got = plain.next_batch(), ahead.next_batch()
+        assert all(torch.equal(expected[key], got[key]) for key in expected)
+    assert ahead.state_dict() == plain.state_dict()
+    resumed = _stream(micro=4)
+    resumed.load_state_dict(ahead.state_dict())
+    assert _ids(resumed.next_batch()) == _ids(plain.next_batch())
+    if wrap == "thread":
+        ahead.close()
+
+
+def test_a_spec_file_with_an_unknown_entry_key_names_it() -> None:
+    from omegaconf import OmegaConf
+
+    from launcher.spec import InvalidSpec, to_spec
+
+    with pytest.raises(InvalidSpec) as caught:
+        to_spec(
+            OmegaConf.create({"data": {"sources": [{"path": "a.jsonl"}, {"path": "b.jsonl", "wieght": 2}]}})
+        )
+    assert [str(e).split(" Known")[0] for e in caught.value.errors] == [
+        "data.sources[1].wieght: unknown key. Did you mean weight?"
+    ]
