@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from launcher.groups.aliases import alias_hint
 from launcher.groups.checkpoint import CheckpointConfig
@@ -151,6 +151,14 @@ def schema_fields(schema: type) -> dict[str, Any]:
     return typing.get_type_hints(schema)
 
 
+def entry_schema(annotation: Any) -> type | None:
+    """The dataclass of a `tuple[Entry, ...]` field (a list of entries such as data.sources), else None."""
+    args = typing.get_args(annotation)
+    if typing.get_origin(annotation) is tuple and len(args) == 2 and args[1] is Ellipsis:
+        return args[0] if dataclasses.is_dataclass(args[0]) else None
+    return None
+
+
 def did_you_mean(word: str, choices: typing.Iterable[str]) -> str:
     """' Did you mean X?' for the closest choice, or an empty string."""
     close = difflib.get_close_matches(word, list(choices), n=1, cutoff=0.6)
@@ -197,6 +205,11 @@ def unknown_keys(cfg: DictConfig, schema: type = RunSpec, prefix: str = "") -> l
         node = cfg._get_node(key)
         if dataclasses.is_dataclass(sub) and isinstance(node, DictConfig) and not node._is_missing():
             errors.extend(unknown_keys(node, sub, f"{path}."))
+        entry = entry_schema(sub)
+        if entry is not None and isinstance(node, ListConfig) and not node._is_missing():
+            for index, item in enumerate(node):
+                if isinstance(item, DictConfig):
+                    errors.extend(unknown_keys(item, entry, f"{path}[{index}]."))
     return errors
 
 
@@ -332,4 +345,7 @@ def public_keys(schema: type = RunSpec, prefix: str = "") -> list[str]:
             keys.extend(public_keys(sub, f"{prefix}{name}."))
         else:
             keys.append(f"{prefix}{name}")
+        entry = entry_schema(sub)
+        if entry is not None:  # each entry's keys, e.g. data.sources[].weight
+            keys.extend(public_keys(entry, f"{prefix}{name}[]."))
     return sorted(keys)

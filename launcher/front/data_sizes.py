@@ -10,12 +10,14 @@ after training its last step.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from launcher.groups.data.mixture import single_configs
 from launcher.groups.data.sizes import StepNeeds, document_sequences, packed_sequences
 from launcher.groups.data.tokens import corpus_folder
 from launcher.parallel.dims import ParallelDims
@@ -41,11 +43,18 @@ def step_needs(spec: RunSpec) -> StepNeeds:
 def size_errors(spec: RunSpec) -> list[SpecError]:
     """The data-size problems of a spec whose corpus tokenizes; empty when the data is enough."""
     needs = step_needs(spec)
-    with corpus_folder(spec.data, spec.tokenizer) as folder:
-        meta = json.loads((folder / "meta.json").read_text())
-        errors = _train_errors(spec, folder, meta, needs)
-    if spec.train.eval_every:
-        errors += _val_errors(spec, meta, needs)
+    if spec.data.sources:  # a source wraps its epochs: one sequence to draw from, its own held-out batches
+        one = StepNeeds(micro_batch_size=1, grad_accum_steps=1, dp_size=1)
+        sources = [(dataclasses.replace(spec, data=data), one) for data in single_configs(spec.data)]
+    else:
+        sources = [(spec, needs)]
+    errors: list[SpecError] = []
+    for source, train_needs in sources:
+        with corpus_folder(source.data, source.tokenizer) as folder:
+            meta = json.loads((folder / "meta.json").read_text())
+            errors += _train_errors(source, folder, meta, train_needs)
+        if spec.train.eval_every:
+            errors += _val_errors(source, meta, needs)
     return errors
 
 

@@ -12,6 +12,7 @@ from rich.table import Table
 
 from launcher.front.compose import config_dir, strip_hydra
 from launcher.front.model_dims import describe_model, folder_dims
+from launcher.groups.data import mixture
 from launcher.groups.data.sources import describe
 from launcher.groups.tokenizer import load_tokenizer, padded_vocab_size
 from launcher.launch import backend
@@ -226,7 +227,8 @@ def show(cfg: DictConfig, spec: RunSpec | None, errors: list[SpecError], run_dir
         return
     console.print("[green bold]verdict: valid")
     console.print(describe_model(spec.model), markup=False, highlight=False)
-    console.print(f"data: {describe(spec.data)}", markup=False, highlight=False)
+    data = mixture.describe(spec.data) if spec.data.sources else describe(spec.data)
+    console.print(f"data: {data}", markup=False, highlight=False)
     print_tokenizer(console, spec)
     print_plan(console, spec)
     console.print(f"would launch: {backend(spec.launcher.backend).describe(spec, run_dir)}")

@@ -11,7 +11,15 @@ import typing
 
 from omegaconf import DictConfig, OmegaConf
 
-from launcher.spec import RunSpec, SpecError, did_you_mean, schema_fields, schema_node, unknown_key_error
+from launcher.spec import (
+    RunSpec,
+    SpecError,
+    did_you_mean,
+    entry_schema,
+    schema_fields,
+    schema_node,
+    unknown_key_error,
+)
 
 
 def field_type(path: str) -> tuple[type | None, list[str]]:
@@ -57,7 +65,8 @@ def check(
             errors.append(unknown_key_error(key, known))
             continue
         if not override.is_sweep_override():
-            errors.extend(_check_value(scratch, key, override))
+            entry_errors = _check_entries(key, schema, override.value())
+            errors.extend(entry_errors or _check_value(scratch, key, override))
     return errors
 
 
@@ -141,6 +150,21 @@ def _check_option(
                 )
             )
     return errors
+
+
+def _check_entries(key: str, schema: typing.Any, value: typing.Any) -> list[SpecError]:
+    """Unknown keys inside the entries of a list-of-entries key (data.sources=[{path: a, weight: 1}, ...])."""
+    entry = entry_schema(schema)
+    if entry is None or not isinstance(value, list):
+        return []
+    fields = schema_fields(entry)
+    return [
+        unknown_key_error(f"{key}[{index}].{name}", fields)
+        for index, item in enumerate(value)
+        if isinstance(item, dict)
+        for name in item
+        if name not in fields
+    ]
 
 
 def _check_value(scratch: DictConfig, key: str, override: typing.Any) -> list[SpecError]:

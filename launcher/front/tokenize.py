@@ -14,6 +14,7 @@ from rich.console import Console
 from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
 from launcher.front.data_sizes import size_errors
+from launcher.groups.data.mixture import single_configs
 from launcher.groups.data.sources import RecordError
 from launcher.spec import RunSpec, SpecError
 
@@ -22,7 +23,10 @@ def prepare_data(spec: RunSpec, console: Console | None = None) -> list[SpecErro
     """Make sure the tokenized corpus of `spec` is in the cache and enough for the run; the problems that stop it."""
     from launcher.groups.data.tokens import build_cache, uses_cache  # numpy: only a run that starts needs it
 
-    if not uses_cache(spec.data, spec.tokenizer):
+    configs = [
+        cfg for cfg in single_configs(spec.data) if uses_cache(cfg, spec.tokenizer)
+    ]  # a mixture: each source
+    if not configs:
         return size_errors(spec)
     console = console or Console(stderr=True)
     started = time.perf_counter()
@@ -42,24 +46,27 @@ def prepare_data(spec: RunSpec, console: Console | None = None) -> list[SpecErro
                         task, description=f"{counts['records']:,} records, {counts['tokens']:,} tokens"
                     )
 
-            folder, built = build_cache(spec.data, spec.tokenizer, progress=advance)
+            results = [build_cache(cfg, spec.tokenizer, progress=advance) for cfg in configs]
     except RecordError as err:
         return [
             SpecError(
-                ("data.path", "data.format", "data.field"),
+                ("data.sources",) if spec.data.sources else ("data.path", "data.format", "data.field"),
                 f"{err} Tokenization stopped at that record; no rank was started. Fix or drop the record.",
             )
         ]
     elapsed = time.perf_counter() - started
-    if built:
+    folders = ", ".join(str(folder) for folder, _ in results)
+    if any(built for _, built in results):
         console.print(
             f"data: tokenized {counts['records']:,} records ({counts['tokens']:,} tokens) in {elapsed:.1f} s "
-            f"into {folder}",
+            f"into {folders}",
             markup=False,
             highlight=False,
         )
     else:
         console.print(
-            f"data: reusing the tokenized corpus in {folder} ({elapsed:.2f} s)", markup=False, highlight=False
+            f"data: reusing the tokenized corpus in {folders} ({elapsed:.2f} s)",
+            markup=False,
+            highlight=False,
         )
     return size_errors(spec)

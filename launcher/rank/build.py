@@ -49,6 +49,7 @@ from launcher.parallel.registry import STRATEGIES, build_strategy
 from launcher.parallel.strategy import Setup
 from launcher.rank.engine import Components
 from launcher.rank.micro_batch import fit_micro_batch
+from launcher.rank.mixture_data import build_mixture, epochs_extra
 from launcher.rank.teacher import build_distiller
 from launcher.spec import RunSpec
 
@@ -122,26 +123,31 @@ def build(spec: RunSpec, dist: DistContext, run_dir: Path | None = None) -> Comp
     strategy = build_strategy(model, setup)
     strategy.distiller = distiller
     scheduler = build_scheduler(strategy.optimizer, spec.scheduler, spec.train.max_steps)
-    corpus = _corpus(spec, dist)
     d = spec.data
-    stream = build_stream(
-        corpus,
-        seq_len=d.seq_len,
-        packing=d.packing,
-        document_mask=d.document_mask,
-        batching=d.batching,
-        max_tokens_per_batch=d.max_tokens_per_batch,
-        micro_batch_size=batch.micro_batch_size,
-        seed=spec.train.seed,
-        grad_accum_steps=batch.grad_accum_steps,
-        rank=dist.dp_rank,
-        world_size=dist.dp_size,
-    )
-    val = PackedSequences(corpus.val, d.seq_len, document_mask=d.packing and d.document_mask)
-    if (
-        spec.train.eval_every
-    ):  # fail here, not at the first evaluation (the launching process refuses it first)
-        check_held_out(val, dist.dp_size)
+    if d.sources:  # a mixture: each source's cached corpus, interleaved by weight
+        mixed, held_out = build_mixture(spec, dist, batch)
+        stream, val = mixed, held_out[0].sequences
+    else:
+        corpus = _corpus(spec, dist)
+        stream = build_stream(
+            corpus,
+            seq_len=d.seq_len,
+            packing=d.packing,
+            document_mask=d.document_mask,
+            batching=d.batching,
+            max_tokens_per_batch=d.max_tokens_per_batch,
+            micro_batch_size=batch.micro_batch_size,
+            seed=spec.train.seed,
+            grad_accum_steps=batch.grad_accum_steps,
+            rank=dist.dp_rank,
+            world_size=dist.dp_size,
+        )
+        mixed, held_out = None, ()
+        val = PackedSequences(corpus.val, d.seq_len, document_mask=d.packing and d.document_mask)
+        if (
+            spec.train.eval_every
+        ):  # fail here, not at the first evaluation (the launching process refuses it first)
+            check_held_out(val, dist.dp_size)
     if d.num_workers > 0:
         stream = PrefetchedBatches(stream, num_workers=d.num_workers, pin_memory=device.type == "cuda")
     elif device.type == "cuda":  # pinned batches built ahead by a thread; on CPU it would compete for cores
@@ -153,6 +159,7 @@ def build(spec: RunSpec, dist: DistContext, run_dir: Path | None = None) -> Comp
         scheduler=scheduler,
         stream=stream,
         val=val,
+        held_out=held_out,
         dist=dist,
         flops_per_token=flops_per_token(spec.model, spec.data.seq_len),
         peak_flops=devices.peak_flops(device.type),
@@ -163,7 +170,11 @@ def build(spec: RunSpec, dist: DistContext, run_dir: Path | None = None) -> Comp
         ],
         record_extras=[
             extra
-            for extra in [pruner and pruner.record, distiller and partial(distiller.metrics, dist.data_sum)]
+            for extra in [
+                pruner and pruner.record,
+                distiller and partial(distiller.metrics, dist.data_sum),
+                mixed and epochs_extra(stream, mixed),
+            ]
             if extra
         ],
         before_step=[qat_switch] if qat_switch else [],

@@ -25,6 +25,7 @@ from launcher.groups import checkpoint, metrics, observers, profiling
 from launcher.groups.batch_split import BatchSplit
 from launcher.groups.batching import Batches
 from launcher.groups.checkpoint_files import CheckpointFiles
+from launcher.groups.data.interleave import HeldOut
 from launcher.groups.data.sequences import PackedSequences, val_batches
 from launcher.groups.precision import eval_dtype, train_dtype
 from launcher.parallel.dims import DistContext
@@ -53,6 +54,8 @@ class Components:
     """Training micro batches for this rank."""
     val: PackedSequences
     """Held-out sequences for evaluation."""
+    held_out: tuple[HeldOut, ...] = ()
+    """A mixture's held-out sequences per source (evaluated instead of `val`: `eval_loss/<name>`)."""
     dist: DistContext
     """This rank's place in the job."""
     flops_per_token: float
@@ -298,17 +301,15 @@ class Engine:
         return record
 
     @torch.no_grad()
-    def evaluate(self) -> dict[str, float]:
-        """Token-mean loss and perplexity on held-out data, under the eval precision."""
-        model, t = self.parts.strategy.model, self.spec.train
-        model.eval()
+    def _held_out_sums(self, sequences: PackedSequences) -> tuple[torch.Tensor, torch.Tensor]:
+        """This rank's summed token loss and token count over up to train.eval_batches held-out micro batches."""
+        dist = self.parts.dist
         total = torch.zeros((), device=self.device)
         count = torch.zeros((), device=self.device)
-        dist = self.parts.dist
         batches = val_batches(
-            self.parts.val,
+            sequences,
             micro_batch_size=self.parts.batch.micro_batch_size,
-            max_batches=t.eval_batches,
+            max_batches=self.spec.train.eval_batches,
             rank=dist.dp_rank,
             world_size=dist.dp_size,
         )
@@ -317,10 +318,30 @@ class Engine:
             loss_sum, n = self.parts.strategy.eval_loss(batch, eval_dtype(self.spec.precision))
             total += loss_sum
             count += n
+        return total, count
+
+    @torch.no_grad()
+    def evaluate(self) -> dict[str, float]:
+        """Token-mean loss and perplexity on held-out data, under the eval precision.
+
+        A mixture evaluates each source's held-out sequences on their own (`eval_loss/<name>`);
+        its `eval_loss` is their mean weighted by the sources' weights.
+        """
+        model = self.parts.strategy.model
+        model.eval()
+        parts = self.parts.held_out or (HeldOut(name="", sequences=self.parts.val, weight=1.0),)
+        sums = [float(value) for part in parts for value in self._held_out_sums(part.sequences)]
         model.train()
-        loss_sum, tokens = dist.data_sum([float(total), float(count)])
-        loss = loss_sum / max(tokens, 1.0)
+        totals = self.parts.dist.data_sum(sums)
+        losses = {part.name: totals[2 * i] / max(totals[2 * i + 1], 1.0) for i, part in enumerate(parts)}
+        if self.parts.held_out:
+            weight = sum(part.weight for part in parts)
+            loss = sum(part.weight * losses[part.name] for part in parts) / weight
+            per_source = {f"eval_loss/{name}": value for name, value in losses.items()}
+        else:
+            loss, per_source = losses[""], {}
         self._eval = {"eval_loss": loss, "eval_ppl": math.exp(min(loss, 50.0)), "eval_step": self.step}
+        self._eval.update(per_source)
         if self._writer is not None:
             record = {"step": self.step, "session": self.session, **self._eval}
             self._writer.write(record)

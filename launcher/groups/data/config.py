@@ -11,6 +11,30 @@ BATCHING = ("fixed", "group_by_length", "token_budget")
 
 
 @dataclass(frozen=True, kw_only=True)
+class SourceConfig:
+    """One source of a mixture (`data.sources`): its files, how its records read, and its share of the draws."""
+
+    path: str | None = None
+    """A file, glob or directory, as data.path (unused with kind=stdlib)."""
+    weight: float = 1.0
+    """Relative share of the training sequences drawn from this source (positive; normalized over the sources)."""
+    name: str | None = None
+    """Name in metrics (`eval_loss/<name>`) and checkpoints; null: the file stem of path (stdlib: stdlib)."""
+    kind: str | None = None
+    """As data.kind; null: data.kind, or when that is stdlib (the default): jsonl for .jsonl paths, files otherwise."""
+    format: str | None = None
+    """As data.format; null: data.format."""
+    field: str | None = None
+    """As data.field; null: data.field."""
+    template: str | None = None
+    """As data.template; null: data.template."""
+    train_on: str | None = None
+    """As data.train_on; null: data.train_on."""
+    val_path: str | None = None
+    """Held-out records of this source from these files instead of a data.val_fraction share of path."""
+
+
+@dataclass(frozen=True, kw_only=True)
 class DataConfig:
     """Where the training records come from, how they are rendered, and how they are cut into sequences."""
 
@@ -52,3 +76,11 @@ class DataConfig:
     """Where tokenized corpora are kept for reuse; null: $XDG_CACHE_HOME/launcher/tokens (~/.cache/...)."""
     num_workers: int = 0
     """Loader processes per rank that prepare the next micro batches while the rank computes (0: in the loop)."""
+    sources: tuple[SourceConfig, ...] = ()
+    """A mixture: sources tokenized and cached one by one, their sequences interleaved by weight (docs/data.md);
+    replaces data.path. Each entry: path, weight, name, kind, format, field, template, train_on, val_path."""
+
+    def __post_init__(self) -> None:
+        object.__setattr__(
+            self, "sources", tuple(self.sources)
+        )  # OmegaConf builds lists; the spec keeps tuples

@@ -113,6 +113,7 @@ def cache_key(cfg: DataConfig, tok: TokenizerConfig) -> str:
             "cache_dir",
             "packing",
             "document_mask",
+            "sources",  # a mixture caches each source under its own key (groups/data/mixture.py)
         )
     }
     digest.update(json.dumps(options, sort_keys=True).encode())

@@ -43,6 +43,8 @@ def tag(key: str) -> str:
         return TAGS[key]
     if key.startswith("time_"):
         return f"time/{key.removeprefix('time_')}"
+    if key.startswith("eval_loss/"):  # a mixture's per-source held-out loss
+        return f"eval/loss/{key.removeprefix('eval_loss/')}"
     return f"train/{key}"
 
 
