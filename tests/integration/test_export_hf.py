@@ -170,7 +170,7 @@ def test_greedy_generation_of_a_run_and_its_folder_is_the_same(run, folder, name
     completions = []
     for source in (generate.open_source(run(name)), generate.open_source(folder(name))):
         ids = generate.prompt_ids(source, "def main(", chat=False)
-        completions.append(generate.generate(source, ids, max_new_tokens=24))
+        completions.append(generate.generate(source, ids, max_new_tokens=24).ids)
     assert completions[0] == completions[1] and len(completions[0]) > 0
 
 
