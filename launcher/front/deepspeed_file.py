@@ -62,13 +62,13 @@ def taken(cfg: DictConfig) -> list[Taken]:
     set_by = explicit(cfg)
     if "parallel.strategy" in set_by and cfg.parallel.strategy != "deepspeed":
         return []  # the rules refuse a DeepSpeed file under another strategy
-    user, accelerate = _read(path)
-    if user is None:
-        return []
     name = Path(path).name
     out = []
-    if "parallel.strategy" not in set_by:
+    if "parallel.strategy" not in set_by:  # even for a file that does not read: the rules then say why
         out.append(Taken(spec_key="parallel.strategy", value="deepspeed", credit=f"deepspeed_config {name}"))
+    user, accelerate = _read(path)
+    if user is None:
+        return out
     for setting in stated(user, str(OmegaConf.select(cfg, "optimizer.name"))):
         if setting.spec_key not in set_by:
             credit = f"{name}: {setting.json_key}"

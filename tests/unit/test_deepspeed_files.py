@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import TINY, run_inline
+from conftest import TINY
 from launcher.front import cli, compose, deepspeed_file, provenance
 from launcher.front.cli import precheck
 from launcher.parallel import deepspeed_user_config as ds_user
@@ -153,14 +153,3 @@ def test_taken_is_what_the_dry_run_credits() -> None:
     assert taken == {
         "parallel.offload_optimizer": "transformers_zero2.json: zero_optimization.offload_optimizer.device"
     }
-
-
-def test_zero2_template_as_is_trains_with_the_optimizer_offloaded(tmp_path) -> None:
-    """One real run (a few seconds): transformers' ZeRO-2 template unchanged, nothing typed about offload."""
-    run_dir = tmp_path / "run"
-    argv = [f"parallel.deepspeed_config={ZERO2}", *TINY, "train.max_steps=3", "checkpoint.every=null",
-            "train.eval_every=null", f"run_dir={run_dir}"]  # fmt: skip
-    assert run_inline(argv, run_dir) == 0
-    config = json.loads((run_dir / "deepspeed_config.json").read_text())
-    assert config["zero_optimization"]["offload_optimizer"]["device"] == "cpu"
-    assert json.loads((run_dir / "summary.json").read_text())["steps"] == 3
