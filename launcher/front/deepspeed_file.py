@@ -77,7 +77,35 @@ def taken(cfg: DictConfig) -> list[Taken]:
     for spec_key, (key, value) in launch.items():
         if spec_key not in set_by:
             out.append(Taken(spec_key=spec_key, value=value, credit=f"{name}: {key}"))
-    return out
+    return out + _accumulation(cfg, user, out, set_by, name)
+
+
+def _accumulation(
+    cfg: DictConfig, user: dict[str, Any], decided: list[Taken], set_by: dict[str, str], name: str
+) -> list[Taken]:
+    """train.grad_accum_steps from an explicit train_batch_size, as DeepSpeed derives it, where nobody set it.
+
+    Only when the file leaves gradient_accumulation_steps to "auto" (or out) and the batch divides
+    into micro batches x ranks; otherwise the batch check names the keys.
+    """
+    total = user.get("train_batch_size")
+    gas = user.get("gradient_accumulation_steps", "auto")
+    if (
+        not isinstance(total, int)
+        or isinstance(total, bool)
+        or gas != "auto"
+        or "train.grad_accum_steps" in set_by
+    ):
+        return []
+    value = {t.spec_key: t.value for t in decided}
+    ranks = 1
+    for key in ("launcher.nproc", "launcher.nnodes"):
+        ranks *= int(value.get(key, OmegaConf.select(cfg, key)))
+    micro = int(value.get("train.micro_batch_size", OmegaConf.select(cfg, "train.micro_batch_size")))
+    if total <= 0 or total % (micro * ranks):
+        return []
+    credit = f"{name}: train_batch_size / (micro batch x ranks)"
+    return [Taken(spec_key="train.grad_accum_steps", value=total // (micro * ranks), credit=credit)]
 
 
 def _launch_conflicts(cfg: DictConfig, path: str, accelerate: AccelerateFile | None) -> list[SpecError]:

@@ -179,3 +179,21 @@ def test_zero2_template_values_reach_a_real_run(tmp_path) -> None:
     assert (config["gradient_accumulation_steps"], config["gradient_clipping"]) == (2, 0.5)
     assert config["train_batch_size"] == 4 * 2 and config["zero_optimization"]["stage"] == 2
     assert json.loads((run_dir / "summary.json").read_text())["steps"] == 3
+
+
+def test_explicit_train_batch_size_gives_the_accumulation_steps(tmp_path) -> None:
+    path = tmp_path / "ds.json"
+    path.write_text(
+        json.dumps(
+            {"train_batch_size": 32, "train_micro_batch_size_per_gpu": 4, "zero_optimization": {"stage": 1}}
+        )
+    )
+    spec = _validated(f"parallel.deepspeed_config={path}", *TINY, "launcher.nproc=2")
+    assert (spec.parallel.zero_stage, spec.train.grad_accum_steps) == (1, 4)  # 32 = 4 x 4 x 2 ranks
+    keys = _keys(f"parallel.deepspeed_config={path}", *TINY, "launcher.nproc=2", "train.grad_accum_steps=1")
+    assert keys == [
+        (
+            "deepspeed_config:train_batch_size",
+            "train.micro_batch_size x train.grad_accum_steps x launcher.nproc x launcher.nnodes",
+        )
+    ]
