@@ -368,7 +368,10 @@ def test_missing_deepspeed_package_says_how_to_install(monkeypatch) -> None:
 def test_transformers_template_trains_a_folder_model_on_the_specs_schedule(tmp_path) -> None:
     """One real run (about 15 s): transformers' ZeRO-2 template, a Llama folder, 4 steps, inline.
 
-    The template's offload device is set to "auto" (filled: none), so no DeepSpeedCPUAdam is built.
+    The template's offload device is set to "auto" (filled: none), so no DeepSpeedCPUAdam is built. Its
+    explicit gradient_accumulation_steps and gradient_clipping decide those keys, which nobody set
+    (launcher.front.deepspeed_file): spec.yaml, the rank's merged config and DeepSpeed agree on them.
+    (A second in-process DeepSpeed run in one pytest process would find DeepSpeed's cached group.)
     """
     from hf_assets import make_hf_model
 
@@ -380,6 +383,7 @@ def test_transformers_template_trains_a_folder_model_on_the_specs_schedule(tmp_p
     folder = make_hf_model("llama", tmp_path / "llama")
     template = json.loads((ASSETS / "transformers_zero2.json").read_text())
     template["zero_optimization"]["offload_optimizer"]["device"] = "auto"
+    template.update(gradient_accumulation_steps=2, gradient_clipping=0.5)
     run_dir = tmp_path / "run"
     cfg = compose.compose(
         [
@@ -392,12 +396,15 @@ def test_transformers_template_trains_a_folder_model_on_the_specs_schedule(tmp_p
     )  # fmt: skip
     spec, errors = compose.validate(cfg)
     assert errors == []
+    assert (spec.train.grad_accum_steps, spec.train.max_grad_norm) == (2, 0.5)  # taken from the file
     rundir.write(cfg, fill_folder_dims(cfg, spec), run_dir)
     assert worker.run(run_dir / "spec.yaml") == 0
     config = json.loads((run_dir / "deepspeed_config.json").read_text())
     assert "scheduler" not in config and "optimizer" not in config
     assert config["zero_optimization"]["reduce_bucket_size"] == 64 * 64  # the folder's width, not 128
     assert config["zero_optimization"]["offload_optimizer"]["device"] == "none"
+    assert (config["gradient_accumulation_steps"], config["gradient_clipping"]) == (2, 0.5)
+    assert config["train_batch_size"] == 4 * 2
     lrs = [r["lr"] for r in read_metrics(run_dir / "metrics.jsonl")]
     # The spec's cosine schedule ends at min_lr_ratio x lr; the template's WarmupLR would hold 1e-3.
     assert lrs[-1] == pytest.approx(spec.optimizer.lr * spec.scheduler.min_lr_ratio)

@@ -9,11 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from conftest import TINY, run_inline
+from conftest import TINY
 from launcher.front import cli, compose, deepspeed_file, provenance
 from launcher.front.cli import precheck
 from launcher.parallel import deepspeed_user_config as ds_user
-from launcher.spec import load_spec
 
 ASSETS = Path(__file__).parents[1] / "assets" / "deepspeed"
 ZERO2, ZERO3 = ASSETS / "transformers_zero2.json", ASSETS / "transformers_zero3.json"
@@ -154,31 +153,6 @@ def test_taken_is_what_the_dry_run_credits() -> None:
     assert taken == {
         "parallel.offload_optimizer": "transformers_zero2.json: zero_optimization.offload_optimizer.device"
     }
-
-
-def test_zero2_template_values_reach_a_real_run(tmp_path) -> None:
-    """One real inline run (about 10 s): transformers' ZeRO-2 layout whose explicit accumulation and
-    clipping decide the run. Its offload device is "none" here: offloading builds DeepSpeedCPUAdam,
-    which the tests' own extension cache would rebuild (6 min measured on the loaded test machine)."""
-    template = json.loads(ZERO2.read_text())
-    template["zero_optimization"]["offload_optimizer"]["device"] = "none"
-    template.update(gradient_accumulation_steps=2, gradient_clipping=0.5)
-    path = tmp_path / "ds_config_zero2.json"
-    path.write_text(json.dumps(template))
-    run_dir = tmp_path / "run"
-    argv = [f"parallel.deepspeed_config={path}", *TINY, "train.max_steps=3", "checkpoint.every=null",
-            "train.eval_every=null", f"run_dir={run_dir}"]  # fmt: skip
-    assert run_inline(argv, run_dir) == 0
-    spec = load_spec(run_dir / "spec.yaml")
-    assert (spec.parallel.strategy, spec.train.grad_accum_steps, spec.train.max_grad_norm) == (
-        "deepspeed",
-        2,
-        0.5,
-    )
-    config = json.loads((run_dir / "deepspeed_config.json").read_text())
-    assert (config["gradient_accumulation_steps"], config["gradient_clipping"]) == (2, 0.5)
-    assert config["train_batch_size"] == 4 * 2 and config["zero_optimization"]["stage"] == 2
-    assert json.loads((run_dir / "summary.json").read_text())["steps"] == 3
 
 
 def test_explicit_train_batch_size_gives_the_accumulation_steps(tmp_path) -> None:
