@@ -28,6 +28,7 @@ from pathlib import Path
 from omegaconf import DictConfig, OmegaConf
 
 from launcher.front import override_checks
+from launcher.front.provenance import CONFIG_MODULE, config_dir
 from launcher.groups.aliases import alias_hint
 from launcher.spec import (
     RunSpec,
@@ -36,7 +37,6 @@ from launcher.spec import (
     to_spec,
 )
 
-CONFIG_MODULE = "launcher.conf"
 PRIMARY = "train"
 # Hydra flags followed by a value that is not an override.
 _VALUE_FLAGS = {
@@ -137,11 +137,6 @@ def unknown_flags(flags: list[str]) -> list[SpecError]:
                 )
             )
     return errors
-
-
-def config_dir() -> Path:
-    """Where the shipped conf/ lives (inside the installed package, or the checkout)."""
-    return Path(str(resources.files(CONFIG_MODULE)))
 
 
 @functools.cache
@@ -285,6 +280,7 @@ def strip_hydra(cfg: DictConfig) -> DictConfig:
 def validate(cfg: DictConfig) -> tuple[RunSpec | None, list[SpecError]]:
     """Schema and cross-field rules on a composed config: the spec, or every violation found."""
     from launcher.front.data_format import fill_format
+    from launcher.front.deepspeed_file import adopt
     from launcher.front.model_dims import fill_folder_dims
     from launcher.front.vocab import fill_vocab
     from launcher.front.warmup import fit_warmup
@@ -295,10 +291,11 @@ def validate(cfg: DictConfig) -> tuple[RunSpec | None, list[SpecError]]:
     code = code_references(cfg)
     if code:
         return None, code
+    taken = adopt(cfg)  # a user's DeepSpeed/accelerate file decides the keys nobody set
     try:
         spec = to_spec(strip_hydra(cfg))
     except InvalidSpec as err:
-        return None, err.errors
+        return None, taken + err.errors
     backend = resolve_backend(spec.launcher)  # `auto` is decided here, once, before the rules
     spec = dataclasses.replace(spec, launcher=dataclasses.replace(spec.launcher, backend=backend))
     spec, errors = fill_vocab(cfg, spec)
@@ -309,7 +306,7 @@ def validate(cfg: DictConfig) -> tuple[RunSpec | None, list[SpecError]]:
         return None, errors
     spec = fit_warmup(cfg, spec)
     spec = fill_folder_dims(cfg, spec)  # before the rules: they judge the model that trains (see model_dims)
-    errors = check(spec, detect_hardware(spec))
+    errors = taken + check(spec, detect_hardware(spec))
     return (None, errors) if errors else (spec, [])
 
 

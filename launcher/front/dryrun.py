@@ -4,14 +4,15 @@ key with `dry_run=all`), the verdict, the plan."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 from rich.console import Console
 from rich.table import Table
 
-from launcher.front.compose import config_dir, strip_hydra
+from launcher.front import deepspeed_file
+from launcher.front.compose import strip_hydra
 from launcher.front.model_dims import describe_model, folder_dims
+from launcher.front.provenance import flatten, provenance, user_dirs
 from launcher.groups.data import mixture
 from launcher.groups.data.sources import describe
 from launcher.groups.tokenizer import load_tokenizer, padded_vocab_size
@@ -22,62 +23,6 @@ from launcher.plan.pipeline import PipelineLayout, PipelinePlan, RankPlan, pipel
 from launcher.plan.planner import plan
 from launcher.plan.render import format_bytes, plan_table
 from launcher.spec import RunSpec, SpecError, redacted_container, schema_node
-
-
-def flatten(tree: Any, prefix: str = "") -> dict[str, Any]:
-    """Dotted path -> leaf value of a nested dict."""
-    if not isinstance(tree, dict):
-        return {prefix.rstrip("."): tree}
-    flat: dict[str, Any] = {}
-    for key, value in tree.items():
-        flat.update(flatten(value, f"{prefix}{key}."))
-    return flat
-
-
-def _yaml_values(path: Path, package: str) -> dict[str, Any]:
-    """Leaf values a config file sets, under its package (a recipe's package is global)."""
-    if not path.is_file():
-        return {}
-    text = path.read_text()
-    data = OmegaConf.to_container(OmegaConf.create(text), resolve=False) or {}
-    data = {k: v for k, v in data.items() if k not in ("defaults", "hydra")}
-    if "@package _global_" not in text and package:
-        data = {package: data}
-    return flatten(data)
-
-
-def _option_file(roots: list[Path], group: str, option: str) -> Path:
-    """The file of `group=option`: in the user's config directories first, then the shipped conf/."""
-    for root in roots:
-        if (root / group / f"{option}.yaml").is_file():
-            return root / group / f"{option}.yaml"
-    return roots[-1] / group / f"{option}.yaml"
-
-
-def provenance(
-    choices: dict[str, str | None], task_overrides: list[str], user_dirs: tuple[Path, ...] = ()
-) -> dict[str, str]:
-    """Dotted key -> the source that set it last: train.yaml, a group option (the user's own directories
-    included), a recipe or experiment, the command line."""
-    root = config_dir()
-    roots = [*user_dirs, root]
-    sources: dict[str, str] = dict.fromkeys(_yaml_values(root / "train.yaml", ""), "train.yaml")
-    late = ("recipe", "experiment")  # files of overrides, applied after the groups they override
-    ordered = sorted(choices.items(), key=lambda item: item[0] in late)
-    for group, option in ordered:
-        if option is None or group.startswith("hydra"):
-            continue
-        for key in _yaml_values(_option_file(roots, group, option), group):
-            sources[key] = f"{group}={option}"
-    for override in task_overrides:
-        key, sep, value = override.lstrip("+~").partition("=")
-        if sep and value.startswith("[") and (root / key).is_dir():  # logger=[a,b]
-            for option in (o.strip() for o in value.strip("[]").split(",")):
-                for leaf in _yaml_values(_option_file(roots, key, option), key):
-                    sources[leaf] = f"{key}={option}"
-        elif sep and key not in choices:
-            sources[key] = "command line"
-    return sources
 
 
 def pipeline_layout(spec: RunSpec) -> PipelineLayout:
@@ -176,19 +121,6 @@ def print_tokenizer(console: Console, spec: RunSpec) -> None:
     )
 
 
-def _user_dirs(cfg: DictConfig) -> tuple[Path, ...]:
-    """The file config directories Hydra searched besides the shipped conf/ (--config-dir, hydra.searchpath)."""
-    if "hydra" not in cfg:
-        return ()
-    shipped = config_dir().resolve()
-    dirs = [
-        Path(source.path).resolve()
-        for source in cfg.hydra.runtime.get("config_sources", [])
-        if source.get("schema") == "file" and source.get("path")
-    ]
-    return tuple(d for d in dirs if d != shipped)
-
-
 def show(cfg: DictConfig, spec: RunSpec | None, errors: list[SpecError], run_dir: Path) -> None:
     """Print the spec table with each value's source, the verdict, the memory plan and the launch plan."""
     console = Console() if Console().is_terminal else Console(width=160)
@@ -196,7 +128,8 @@ def show(cfg: DictConfig, spec: RunSpec | None, errors: list[SpecError], run_dir
     task_overrides = list(cfg.hydra.overrides.task) if "hydra" in cfg else []
     values = flatten(redacted_container(strip_hydra(cfg)))
     defaults = flatten(OmegaConf.to_container(schema_node(), resolve=False))
-    sources = provenance(choices, task_overrides, _user_dirs(cfg))
+    sources = provenance(choices, task_overrides, user_dirs(cfg))
+    sources.update({t.spec_key: t.credit for t in deepspeed_file.taken(cfg)})  # a user's DeepSpeed file
     folder_shape = folder_dims(spec.model) if spec is not None else None
     for key, value in (folder_shape or {}).items():  # a folder model's shape comes from its config.json
         values[f"model.{key}"] = value

@@ -25,15 +25,18 @@ import argparse
 import shutil
 import sys
 from pathlib import Path
-from typing import Any
-
-import torch
+from typing import TYPE_CHECKING, Any
 
 from launcher.exits import ExitStatus
 from launcher.front.hf_folder import ExportError, load_tokenizer, special_ids, write_folder
+from launcher.front.lazy_torch import no_grad
 from launcher.groups import checkpoint
 from launcher.parallel.registry import strategy_module
 from launcher.spec import RunSpec, load_spec
+
+if TYPE_CHECKING:  # torch is imported where it is used, after the arguments are parsed
+    import torch
+
 
 FORMATS = ("pt", "hf")
 LOGIT_TOLERANCE = 1e-4
@@ -105,9 +108,11 @@ def model_state(step_dir: Path, spec: RunSpec, *, merge: bool, fmt: str) -> dict
     return {k: v.detach().to("cpu").contiguous() for k, v in state.items()}
 
 
-@torch.no_grad()
+@no_grad
 def max_logit_difference(spec: RunSpec, state: dict[str, torch.Tensor], exported: Any, num_ids: int) -> float:
     """Largest |logit difference| between the launcher's model holding `state` and the exported model."""
+    import torch
+
     from launcher.groups.model.build import build_model
 
     plain = build_model(spec.model)
@@ -148,6 +153,8 @@ def export(
 
     `qat_convert`: a QAT run's weights really quantized (launcher.front.qat_export), as a pt file.
     """
+    import torch
+
     step_dir, run_dir = locate(source)
     spec_path = run_dir / "spec.yaml"
     if not spec_path.is_file():

@@ -8,26 +8,34 @@ Hugging Face causal LM (config.json and weights, e.g. one written by `train-expo
 Both kinds of source go through one decoding loop, so a run and its exported folder give the same
 tokens: each step runs the whole window (no key-value cache: this is a check of a model, not a
 server), picks the most likely token (greedy, the default) or samples with `--temperature` /
-`--top-p`, and stops at eos or after `--max-new-tokens`. Token ids the tokenizer cannot spell (rows
+`--top-p`, and stops at eos or after `--max-new-tokens` (stderr then says how many tokens came and
+which of the two stopped them, so an empty completion is explained). Token ids the tokenizer cannot spell (rows
 a model pads its vocabulary with) are never chosen. When the text outgrows the model's context, the
-oldest tokens are dropped from the window, and a note on stderr says so.
+oldest tokens are dropped from the window, and a note on stderr says so. `--chat` is refused before
+the model loads when the tokenizer's folder holds no chat template. argparse answers `--help` and
+argument errors before torch or transformers is imported.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
-
-import torch
+from typing import TYPE_CHECKING, Any
 
 from launcher.exits import ExitStatus
 from launcher.front.hf_folder import ExportError, load_tokenizer
+from launcher.front.lazy_torch import no_grad
+from launcher.spec import load_spec
 
-Logits = Callable[[torch.Tensor], torch.Tensor]
+if TYPE_CHECKING:  # torch is imported where it is used, after the arguments are parsed
+    import torch
+
+
+Logits = Callable[["torch.Tensor"], "torch.Tensor"]
 """Token ids [1, T] -> next-token logits [1, T, rows]."""
 
 
@@ -74,6 +82,7 @@ def run_source(path: Path) -> Source:
 
 def folder_source(path: Path) -> Source:
     """A Hugging Face folder: AutoModelForCausalLM and AutoTokenizer, local files only, no remote code."""
+    import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     local = {"local_files_only": True, "trust_remote_code": False}
@@ -105,14 +114,58 @@ def open_source(path: Path) -> Source:
     )
 
 
+CHAT_TEMPLATE_FILES = ("chat_template.jinja", "chat_template.json")
+"""Where transformers saves a tokenizer's chat template besides tokenizer_config.json's `chat_template`."""
+
+
+def _has_chat_template(folder: Path) -> bool:
+    """Whether a tokenizer folder holds a chat template (read from its files, without loading it)."""
+    if any((folder / name).is_file() for name in CHAT_TEMPLATE_FILES):
+        return True
+    if (folder / "additional_chat_templates").is_dir():
+        return True
+    try:
+        config = json.loads((folder / "tokenizer_config.json").read_text())
+    except (OSError, ValueError):
+        return False
+    return isinstance(config, dict) and bool(config.get("chat_template"))
+
+
+def chat_problem(path: Path) -> str | None:
+    """Why --chat cannot work for the source `path` (its tokenizer has no chat template), before the model loads."""
+    path = Path(path)
+    if (path / "config.json").is_file():
+        folder = path
+    else:
+        spec_path = path / "spec.yaml" if (path / "spec.yaml").is_file() else path.parent.parent / "spec.yaml"
+        if not spec_path.is_file():
+            return None  # open_source says what is wrong with the path
+        tokenizer = load_spec(spec_path).tokenizer
+        if tokenizer.kind == "bytes":
+            return (
+                f"--chat renders the prompt with the tokenizer's chat template, but the run {spec_path.parent} "
+                "trained with the byte tokenizer (tokenizer=bytes), which has none. Drop --chat, or give a run "
+                "trained with a tokenizer folder that has a chat template (tokenizer=hf tokenizer.path=DIR)."
+            )
+        folder = Path(tokenizer.path or "")
+    if _has_chat_template(folder):
+        return None
+    return (
+        f"--chat renders the prompt with the tokenizer's chat template, and the tokenizer in {folder} has none "
+        "(no chat_template in its tokenizer_config.json, no chat_template.jinja). Add one: put the template in "
+        "chat_template.jinja in that folder (or set tokenizer.chat_template and call "
+        "tokenizer.save_pretrained(FOLDER)); or drop --chat."
+    )
+
+
 def prompt_ids(source: Source, prompt: str, *, chat: bool) -> list[int]:
     """The prompt as token ids, through the tokenizer's chat template with `chat`."""
     tokenizer = source.tokenizer
     if chat:
         if not getattr(tokenizer, "chat_template", None):
             raise ExportError(
-                "--chat renders the prompt with the tokenizer's chat template, and this tokenizer has none "
-                "(the byte tokenizer never has one). Drop --chat, or use a run or folder whose tokenizer has one."
+                "--chat renders the prompt with the tokenizer's chat template, and this tokenizer has none. "
+                "Drop --chat, or use a run or folder whose tokenizer has one."
             )
         messages = [{"role": "user", "content": prompt}]
         text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
@@ -126,6 +179,8 @@ def prompt_ids(source: Source, prompt: str, *, chat: bool) -> list[int]:
 
 def next_token(logits: torch.Tensor, *, temperature: float, top_p: float, generator: torch.Generator) -> int:
     """Greedy when temperature is 0, else a sample from the top-p nucleus of softmax(logits / temperature)."""
+    import torch
+
     if temperature <= 0:
         return int(logits.argmax())
     probs = torch.softmax(logits.float() / temperature, dim=-1)
@@ -136,12 +191,42 @@ def next_token(logits: torch.Tensor, *, temperature: float, top_p: float, genera
     return int(order[choice])
 
 
-@torch.no_grad()
+@dataclass(frozen=True, kw_only=True)
+class Completion:
+    """New token ids after a prompt, and why generation stopped."""
+
+    ids: list[int]
+    """The new token ids (the eos that ended them not included)."""
+    stop: str
+    """Why it stopped: "eos" (the model chose an end token) or "max_new_tokens"."""
+    eos_id: int | None = None
+    """The end token chosen, when stop is "eos"."""
+
+
+def stop_line(completion: Completion, source: Source, max_new_tokens: int) -> str:
+    """What train-generate says on stderr after the completion: the token count and why it stopped."""
+    count = len(completion.ids)
+    noun = "token" if count == 1 else "tokens"
+    if completion.stop == "max_new_tokens":
+        return f"generated {count} {noun}; stopped at --max-new-tokens {max_new_tokens}."
+    spelled = source.tokenizer.convert_ids_to_tokens(completion.eos_id)
+    end = f"end token {completion.eos_id} ({spelled!r})"
+    if count == 0:
+        return (
+            f"generated 0 tokens: the model's first choice was the {end}, so the completion is empty. "
+            "A longer prompt, sampling (--temperature 0.8) or a model trained longer may continue it."
+        )
+    return f"generated {count} {noun}; stopped at the {end}."
+
+
+@no_grad
 def generate(
     source: Source, ids: list[int], *, max_new_tokens: int, temperature: float = 0.0, top_p: float = 1.0,
     seed: int = 0, note: Callable[[str], None] = print,
-) -> list[int]:  # fmt: skip
-    """New token ids after `ids` (eos not included), at most `max_new_tokens`."""
+) -> Completion:  # fmt: skip
+    """New token ids after `ids` (eos not included), at most `max_new_tokens`, and why they stopped."""
+    import torch
+
     generator = torch.Generator().manual_seed(seed)
     spellable = len(source.tokenizer)
     tokens, new = list(ids), []
@@ -157,10 +242,10 @@ def generate(
         logits[spellable:] = float("-inf")
         token = next_token(logits, temperature=temperature, top_p=top_p, generator=generator)
         if token in source.eos_ids:
-            break
+            return Completion(ids=new, stop="eos", eos_id=token)
         tokens.append(token)
         new.append(token)
-    return new
+    return Completion(ids=new, stop="max_new_tokens")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -185,6 +270,7 @@ def main(argv: list[str] | None = None) -> int:
     top_p = args.top_p if args.top_p is not None else 1.0
     problem = _option_problem(args.max_new_tokens, temperature, top_p)
     try:
+        problem = problem or (chat_problem(args.source) if args.chat else None)
         if problem:
             raise ExportError(problem)
         source = open_source(args.source)
@@ -192,11 +278,12 @@ def main(argv: list[str] | None = None) -> int:
     except (ExportError, KeyError) as err:
         print(f"error: {err}", file=sys.stderr)
         return ExitStatus.INVALID_SPEC
-    new = generate(
+    completion = generate(
         source, ids, max_new_tokens=args.max_new_tokens, temperature=temperature, top_p=top_p,
         seed=args.seed, note=lambda text: print(text, file=sys.stderr),
     )  # fmt: skip
-    print(source.tokenizer.decode(new))
+    print(source.tokenizer.decode(completion.ids))
+    print(stop_line(completion, source, args.max_new_tokens), file=sys.stderr)
     return ExitStatus.OK
 
 

@@ -13,18 +13,21 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import torch
 from rich.console import Console
-from torch import nn
 
 from launcher.exits import ExitStatus
+from launcher.front.lazy_torch import no_grad
 from launcher.groups import checkpoint, quantization
 from launcher.groups.adapters import load_checkpoint_state
-from launcher.groups.model.build import build_model
 from launcher.groups.quantization import merged_state_dict
 from launcher.parallel.registry import strategy_module
 from launcher.spec import RunSpec, load_spec
+
+if TYPE_CHECKING:  # torch is imported where it is used, after the arguments are parsed
+    import torch
+    from torch import nn
 
 
 def checkpoint_dir(path: Path) -> Path:
@@ -39,6 +42,10 @@ def checkpoint_dir(path: Path) -> Path:
 
 def load_adapted(ckpt: Path) -> tuple[RunSpec, nn.Module]:
     """The run's spec and its model as training built it, with the checkpoint's weights, on the CPU."""
+    import torch
+
+    from launcher.groups.model.build import build_model
+
     spec = load_spec(ckpt.parent.parent / "spec.yaml")
     torch.manual_seed(spec.train.seed)
     model = quantization.apply(
@@ -49,9 +56,13 @@ def load_adapted(ckpt: Path) -> tuple[RunSpec, nn.Module]:
     return spec, model.eval()
 
 
-@torch.no_grad()
+@no_grad
 def max_logit_difference(spec: RunSpec, adapted: nn.Module, merged: dict[str, torch.Tensor]) -> float:
     """Largest absolute logit difference between the adapted model and the merged plain model."""
+    import torch
+
+    from launcher.groups.model.build import build_model
+
     plain = build_model(spec.model)
     plain.load_state_dict(merged)
     plain.eval()
@@ -79,6 +90,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("out", type=Path, help="where to write the state dict (torch.save)")
     args = parser.parse_args(argv)
+    import torch  # after the arguments: --help and argument errors answer at once
+
     console = Console()
     try:
         merged, diff = merge_checkpoint(args.checkpoint)

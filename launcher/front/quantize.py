@@ -36,14 +36,17 @@ import math
 import shutil
 import sys
 from pathlib import Path
-from typing import Any
-
-import torch
-from torch import nn
+from typing import TYPE_CHECKING, Any
 
 from launcher.exits import ExitStatus
 from launcher.front.hf_folder import ExportError, refuse_existing
+from launcher.front.lazy_torch import no_grad
 from launcher.spec import RunSpec, load_spec
+
+if TYPE_CHECKING:  # torch is imported where it is used, after the arguments are parsed
+    import torch
+    from torch import nn
+
 
 SCHEMES = {
     "int8_weight_only": "Int8WeightOnlyConfig()",
@@ -55,6 +58,7 @@ SCHEMES = {
 
 def torchao_config(scheme: str) -> Any:
     """The torchao config object of `scheme` (torchao imported only here)."""
+    import torch
     from torchao.quantization import (
         Int8DynamicActivationInt8WeightConfig,
         Int8WeightOnlyConfig,
@@ -73,6 +77,7 @@ def torchao_config(scheme: str) -> Any:
 
 def quantize_model(model: nn.Module, scheme: str) -> nn.Module:
     """Quantize `model`'s linear layers in place with `scheme` (a head tied to an embedding stays float)."""
+    from torch import nn
     from torchao.quantization import quantize_
 
     tied = {id(m.weight) for m in model.modules() if isinstance(m, nn.Embedding)}
@@ -86,6 +91,8 @@ def quantize_model(model: nn.Module, scheme: str) -> nn.Module:
 
 def state_bytes(state: dict[str, torch.Tensor]) -> int:
     """Bytes `torch.save` writes for `state` (shared storages once)."""
+    import torch
+
     buffer = io.BytesIO()
     torch.save(state, buffer)
     return buffer.tell()
@@ -123,7 +130,7 @@ def load_source(source: Path) -> tuple[nn.Module, RunSpec | None, dict[str, Any]
     return model.eval(), spec, {"kind": "run", "source": str(run_dir), "checkpoint": str(step_dir)}
 
 
-@torch.no_grad()
+@no_grad
 def evaluate(model: nn.Module, spec: RunSpec) -> dict[str, float]:
     """Token-mean float32 loss and perplexity on the held-out batches the engine's evaluate reads (one process)."""
     from launcher.groups.data.sequences import PackedSequences, val_batches
@@ -164,6 +171,8 @@ def _data_spec(spec: RunSpec | None, spec_path: Path | None) -> RunSpec | None:
 
 def quantize(source: Path, out: Path, *, scheme: str, spec_path: Path | None = None) -> dict[str, Any]:
     """Quantize `source` with `scheme` into the folder `out`; returns the record written to quantize.json."""
+    import torch
+
     if scheme not in SCHEMES:
         raise ExportError(f"unknown --scheme {scheme!r}: choose one of {', '.join(SCHEMES)}.")
     refuse_existing(out, force=False)
@@ -190,6 +199,8 @@ def quantize(source: Path, out: Path, *, scheme: str, spec_path: Path | None = N
 
 def load_quantized(out: Path) -> nn.Module:
     """The quantized model `train-quantize` wrote to the folder `out`, in eval mode."""
+    import torch
+
     record = json.loads((out / "quantize.json").read_text())
     if record["kind"] == "run":
         from launcher.groups.model.build import build_model

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from launcher.groups.batch_split import BatchSplit
+from launcher.parallel.accelerate_config import looks_like_accelerate, read_accelerate
 from launcher.parallel.deepspeed_config import AUTO, Derived, bucket_sizes, derived, generate
 from launcher.spec import RunSpec, SpecError
 
@@ -79,21 +80,31 @@ def _deep_merge(base: dict[str, Any], top: dict[str, Any]) -> dict[str, Any]:
 
 
 def read_user_config(path: str) -> tuple[dict[str, Any] | None, list[SpecError]]:
-    """The user's DeepSpeed JSON, or the error saying why it cannot be read."""
+    """The user's DeepSpeed config (a JSON, or what an accelerate YAML says), or the error saying why not."""
     key = ("parallel.deepspeed_config",)
     file = Path(path)
     if not file.is_file():
         return None, [
             SpecError(
                 key,
-                f"no DeepSpeed JSON at '{path}' (relative paths start from the directory `train` runs in). "
-                "Give an existing file, or leave parallel.deepspeed_config=null to generate the config from the spec.",
+                f"no DeepSpeed JSON or accelerate config at '{path}' (relative paths start from the directory "
+                "`train` runs in). Give an existing file, or leave parallel.deepspeed_config=null to generate "
+                "the config from the spec.",
             )
         ]
+    if looks_like_accelerate(path):
+        accelerate, errors = read_accelerate(path)
+        return (None, errors) if accelerate is None else (accelerate.deepspeed, [])
     try:
         user = json.loads(file.read_text())
     except (OSError, ValueError) as err:
-        return None, [SpecError(key, f"'{path}' is not valid JSON ({err}). Fix the file.")]
+        return None, [
+            SpecError(
+                key,
+                f"'{path}' is not valid JSON ({err}). Fix the file; an accelerate config YAML is read when its "
+                "name ends in .yaml or .yml.",
+            )
+        ]
     if not isinstance(user, dict):
         return None, [SpecError(key, f"'{path}' must hold a JSON object (a DeepSpeed config).")]
     return user, []
@@ -104,8 +115,8 @@ def _contradiction(path: str, json_key: str, given: Any, d: Derived) -> SpecErro
     return SpecError(
         (f"deepspeed_config:{json_key}", d.spec_key),
         f"the DeepSpeed JSON {path} sets {json_key}={json.dumps(given)}, but the spec gives "
-        f"{json.dumps(d.value)} ({d.spec_key}){note}. The spec decides this value: set it to {json.dumps(d.value)} "
-        f'or "auto" in the JSON, or change {d.spec_key} to match.',
+        f"{json.dumps(d.value)} ({d.spec_key}){note}. The file decides only keys nobody set, and this one was set "
+        f'for the run: set it to {json.dumps(d.value)} or "auto" in the JSON, or change {d.spec_key} to match.',
     )
 
 
@@ -226,6 +237,23 @@ def _check_master_weights(spec: RunSpec, path: str, user: dict[str, Any]) -> lis
     return errors
 
 
+def _check_autotp(path: str, user: dict[str, Any]) -> list[SpecError]:
+    """DeepSpeed's AutoTP (`tensor_parallel`) would split the layers a second time: the launcher owns TP."""
+    section = user.get("tensor_parallel")
+    if section is None:
+        return []
+    size = section.get("autotp_size", section.get("tp_size")) if isinstance(section, dict) else section
+    return [
+        SpecError(
+            ("deepspeed_config:tensor_parallel", "parallel.strategy"),
+            f"the DeepSpeed JSON {path} has a tensor_parallel section (AutoTP, size {json.dumps(size)}): "
+            "DeepSpeed would shard the layers itself inside deepspeed.initialize, which every rank of a launcher "
+            "run fails in. The launcher owns tensor parallelism: remove the section and use `parallel=tp "
+            "parallel.tp_size=N` (or `parallel=tp_fsdp` for TP with sharded data parallelism).",
+        )
+    ]
+
+
 def _legacy_zero(user: dict[str, Any]) -> dict[str, Any]:
     """The file with a legacy `"zero_optimization": true/false` written as its stage (DeepSpeed reads 1/0)."""
     zero = user.get("zero_optimization")
@@ -255,7 +283,7 @@ def merge(
     user = _legacy_zero(user)
     filled = copy.deepcopy(user)
     errors = _check_optimizer(spec, path, user) + _check_scheduler(spec, path, user)
-    errors += _check_master_weights(spec, path, user)
+    errors += _check_master_weights(spec, path, user) + _check_autotp(path, user)
     for d in derived(spec, ranks, batch):
         given = _get(user, d.json_key)
         if given is _MISSING:

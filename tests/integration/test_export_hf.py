@@ -170,7 +170,7 @@ def test_greedy_generation_of_a_run_and_its_folder_is_the_same(run, folder, name
     completions = []
     for source in (generate.open_source(run(name)), generate.open_source(folder(name))):
         ids = generate.prompt_ids(source, "def main(", chat=False)
-        completions.append(generate.generate(source, ids, max_new_tokens=24))
+        completions.append(generate.generate(source, ids, max_new_tokens=24).ids)
     assert completions[0] == completions[1] and len(completions[0]) > 0
 
 
@@ -178,7 +178,8 @@ def test_generate_command(run, folder, tmp_path, capsys) -> None:
     long_prompt = "import os\n" * 30  # 300 tokens: more than the 256 positions
     args = ["--prompt", long_prompt, "--max-new-tokens", "4", "--temperature", "0.8", "--top-p", "0.9"]
     assert generate.main([str(folder("single-gpt")), *args, "--seed", "1"]) == 0
-    assert "the oldest are dropped" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "the oldest are dropped" in err and "generated " in err and "stopped at" in err
     assert generate.main([str(run("gpt2-hf-tokenizer")), "--prompt", "hi", "--chat"]) == 0
     assert generate.main([str(run("single-gpt")), "--prompt", "hi", "--chat"]) == 2
     assert "has no" in capsys.readouterr().err

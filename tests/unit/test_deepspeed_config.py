@@ -104,25 +104,36 @@ def _keys(*argv: str) -> list[tuple[str, ...]]:
     return [e.keys for e in precheck(list(argv))]
 
 
+# A file decides the keys nobody set (tests/unit/test_deepspeed_files.py); each case here sets its key.
 CONTRADICTIONS = [
-    ({"train_micro_batch_size_per_gpu": 8}, "train_micro_batch_size_per_gpu", "train.micro_batch_size"),
-    ({"bf16": {"enabled": True}}, "bf16.enabled", "precision.bf16"),
-    ({"zero_optimization": {"stage": 3}}, "zero_optimization.stage", "parallel.zero_stage"),
-    ({"gradient_clipping": 0.3}, "gradient_clipping", "train.max_grad_norm"),
-    ({"gradient_accumulation_steps": 4}, "gradient_accumulation_steps", "train.grad_accum_steps"),
-    ({"optimizer": {"type": "AdamW", "params": {"lr": 0.1}}}, "optimizer.params.lr", "optimizer.lr"),
-    ({"optimizer": {"type": "Lamb"}}, "optimizer.type", "optimizer.name"),
+    ({"train_micro_batch_size_per_gpu": 8}, "train_micro_batch_size_per_gpu", "train.micro_batch_size", []),
+    ({"bf16": {"enabled": True}}, "bf16.enabled", "precision.bf16", ["precision=fp32"]),
+    ({"zero_optimization": {"stage": 3}}, "zero_optimization.stage", "parallel.zero_stage", []),
+    ({"gradient_clipping": 0.3}, "gradient_clipping", "train.max_grad_norm", ["train.max_grad_norm=1.0"]),
+    (
+        {"gradient_accumulation_steps": 4},
+        "gradient_accumulation_steps",
+        "train.grad_accum_steps",
+        ["train.grad_accum_steps=1"],
+    ),
+    (
+        {"optimizer": {"type": "AdamW", "params": {"lr": 0.1}}},
+        "optimizer.params.lr",
+        "optimizer.lr",
+        ["optimizer.lr=0.001"],
+    ),
+    ({"optimizer": {"type": "Lamb"}}, "optimizer.type", "optimizer.name", []),
 ]
 
 
 @pytest.mark.parametrize(
-    ("content", "json_key", "spec_key"), CONTRADICTIONS, ids=[c[1] for c in CONTRADICTIONS]
+    ("content", "json_key", "spec_key", "typed"), CONTRADICTIONS, ids=[c[1] for c in CONTRADICTIONS]
 )
 def test_contradicting_json_value_names_both_keys(
-    tmp_path, content: dict, json_key: str, spec_key: str
+    tmp_path, content: dict, json_key: str, spec_key: str, typed: list[str]
 ) -> None:
     path = _json(tmp_path, content)
-    errors = precheck(["parallel=zero2", f"parallel.deepspeed_config={path}", *TINY])
+    errors = precheck(["parallel=zero2", f"parallel.deepspeed_config={path}", *TINY, *typed])
     assert [e.keys for e in errors] == [(f"deepspeed_config:{json_key}", spec_key)], errors
     assert json_key in errors[0].message and spec_key in errors[0].message
 
@@ -131,7 +142,14 @@ def test_contradicting_json_exits_2_before_anything_starts(tmp_path) -> None:
     path = _json(tmp_path, {"train_micro_batch_size_per_gpu": 8, "bf16": {"enabled": True}})
     run_dir = tmp_path / "run"
     proc = run_cli(
-        ["parallel=zero2", f"parallel.deepspeed_config={path}", f"run_dir={run_dir}", *TINY], tmp_path
+        [
+            "parallel=zero2",
+            "precision=fp32",
+            f"parallel.deepspeed_config={path}",
+            f"run_dir={run_dir}",
+            *TINY,
+        ],
+        tmp_path,
     )
     assert proc.returncode == 2, proc.stderr
     text = " ".join(proc.stderr.split())
@@ -233,14 +251,16 @@ def test_scheduler_without_counterpart_is_refused(tmp_path) -> None:
 
 def test_legacy_cpu_offload_is_checked_as_offload_optimizer() -> None:
     path = ASSETS / "legacy_cpu_offload.json"
-    errors = precheck(["parallel=zero2", f"parallel.deepspeed_config={path}", *TINY])
+    typed_off = ["parallel=zero2", "parallel.offload_optimizer=false", f"parallel.deepspeed_config={path}"]
+    errors = precheck([*typed_off, *TINY])
     assert [e.keys for e in errors] == [
         ("deepspeed_config:zero_optimization.cpu_offload", "parallel.offload_optimizer")
     ]
     assert "legacy form of zero_optimization.offload_optimizer" in errors[0].message
     spec = _spec(
-        "parallel=zero2", "parallel.offload_optimizer=true", f"parallel.deepspeed_config={path}", *TINY
-    )
+        "parallel=zero2", f"parallel.deepspeed_config={path}", *TINY
+    )  # nobody set it: the file decides
+    assert spec.parallel.offload_optimizer is True
     config, errors = ds_user.resolve(spec, ranks=2)
     assert errors == []
     assert "cpu_offload" not in config["zero_optimization"]  # mapped: the modern section stands
@@ -348,7 +368,10 @@ def test_missing_deepspeed_package_says_how_to_install(monkeypatch) -> None:
 def test_transformers_template_trains_a_folder_model_on_the_specs_schedule(tmp_path) -> None:
     """One real run (about 15 s): transformers' ZeRO-2 template, a Llama folder, 4 steps, inline.
 
-    The template's offload device is set to "auto" (filled: none), so no DeepSpeedCPUAdam is built.
+    The template's offload device is set to "auto" (filled: none), so no DeepSpeedCPUAdam is built. Its
+    explicit gradient_accumulation_steps and gradient_clipping decide those keys, which nobody set
+    (launcher.front.deepspeed_file): spec.yaml, the rank's merged config and DeepSpeed agree on them.
+    (A second in-process DeepSpeed run in one pytest process would find DeepSpeed's cached group.)
     """
     from hf_assets import make_hf_model
 
@@ -360,6 +383,7 @@ def test_transformers_template_trains_a_folder_model_on_the_specs_schedule(tmp_p
     folder = make_hf_model("llama", tmp_path / "llama")
     template = json.loads((ASSETS / "transformers_zero2.json").read_text())
     template["zero_optimization"]["offload_optimizer"]["device"] = "auto"
+    template.update(gradient_accumulation_steps=2, gradient_clipping=0.5)
     run_dir = tmp_path / "run"
     cfg = compose.compose(
         [
@@ -372,12 +396,15 @@ def test_transformers_template_trains_a_folder_model_on_the_specs_schedule(tmp_p
     )  # fmt: skip
     spec, errors = compose.validate(cfg)
     assert errors == []
+    assert (spec.train.grad_accum_steps, spec.train.max_grad_norm) == (2, 0.5)  # taken from the file
     rundir.write(cfg, fill_folder_dims(cfg, spec), run_dir)
     assert worker.run(run_dir / "spec.yaml") == 0
     config = json.loads((run_dir / "deepspeed_config.json").read_text())
     assert "scheduler" not in config and "optimizer" not in config
     assert config["zero_optimization"]["reduce_bucket_size"] == 64 * 64  # the folder's width, not 128
     assert config["zero_optimization"]["offload_optimizer"]["device"] == "none"
+    assert (config["gradient_accumulation_steps"], config["gradient_clipping"]) == (2, 0.5)
+    assert config["train_batch_size"] == 4 * 2
     lrs = [r["lr"] for r in read_metrics(run_dir / "metrics.jsonl")]
     # The spec's cosine schedule ends at min_lr_ratio x lr; the template's WarmupLR would hold 1e-3.
     assert lrs[-1] == pytest.approx(spec.optimizer.lr * spec.scheduler.min_lr_ratio)

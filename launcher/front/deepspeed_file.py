@@ -1,0 +1,159 @@
+"""A user's DeepSpeed JSON or accelerate YAML decides the spec keys nobody set, before the spec is built.
+
+With the Hugging Face Trainer, a JSON's explicit values (`offload_optimizer.device: "cpu"`) act
+although no training argument asked for them. Here too: every value the file states for a spec key
+that is still a default (the schema's, train.yaml's, or a group option nobody picked) is taken into
+the config, with a note on stderr, and the dry run credits the file. A key set on the command line,
+in a recipe, an experiment, a user's config directory or a group option chosen on purpose keeps its
+value; where the file contradicts it, the DeepSpeed rules refuse the run naming both keys. Naming a
+file also selects DeepSpeed when parallel.strategy was not set. An accelerate YAML's num_processes /
+num_machines are taken the same way for launcher.nproc / launcher.nnodes (under torchrun the job's
+own size stands), and its settings the launcher does not use are named once.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf, open_dict
+
+from launcher.front.provenance import explicit
+from launcher.groups.launcher import torchrun_world
+from launcher.parallel.accelerate_config import AccelerateFile, looks_like_accelerate, read_accelerate
+from launcher.parallel.deepspeed_settings import stated
+from launcher.parallel.deepspeed_user_config import read_user_config
+from launcher.spec import SpecError
+
+
+@dataclass(frozen=True, kw_only=True)
+class Taken:
+    """A spec value the user's file decides."""
+
+    spec_key: str
+    """The dotted spec key."""
+    value: Any
+    """Its value from the file."""
+    credit: str
+    """Where it came from, as the dry run's `from` column says it."""
+
+
+def _read(path: str) -> tuple[dict[str, Any] | None, AccelerateFile | None]:
+    """The file's DeepSpeed config (None when it does not read: the rules say why) and its accelerate view."""
+    if looks_like_accelerate(path):
+        accelerate = read_accelerate(path)[0]
+        return (None, None) if accelerate is None else (accelerate.deepspeed, accelerate)
+    return read_user_config(path)[0], None
+
+
+def _path(cfg: DictConfig) -> str | None:
+    path = OmegaConf.select(cfg, "parallel.deepspeed_config", default=None)
+    return str(path) if path else None
+
+
+def taken(cfg: DictConfig) -> list[Taken]:
+    """The spec values the file named by parallel.deepspeed_config decides: its explicit values for keys nobody set."""
+    path = _path(cfg)
+    if path is None:
+        return []
+    set_by = explicit(cfg)
+    if "parallel.strategy" in set_by and cfg.parallel.strategy != "deepspeed":
+        return []  # the rules refuse a DeepSpeed file under another strategy
+    name = Path(path).name
+    out = []
+    if "parallel.strategy" not in set_by:  # even for a file that does not read: the rules then say why
+        out.append(Taken(spec_key="parallel.strategy", value="deepspeed", credit=f"deepspeed_config {name}"))
+    user, accelerate = _read(path)
+    if user is None:
+        return out
+    for setting in stated(user, str(OmegaConf.select(cfg, "optimizer.name"))):
+        if setting.spec_key not in set_by:
+            credit = f"{name}: {setting.json_key}"
+            out.append(Taken(spec_key=setting.spec_key, value=setting.value, credit=credit))
+    launch = accelerate.launch if accelerate and torchrun_world(os.environ) is None else {}
+    for spec_key, (key, value) in launch.items():
+        if spec_key not in set_by:
+            out.append(Taken(spec_key=spec_key, value=value, credit=f"{name}: {key}"))
+    return out + _accumulation(cfg, user, out, set_by, name)
+
+
+def _accumulation(
+    cfg: DictConfig, user: dict[str, Any], decided: list[Taken], set_by: dict[str, str], name: str
+) -> list[Taken]:
+    """train.grad_accum_steps from an explicit train_batch_size, as DeepSpeed derives it, where nobody set it.
+
+    Only when the file leaves gradient_accumulation_steps to "auto" (or out) and the batch divides
+    into micro batches x ranks; otherwise the batch check names the keys.
+    """
+    total = user.get("train_batch_size")
+    gas = user.get("gradient_accumulation_steps", "auto")
+    if (
+        not isinstance(total, int)
+        or isinstance(total, bool)
+        or gas != "auto"
+        or "train.grad_accum_steps" in set_by
+    ):
+        return []
+    value = {t.spec_key: t.value for t in decided}
+    ranks = 1
+    for key in ("launcher.nproc", "launcher.nnodes"):
+        ranks *= int(value.get(key, OmegaConf.select(cfg, key)))
+    micro = int(value.get("train.micro_batch_size", OmegaConf.select(cfg, "train.micro_batch_size")))
+    if total <= 0 or total % (micro * ranks):
+        return []
+    credit = f"{name}: train_batch_size / (micro batch x ranks)"
+    return [Taken(spec_key="train.grad_accum_steps", value=total // (micro * ranks), credit=credit)]
+
+
+def _launch_conflicts(cfg: DictConfig, path: str, accelerate: AccelerateFile | None) -> list[SpecError]:
+    """An accelerate file's job size against a launcher.nproc / nnodes that someone set."""
+    errors = []
+    launch = accelerate.launch if accelerate and torchrun_world(os.environ) is None else {}
+    for spec_key, (key, value) in launch.items():
+        current = OmegaConf.select(cfg, spec_key)
+        if current != value:
+            errors.append(
+                SpecError(
+                    (f"deepspeed_config:{key}", spec_key),
+                    f"the accelerate config {path} sets {key} (giving {spec_key}={value}), but {spec_key}={current} "
+                    f"was set for this run. Make them agree: change {spec_key}, or edit or remove {key} in the file.",
+                )
+            )
+    return errors
+
+
+def adopt(cfg: DictConfig) -> list[SpecError]:
+    """Write the file's decisions into `cfg` (saying which changed a value on stderr); the conflicts the rules cannot see."""
+    path = _path(cfg)
+    if path is None:
+        return []
+    items = taken(cfg)
+    changed = [t for t in items if _plain(OmegaConf.select(cfg, t.spec_key)) != t.value]
+    with open_dict(cfg):
+        for item in items:
+            OmegaConf.update(cfg, item.spec_key, item.value, merge=False)
+    accelerate = _read(path)[1]
+    if accelerate is not None:
+        print(
+            f"note: read from the accelerate config {path}: {', '.join(accelerate.taken) or 'nothing'}"
+            + (f"; not used here: {', '.join(accelerate.unused)}" if accelerate.unused else ""),
+            file=sys.stderr,
+        )
+    if changed:
+        values = ", ".join(f"{t.spec_key}={_text(t.value)} ({t.credit})" for t in changed)
+        print(
+            f"note: taken from {path}, since nobody set these keys: {values}. Set a key to choose otherwise.",
+            file=sys.stderr,
+        )
+    return _launch_conflicts(cfg, path, accelerate)
+
+
+def _plain(value: Any) -> Any:
+    return OmegaConf.to_container(value) if OmegaConf.is_config(value) else value
+
+
+def _text(value: Any) -> str:
+    return "null" if value is None else str(value).lower() if isinstance(value, bool) else str(value)
