@@ -281,6 +281,22 @@ def load_problem(cfg: TokenizerConfig) -> str | None:
     return None
 
 
+def is_byte_export(folder: Path) -> bool:
+    """Whether the folder's tokenizer.json is the byte tokenizer `train-export` writes for a bytes run (256 byte
+    tokens, no merges, nothing added): its eos lives in config.json, so the bytes tokenizer reads it exactly."""
+    file = folder / "tokenizer.json"
+    if not file.is_file() or file.stat().st_size > 64_000:
+        return False
+    try:
+        saved = json.loads(file.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        return False
+    model = saved.get("model") if isinstance(saved, dict) else None
+    if not isinstance(model, dict) or saved.get("added_tokens"):
+        return False
+    return model.get("type") == "BPE" and len(model.get("vocab") or {}) == 256 and not model.get("merges")
+
+
 def resolve_auto(cfg: TokenizerConfig, model_folder: str | None) -> tuple[TokenizerConfig, str]:
     """`kind=auto` decided, and why: tokenizer.path when set, else the model folder's own tokenizer when it
     holds tokenizer files, else bytes (the built-in GPT, the hf_* presets, a folder without a tokenizer)."""
@@ -288,15 +304,17 @@ def resolve_auto(cfg: TokenizerConfig, model_folder: str | None) -> tuple[Tokeni
         return cfg, f"tokenizer.kind={cfg.kind} as configured"
     if cfg.path is not None:
         return replace(cfg, kind="hf"), f"tokenizer.path names a tokenizer folder ('{cfg.path}')"
-    if model_folder is not None and any((Path(model_folder) / name).is_file() for name in TOKENIZER_FILES):
-        return replace(
-            cfg, kind="hf", path=model_folder
-        ), f"the model folder '{model_folder}' holds its own tokenizer"
-    if model_folder is not None:
-        return replace(cfg, kind="bytes"), f"the model folder '{model_folder}' holds no tokenizer files"
-    return replace(
-        cfg, kind="bytes"
-    ), "a model built from a config (no pretrained folder) trains on bytes by default"
+    if model_folder is None:
+        reason = "a model built from a config (no pretrained folder) trains on bytes by default"
+        return replace(cfg, kind="bytes"), reason
+    folder = Path(model_folder)
+    if is_byte_export(folder):
+        reason = f"the model folder '{model_folder}' holds the byte tokenizer `train-export` writes (eos the 0 byte)"
+        return replace(cfg, kind="bytes"), reason
+    if any((folder / name).is_file() for name in TOKENIZER_FILES):
+        reason = f"the model folder '{model_folder}' holds its own tokenizer"
+        return replace(cfg, kind="hf", path=model_folder), reason
+    return replace(cfg, kind="bytes"), f"the model folder '{model_folder}' holds no tokenizer files"
 
 
 def fingerprint(cfg: TokenizerConfig) -> str:

@@ -114,6 +114,20 @@ def test_auto_resolves_from_the_model_folder(tmp_path) -> None:
     assert resolve_auto(explicit, str(tmp_path))[0] == explicit
 
 
+def test_auto_reads_an_exported_byte_model_with_bytes(tmp_path) -> None:
+    """A folder `train-export` wrote for a bytes run keeps training on bytes (eos the 0 byte), not on its
+    equivalent tokenizer.json, which declares no eos."""
+    from launcher.front.hf_folder import byte_tokenizer
+
+    byte_tokenizer().save_pretrained(str(tmp_path))
+    assert resolve_auto(TokenizerConfig(), str(tmp_path))[0].kind == "bytes"
+    make_sentencepiece_tokenizer(tmp_path / "sp")
+    load_tokenizer(TokenizerConfig(kind="hf", path=str(tmp_path / "sp"))).tok.save_pretrained(
+        str(tmp_path / "sp")
+    )
+    assert resolve_auto(TokenizerConfig(), str(tmp_path / "sp"))[0].kind == "hf"
+
+
 def _validate(args: list[str]):
     return compose.validate(compose.compose(args))
 
