@@ -25,20 +25,20 @@ from launcher.groups.tokenizer import (
 from launcher.spec import RunSpec, SpecError
 
 
-def choose_tokenizer(cfg: DictConfig, spec: RunSpec) -> tuple[RunSpec, str]:
-    """The spec (and cfg) with `tokenizer.kind=auto` decided, and the reason the dry run prints."""
-    tok, reason = resolve_auto(spec.tokenizer, local_dir(spec.model))
+def choose_tokenizer(cfg: DictConfig, spec: RunSpec) -> RunSpec:
+    """The spec (and cfg) with `tokenizer.kind=auto` decided (`auto_reason` says why, for the dry run)."""
+    tok, _ = resolve_auto(spec.tokenizer, local_dir(spec.model))
     if tok == spec.tokenizer:
-        return spec, reason
+        return spec
     with open_dict(cfg):
         cfg.tokenizer.kind = tok.kind
         cfg.tokenizer.path = tok.path
-    return dataclasses.replace(spec, tokenizer=tok), reason
+    return dataclasses.replace(spec, tokenizer=tok)
 
 
 def fill_vocab(cfg: DictConfig, spec: RunSpec) -> tuple[RunSpec, list[SpecError]]:
     """The spec (and cfg) with the tokenizer chosen and model.vocab_size filled in; or the tokenizer's problem."""
-    spec, _ = choose_tokenizer(cfg, spec)
+    spec = choose_tokenizer(cfg, spec)
     problem = load_problem(spec.tokenizer)
     if problem:
         keys = (

@@ -8,11 +8,18 @@ its file and record here, with exit status 2, instead of failing inside a rank.
 from __future__ import annotations
 
 from collections.abc import Iterator
+from pathlib import Path
 
 from launcher.groups.data.formats import encode_record
 from launcher.groups.data.sources import BUILDERS, RecordError, matching_files, sample_records
 from launcher.groups.model.hf_files import local_dir, local_vocab_size
-from launcher.groups.tokenizer import TOKENIZER_KINDS, load_problem, load_tokenizer, tokenizer_size
+from launcher.groups.tokenizer import (
+    TOKENIZER_KINDS,
+    is_byte_export,
+    load_problem,
+    load_tokenizer,
+    tokenizer_size,
+)
 from launcher.rules.hardware import Hardware
 from launcher.rules.values import Rule, choice
 from launcher.spec import RunSpec, SpecError
@@ -47,7 +54,7 @@ def _tokenizer(spec: RunSpec, hw: Hardware) -> Iterator[SpecError]:
         rows = local_vocab_size(folder)
         if rows is None:
             return  # the model rules say what is wrong with the directory
-        if tok.kind == "bytes" and m.path and rows > size:
+        if tok.kind == "bytes" and m.path and rows > size and not is_byte_export(Path(folder)):
             yield SpecError(
                 ("tokenizer.kind", "model.path"),
                 f"tokenizer=bytes feeds the pretrained model in '{folder}' byte ids 0..255, but it was trained on "
