@@ -3,7 +3,7 @@ on the first try: QLoRA under FSDP2 on 2 real ranks with the folder's own tokeni
 then `train-export --format hf --merge`, then `train-generate` from the run and from the export.
 
 One short run (3 steps, a 256-wide model: torchao's NF4 shards whole 16384-weight groups) of about
-40 s on 2 idle cores, export and generation in-process.
+45 s on 2 idle cores, export and generation in-process.
 """
 
 from __future__ import annotations
@@ -30,6 +30,7 @@ RUN = [
 ]  # fmt: skip
 
 
+@pytest.mark.slow
 def test_qlora_fsdp2_from_a_sentencepiece_llama_trains_exports_and_generates(tmp_path) -> None:
     import sentencepiece
     from transformers import AutoTokenizer
