@@ -34,3 +34,21 @@ def make_hf_model(arch: str, out: Path, seed: int = 1234) -> Path:
     model = AutoModelForCausalLM.from_config(hf_config(arch), dtype=torch.float32)
     model.save_pretrained(out)
     return out
+
+
+def make_sentencepiece_llama(
+    out: Path, *, tokenizer_config: bool = True, hidden_size: int = 64, seed: int = 1234
+) -> Path:
+    """A tiny Llama folder as published ones look: config.json, safetensors weights and a SentencePiece
+    tokenizer.model (with or without tokenizer_config.json), the embedding sized to the tokenizer."""
+    from data_assets import make_sentencepiece_tokenizer
+    from transformers import AutoModelForCausalLM
+
+    make_sentencepiece_tokenizer(out, config=tokenizer_config)
+    config = hf_config("llama", vocab_size=512)
+    config.hidden_size, config.intermediate_size = hidden_size, 2 * hidden_size
+    config.head_dim = hidden_size // config.num_attention_heads
+    config.bos_token_id, config.eos_token_id = 1, 2
+    torch.manual_seed(seed)
+    AutoModelForCausalLM.from_config(config, dtype=torch.float32).save_pretrained(out)
+    return out

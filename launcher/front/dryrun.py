@@ -13,6 +13,7 @@ from launcher.front import deepspeed_file
 from launcher.front.compose import strip_hydra
 from launcher.front.model_dims import describe_model, folder_dims
 from launcher.front.provenance import flatten, provenance, user_dirs
+from launcher.front.vocab import auto_reason
 from launcher.groups.data import mixture
 from launcher.groups.data.sources import describe
 from launcher.groups.tokenizer import load_tokenizer, padded_vocab_size
@@ -103,8 +104,8 @@ def print_plan(console: Console, spec: RunSpec) -> None:
         console.print(f"  [dim]{note}", highlight=False)
 
 
-def print_tokenizer(console: Console, spec: RunSpec) -> None:
-    """Print the tokenizer's name, size and special tokens, and where model.vocab_size came from."""
+def print_tokenizer(console: Console, spec: RunSpec, auto: str | None = None) -> None:
+    """Print the tokenizer's name, size and special tokens, where model.vocab_size came from, and why auto chose it."""
     tokenizer = load_tokenizer(spec.tokenizer)
     special = ", ".join(f"{name} {token}" for name, token in tokenizer.special_tokens().items()) or "none"
     size = tokenizer.vocab_size
@@ -115,7 +116,8 @@ def print_tokenizer(console: Console, spec: RunSpec) -> None:
         else ""
     )
     console.print(
-        f"tokenizer: {tokenizer.name}, {size} token ids, special tokens: {special}; model.vocab_size {rows}{padding}",
+        f"tokenizer: {tokenizer.name}, {size} token ids, special tokens: {special}; model.vocab_size {rows}{padding}"
+        + (f"\n  chosen by tokenizer=auto: {auto}" if auto else ""),
         markup=False,
         highlight=False,
     )
@@ -134,6 +136,9 @@ def show(cfg: DictConfig, spec: RunSpec | None, errors: list[SpecError], run_dir
     for key, value in (folder_shape or {}).items():  # a folder model's shape comes from its config.json
         values[f"model.{key}"] = value
         sources[f"model.{key}"] = "the folder's config.json"
+    auto = auto_reason(spec) if spec is not None and choices.get("tokenizer") == "auto" else None
+    for key in ("tokenizer.kind", "tokenizer.path", "tokenizer.add_bos") if auto else ():
+        sources[key] = "tokenizer=auto"
     show_all = cfg.get("dry_run") == "all"
     table = Table(title="resolved run spec", title_justify="left", box=None, padding=(0, 2, 0, 0))
     table.add_column("key")
@@ -162,7 +167,7 @@ def show(cfg: DictConfig, spec: RunSpec | None, errors: list[SpecError], run_dir
     console.print(describe_model(spec.model), markup=False, highlight=False)
     data = mixture.describe(spec.data) if spec.data.sources else describe(spec.data)
     console.print(f"data: {data}", markup=False, highlight=False)
-    print_tokenizer(console, spec)
+    print_tokenizer(console, spec, auto)
     print_plan(console, spec)
     console.print(f"would launch: {backend(spec.launcher.backend).describe(spec, run_dir)}")
     console.print("dry run: nothing was started and nothing was written.")

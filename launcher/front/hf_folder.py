@@ -15,7 +15,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from launcher.groups.tokenizer import ByteTokenizer, TokenizerConfig, folder_problem
+from launcher.groups.tokenizer import ByteTokenizer, TokenizerConfig, folder_problem, open_folder
 
 
 class ExportError(RuntimeError):
@@ -45,9 +45,7 @@ def load_tokenizer(cfg: TokenizerConfig) -> Any:
             f"the run's tokenizer cannot be read: {reason}. Put the tokenizer folder back at that path "
             "(the spec records where training read it)."
         )
-    from transformers import AutoTokenizer
-
-    return AutoTokenizer.from_pretrained(cfg.path, local_files_only=True, trust_remote_code=False)
+    return open_folder(cfg.path)
 
 
 def special_ids(cfg: TokenizerConfig, tokenizer: Any) -> dict[str, int | None]:

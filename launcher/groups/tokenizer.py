@@ -1,4 +1,7 @@
-"""The tokenizer group: bytes (the offline default) or a local Hugging Face tokenizer folder.
+"""The tokenizer group: auto (the default), bytes, or a local Hugging Face tokenizer folder.
+
+`auto` is decided once in the launching process (`resolve_auto`): the model folder's own tokenizer
+when model.path holds one, else bytes; spec.yaml records the choice, so ranks never see `auto`.
 
 Both turn a document given as text segments, each marked trained or not (a prompt is not, an
 answer is), into token ids and a per-token trained flag; the data group turns the flags into
@@ -11,13 +14,16 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Protocol
 
-TOKENIZER_KINDS = ("bytes", "hf")
+TOKENIZER_KINDS = ("auto", "bytes", "hf")
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "spiece.model")
 """Files of which a Hugging Face tokenizer folder holds at least one (fast, sentencepiece, BPE vocab)."""
+MODEL_FILES = ("tokenizer.model", "spiece.model")
+"""Slow-tokenizer model files transformers converts to a fast tokenizer when tokenizer.json is absent."""
+INSTALL_HINT = "pip install {packages} (scripts/install does: they are in the `data` extra)"
 CHAT_ROLES = ("system", "user", "assistant", "tool")
 VOCAB_MULTIPLE = 64
 """The built-in GPT pads its vocabulary to a multiple of this (tensor-core friendly matrix shapes)."""
@@ -27,12 +33,12 @@ VOCAB_MULTIPLE = 64
 class TokenizerConfig:
     """How text becomes token ids."""
 
-    kind: str = "bytes"
-    """bytes (each UTF-8 byte is a token, 256 ids, nothing to download) or hf (a local Hugging Face tokenizer)."""
+    kind: str = "auto"
+    """auto (the model folder's tokenizer when model.path holds one, else bytes), bytes (each UTF-8 byte is a token, 256 ids) or hf (a local Hugging Face tokenizer)."""
     path: str | None = None
-    """kind=hf: a local folder with tokenizer.json (or tokenizer.model / vocab.json) and tokenizer_config.json."""
-    add_bos: bool = False
-    """Put the tokenizer's bos token before every document (text and instruction formats)."""
+    """kind=hf: a local folder with tokenizer.json, tokenizer.model (SentencePiece) or vocab.json + merges.txt, and tokenizer_config.json."""
+    add_bos: bool | None = None
+    """Put the tokenizer's bos token before every document (text and instruction formats); null: as the tokenizer itself does (Llama's SentencePiece tokenizers do, bytes never)."""
     add_eos: bool = True
     """Put the eos token after every document (text, instruction); bytes: the 0 byte. Chat: the template decides."""
 
@@ -44,6 +50,7 @@ class Tokenizer(Protocol):
     vocab_size: int
     bos_id: int | None
     eos_id: int | None
+    adds_bos: bool
 
     def encode(self, segments: list[tuple[str, bool]]) -> tuple[list[int], list[bool]]:
         """Token ids of the joined segments, and per token whether its segment is trained."""
@@ -76,6 +83,7 @@ class ByteTokenizer:
     bos_id = None
     eos_id = 0
     has_chat_template = False
+    adds_bos = False
 
     def encode(self, segments: list[tuple[str, bool]]) -> tuple[list[int], list[bool]]:
         """Bytes of each segment, flagged with the segment's trained flag."""
@@ -102,10 +110,8 @@ class HFTokenizer:
     """A local Hugging Face tokenizer folder, loaded with transformers.AutoTokenizer (no download, no remote code)."""
 
     def __init__(self, path: str) -> None:
-        from transformers import AutoTokenizer
-
         self.path = path
-        self.tok = AutoTokenizer.from_pretrained(path, local_files_only=True, trust_remote_code=False)
+        self.tok = open_folder(path)
         self.name = f"{type(self.tok).__name__} ({path})"
         self.vocab_size = len(self.tok)
         self.bos_id = self.tok.bos_token_id
@@ -150,6 +156,12 @@ class HFTokenizer:
         return found
 
     @property
+    def adds_bos(self) -> bool:
+        """Whether the tokenizer itself puts its bos token before a text (Llama's does, GPT-2's does not)."""
+        ids = self.tok("a", add_special_tokens=True)["input_ids"]
+        return self.bos_id is not None and bool(ids) and ids[0] == self.bos_id
+
+    @property
     def has_chat_template(self) -> bool:
         """Whether the folder brings its own chat template."""
         return bool(getattr(self.tok, "chat_template", None))
@@ -167,6 +179,13 @@ def load_tokenizer(cfg: TokenizerConfig) -> Tokenizer:
 @functools.lru_cache(maxsize=4)
 def _hf_tokenizer(path: str) -> HFTokenizer:
     return HFTokenizer(path)
+
+
+def open_folder(path: str) -> Any:
+    """A local tokenizer folder as transformers loads it (a slow tokenizer.model converted to a fast one), no download."""
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(path, local_files_only=True, trust_remote_code=False)
 
 
 def folder_problem(path: str | None) -> str | None:
@@ -187,7 +206,124 @@ def folder_problem(path: str | None) -> str | None:
             json.loads(config.read_text())
         except (json.JSONDecodeError, UnicodeDecodeError) as err:
             return f"{config} is not valid JSON ({err})"
+    return _vocab_files_problem(folder) or _missing_packages(folder)
+
+
+def _vocab_files_problem(folder: Path) -> str | None:
+    """Why a folder of slow BPE files (vocab.json, merges.txt) cannot be read, or None."""
+    if (folder / "tokenizer.json").is_file() or not (folder / "vocab.json").is_file():
+        return None
+    if any((folder / name).is_file() for name in MODEL_FILES):
+        return None
+    if not (folder / "merges.txt").is_file():
+        return (
+            f"'{folder}' holds vocab.json but not the merges.txt that goes with it (a BPE tokenizer needs both); "
+            "copy merges.txt from where vocab.json came from"
+        )
+    if not (folder / "tokenizer_config.json").is_file() and not (folder / "config.json").is_file():
+        return (
+            f"'{folder}' holds vocab.json and merges.txt but no tokenizer_config.json saying which tokenizer reads "
+            'them; add one, for GPT-2\'s files `{"tokenizer_class": "GPT2Tokenizer", "eos_token": "<|endoftext|>"}`, '
+            "or save the tokenizer there with `tokenizer.save_pretrained(DIR)`"
+        )
     return None
+
+
+def _missing_packages(folder: Path) -> str | None:
+    """Which package reading the folder's slow tokenizer model needs and lacks (sentencepiece, protobuf, tiktoken)."""
+    if (folder / "tokenizer.json").is_file():
+        return None  # the fast tokenizer is read by `tokenizers` alone
+    model = next((folder / name for name in MODEL_FILES if (folder / name).is_file()), None)
+    if model is None:
+        return None
+    if _is_tiktoken_file(model):
+        kind, needed = "a tiktoken BPE file", ("tiktoken",)
+    else:
+        kind, needed = "a SentencePiece model", ("sentencepiece", "google.protobuf")
+    missing = [name for name in needed if not _importable(name)]
+    if not missing:
+        return None
+    packages = " ".join("protobuf" if name == "google.protobuf" else name for name in missing)
+    return (
+        f"{model} is {kind}, and reading it needs the {packages} package(s), which are not installed: "
+        + INSTALL_HINT.format(packages=packages)
+    )
+
+
+def _is_tiktoken_file(path: Path) -> bool:
+    """Whether a tokenizer.model is tiktoken's text format (base64 token, space, rank per line), not SentencePiece's protobuf."""
+    with path.open("rb") as file:
+        first = file.readline(512).strip()
+    token, _, rank = first.partition(b" ")
+    return bool(token) and rank.isdigit() and all(c in _BASE64 for c in token)
+
+
+_BASE64 = frozenset(b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/=")
+
+
+def _importable(name: str) -> bool:
+    """Whether `name` imports (a package present on disk but blocked or broken counts as missing)."""
+    import importlib
+
+    try:
+        importlib.import_module(name)
+    except ImportError:
+        return False
+    return True
+
+
+def load_problem(cfg: TokenizerConfig) -> str | None:
+    """Why the configured tokenizer does not load (the folder's problem, a missing package, transformers' error), or None."""
+    if cfg.kind != "hf":
+        return None
+    problem = folder_problem(cfg.path)
+    if problem:
+        return problem
+    try:
+        load_tokenizer(cfg)
+    except Exception as err:  # a folder that looks right but does not load: say what transformers said, once
+        reason = " ".join(str(err).split()) or type(err).__name__
+        return (
+            f"the tokenizer in '{cfg.path}' does not load ({reason}); check that the folder is a complete "
+            "`save_pretrained` copy of the tokenizer (tokenizer_config.json with its tokenizer files)"
+        )
+    return None
+
+
+def is_byte_export(folder: Path) -> bool:
+    """Whether the folder's tokenizer.json is the byte tokenizer `train-export` writes for a bytes run (256 byte
+    tokens, no merges, nothing added): its eos lives in config.json, so the bytes tokenizer reads it exactly."""
+    file = folder / "tokenizer.json"
+    if not file.is_file() or file.stat().st_size > 64_000:
+        return False
+    try:
+        saved = json.loads(file.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        return False
+    model = saved.get("model") if isinstance(saved, dict) else None
+    if not isinstance(model, dict) or saved.get("added_tokens"):
+        return False
+    return model.get("type") == "BPE" and len(model.get("vocab") or {}) == 256 and not model.get("merges")
+
+
+def resolve_auto(cfg: TokenizerConfig, model_folder: str | None) -> tuple[TokenizerConfig, str]:
+    """`kind=auto` decided, and why: tokenizer.path when set, else the model folder's own tokenizer when it
+    holds tokenizer files, else bytes (the built-in GPT, the hf_* presets, a folder without a tokenizer)."""
+    if cfg.kind != "auto":
+        return cfg, f"tokenizer.kind={cfg.kind} as configured"
+    if cfg.path is not None:
+        return replace(cfg, kind="hf"), f"tokenizer.path names a tokenizer folder ('{cfg.path}')"
+    if model_folder is None:
+        reason = "a model built from a config (no pretrained folder) trains on bytes by default"
+        return replace(cfg, kind="bytes"), reason
+    folder = Path(model_folder)
+    if is_byte_export(folder):
+        reason = f"the model folder '{model_folder}' holds the byte tokenizer `train-export` writes (eos the 0 byte)"
+        return replace(cfg, kind="bytes"), reason
+    if any((folder / name).is_file() for name in TOKENIZER_FILES):
+        reason = f"the model folder '{model_folder}' holds its own tokenizer"
+        return replace(cfg, kind="hf", path=model_folder), reason
+    return replace(cfg, kind="bytes"), f"the model folder '{model_folder}' holds no tokenizer files"
 
 
 def fingerprint(cfg: TokenizerConfig) -> str:

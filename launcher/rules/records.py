@@ -8,12 +8,19 @@ its file and record here, with exit status 2, instead of failing inside a rank.
 from __future__ import annotations
 
 from collections.abc import Iterator
+from pathlib import Path
 
 from launcher.groups.data.formats import encode_record
 from launcher.groups.data.layouts import find_registry
 from launcher.groups.data.sources import BUILDERS, RecordError, matching_files, sample_records
 from launcher.groups.model.hf_files import local_dir, local_vocab_size
-from launcher.groups.tokenizer import TOKENIZER_KINDS, folder_problem, load_tokenizer, tokenizer_size
+from launcher.groups.tokenizer import (
+    TOKENIZER_KINDS,
+    is_byte_export,
+    load_problem,
+    load_tokenizer,
+    tokenizer_size,
+)
 from launcher.rules.hardware import Hardware
 from launcher.rules.values import Rule, choice
 from launcher.spec import RunSpec, SpecError
@@ -32,10 +39,11 @@ def _tokenizer(spec: RunSpec, hw: Hardware) -> Iterator[SpecError]:
             )
         if tok.path is not None:
             yield SpecError(
-                ("tokenizer.path", "tokenizer.kind"), "tokenizer.path is read by `tokenizer=hf` only."
+                ("tokenizer.path", "tokenizer.kind"),
+                "tokenizer.path is read by `tokenizer=hf` (and `tokenizer=auto`) only.",
             )
     elif tok.kind == "hf":
-        problem = folder_problem(tok.path)
+        problem = load_problem(tok)
         if problem:
             yield SpecError(("tokenizer.path",), f"{problem}.")
             return
@@ -47,7 +55,15 @@ def _tokenizer(spec: RunSpec, hw: Hardware) -> Iterator[SpecError]:
         rows = local_vocab_size(folder)
         if rows is None:
             return  # the model rules say what is wrong with the directory
-        if size > rows and not m.resize_embeddings:
+        if tok.kind == "bytes" and m.path and rows > size and not is_byte_export(Path(folder)):
+            yield SpecError(
+                ("tokenizer.kind", "model.path"),
+                f"tokenizer=bytes feeds the pretrained model in '{folder}' byte ids 0..255, but it was trained on "
+                f"its own tokenizer's {rows} ids: fine-tuning it on bytes throws its vocabulary away. Use "
+                "`tokenizer=auto` (the folder's own tokenizer), or `tokenizer=hf tokenizer.path=DIR` with the "
+                "tokenizer it was trained with.",
+            )
+        elif size > rows and not m.resize_embeddings:
             yield SpecError(
                 ("model.path" if m.path else "model.hf_config", "tokenizer.kind"),
                 f"the tokenizer ({tok.kind}) produces {size} token ids but the model in '{folder}' embeds {rows}. Use the "
@@ -77,7 +93,7 @@ def _sample(spec: RunSpec, hw: Hardware) -> Iterator[SpecError]:
     if find_registry(files) is not None:
         return  # the data rules name the registry and the files it lists
     tok = spec.tokenizer
-    if tok.kind not in TOKENIZER_KINDS or (tok.kind == "hf" and folder_problem(tok.path)):
+    if tok.kind not in TOKENIZER_KINDS or load_problem(tok):
         return  # the tokenizer rule says why
     tokenizer = load_tokenizer(tok)
     budget = SAMPLE_RECORDS
