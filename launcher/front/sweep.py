@@ -81,7 +81,7 @@ def _subdir(cfg: DictConfig, num: int, overrides: list[str]) -> str:
         return str(num)
 
 
-FILLED_KEYS = ("model.vocab_size",)
+FILLED_KEYS = ("model.vocab_size", "tokenizer.add_bos")
 """Keys that a spec.yaml holds filled in (from the tokenizer) where the command line left them null."""
 
 
@@ -96,6 +96,8 @@ def _changed_keys(spec_path: Path, cfg: DictConfig) -> list[str]:
     filled = {k for k in FILLED_KEYS if new.get(k) is None}  # validation fills them from other keys
     if new.get("data.format") == "auto":  # validation writes the detected format (and field) in their place
         filled |= {"data.format", "data.field"}
+    if new.get("tokenizer.kind") == "auto":  # validation writes the chosen tokenizer and its folder
+        filled |= {"tokenizer.kind", "tokenizer.path"}
     return [
         k for k in keys if not k.startswith(_IGNORED_KEYS) and k not in filled and old.get(k) != new.get(k)
     ]
