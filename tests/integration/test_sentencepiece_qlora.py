@@ -57,5 +57,5 @@ def test_qlora_fsdp2_from_a_sentencepiece_llama_trains_exports_and_generates(tmp
     for source in (generate.open_source(run_dir), generate.open_source(out)):
         ids = generate.prompt_ids(source, "def main(", chat=False)
         completions.append(generate.generate(source, ids, max_new_tokens=8))
-    assert completions[0] == completions[1] and len(completions[0]) > 0
+    assert completions[0] == completions[1] and len(completions[0].ids) > 0
     assert generate.main([str(out), "--prompt", "def main(", "--max-new-tokens", "4"]) == 0
