@@ -1,0 +1,133 @@
+"""The shell commands of README.md and docs/*.md run as written (tests/docs/doc_commands.py: marks and rules).
+
+Two tiers:
+- default suite: every `train` command of every block not marked skip is composed and validated in
+  this process (`cli.precheck`, what `train` does before it starts anything), next to the tiny
+  Hugging Face assets, so a wrong key, option or refused combination in a doc fails here in seconds;
+- `-m docs` (deselected by default, minutes): every block not marked skip runs for real under the
+  substitution rules, a block's commands in order in one temporary directory.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from doc_commands import REPO, Block, all_blocks, blocks, quick_argv, train_commands
+from rich.console import Console
+
+from launcher.front import compose, recipe_auto
+from launcher.front.cli import precheck
+
+BLOCKS = all_blocks()
+BIN = Path(sys.executable).parent
+TRAIN_WRAPPER = """#!{python}
+import sys
+sys.path.insert(0, {here!r})
+from doc_commands import quick_argv
+sys.argv = [sys.argv[0], *quick_argv(sys.argv[1:])]
+from launcher.front.entry import main
+main()
+"""
+
+
+def _param(block: Block) -> object:
+    marks = [pytest.mark.skip(reason=block.reason or "marked skip")] if block.mark == "skip" else []
+    return pytest.param(block, id=block.name, marks=marks)
+
+
+def _make_assets(folder: Path) -> None:
+    """scripts/make_tiny_hf_assets OUT: the tiny Llama folder and records of docs/hf_models.md."""
+    subprocess.run(
+        [sys.executable, str(REPO / "scripts" / "make_tiny_hf_assets"), str(folder)],
+        check=True, capture_output=True, timeout=300,
+    )  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def workdir(tmp_path_factory) -> Path:
+    """A directory like a fresh clone's user would run from: scripts/ reachable, the tiny assets in tiny/."""
+    root = tmp_path_factory.mktemp("docs")
+    (root / "scripts").symlink_to(REPO / "scripts")
+    _make_assets(root / "tiny")
+    return root
+
+
+def problems(block: Block) -> list[str]:
+    """Each problem `train` would report (exit 2) for the block's statically known `train` commands."""
+    found = []
+    for command in train_commands(block):
+        argv = recipe_auto.resolve(compose.normalize(command.argv()[1:]), console=Console(quiet=True))
+        found += [f"{block.path}:{command.line}: {command.text}\n  {e}" for e in precheck(argv)]
+    return found
+
+
+def test_extractor_reads_blocks_marks_and_continuations() -> None:
+    md = (
+        "text\n```bash\ntrain a=1 \\\n  b=2   # comment\n# only a comment\ntrain-export R O\n```\n"
+        "<!-- docs-test: skip (needs a GPU) -->\n```sh\ntrain launcher.device=cuda\n```\n"
+        "```console\n$ train x=1\nsome output # not a command\n```\n```python\nprint('no')\n```\n"
+        "<!-- docs-test: slow -->\n```bash\ntrain 'data.path=a b#c'\n```\n"
+    )
+    found = blocks(md, "doc.md")
+    assert [(b.line, b.lang, b.mark, b.reason) for b in found] == [
+        (2, "bash", None, ""), (9, "sh", "skip", "needs a GPU"), (12, "console", None, ""), (20, "bash", "slow", ""),
+    ]  # fmt: skip
+    assert [(c.line, c.text) for c in found[0].commands()] == [(3, "train a=1 b=2"), (6, "train-export R O")]
+    assert found[2].script() == "train x=1\n"
+    assert found[3].commands()[0].argv() == ["train", "data.path=a b#c"]
+
+
+def test_quick_argv_stops_early_unless_the_run_is_short_or_special() -> None:
+    assert quick_argv(["model.n_layer=2"]) == ["model.n_layer=2", "log.progress=false", "train.stop_after=3"]
+    assert quick_argv(["train.max_steps=50"])[-1] == "log.progress=false"
+    assert quick_argv(["train.max_steps=1000"])[-1] == "train.stop_after=3"
+    assert quick_argv(["verify_resume=true", "train.max_steps=40"])[-1] == "log.progress=false"
+    assert quick_argv(["dry_run=true"])[-1] == "log.progress=false"
+    assert quick_argv(["--cfg", "job"]) == ["--cfg", "job"]
+
+
+def test_a_broken_doc_command_is_reported_with_its_line() -> None:
+    md = "```bash\ntrain optimizer.lr=1e-3\ntrain train.max_stepz=10   # a typo\ntrain $ARGS\n```\n"
+    (block,) = blocks(md, "doc.md")
+    assert [c.line for c in train_commands(block)] == [2, 3]  # `$ARGS` is known only to a shell: run tier
+    (problem,) = problems(block)
+    assert problem.startswith("doc.md:3: train train.max_stepz=10") and "Did you mean max_steps?" in problem
+
+
+def test_the_docs_have_shell_blocks() -> None:
+    assert len(BLOCKS) >= 30 and all(b.reason for b in BLOCKS if b.mark == "skip")
+
+
+@pytest.mark.parametrize("block", [_param(b) for b in BLOCKS if train_commands(b)])
+def test_doc_train_commands_validate(block: Block, workdir: Path, monkeypatch) -> None:
+    monkeypatch.chdir(workdir)
+    found = problems(block)
+    assert not found, "a documented command is refused:\n" + "\n".join(found)
+
+
+def _train_wrapper(folder: Path) -> Path:
+    """A bin/ folder whose `train` applies the quick rules; the other console scripts are this venv's."""
+    folder.mkdir(exist_ok=True)
+    wrapper = folder / "train"
+    wrapper.write_text(TRAIN_WRAPPER.format(python=sys.executable, here=str(Path(__file__).parent)))
+    wrapper.chmod(wrapper.stat().st_mode | stat.S_IXUSR)
+    return folder
+
+
+@pytest.mark.docs
+@pytest.mark.slow
+@pytest.mark.parametrize("block", [_param(b) for b in BLOCKS])
+def test_doc_block_runs(block: Block, workdir: Path, tmp_path: Path) -> None:
+    for item in workdir.iterdir():  # each block starts from the fresh-clone directory
+        (tmp_path / item.name).symlink_to(item)
+    env = {**os.environ, "PATH": f"{_train_wrapper(tmp_path / '.bin')}:{BIN}:{os.environ['PATH']}"}
+    result = subprocess.run(
+        ["bash", "-e", "-x", "-c", block.script()],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=1800,
+    )  # fmt: skip
+    assert result.returncode == 0, f"{block.name} failed:\n{result.stderr[-6000:]}"
