@@ -9,7 +9,7 @@ tells the tests what to do with it (docs/architecture.md, "Commands in the docs"
 
 Substitution rules, the only differences between a block as a reader runs it and as a test runs it:
 
-1. `train` is a wrapper (`quick_argv`) that appends `log.progress=false` and `train.stop_after=3`:
+1. `train` (and `torchrun ... -m launcher`) is a wrapper (`quick_argv`) that appends `log.progress=false` and `train.stop_after=3`:
    the run is the one written (its whole schedule, warmup, checkpoint and eval cadence are
    validated as written) and ends after 3 steps with a checkpoint. Commands that are quick
    already (`train.max_steps` of 50 or less), `verify_resume` or `dry_run` get
@@ -151,7 +151,17 @@ def _key(arg: str) -> str:
 
 
 def quick_argv(argv: list[str]) -> list[str]:
-    """`train`'s arguments under rule 1 of the module docstring."""
+    """`sys.argv` of `train ARGS` or `torchrun ... -m launcher ARGS` under rule 1 of the module docstring."""
+    if "launcher" in argv and argv[argv.index("launcher") - 1] == "-m":
+        cut = argv.index("launcher") + 1
+        return [*argv[:cut], *_quick(argv[cut:])]
+    if Path(argv[0]).name == "torchrun":
+        return argv
+    return [argv[0], *_quick(argv[1:])]
+
+
+def _quick(argv: list[str]) -> list[str]:
+    """`train`'s own arguments under rule 1."""
     values = {_key(a): a.split("=", 1)[1] for a in argv if "=" in a and not a.startswith("-")}
     quiet = [*argv, "log.progress=false"]
     if any(a.split("=", 1)[0] in PRINT_FLAGS for a in argv):

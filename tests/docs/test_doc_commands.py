@@ -10,10 +10,13 @@ Two tiers:
 
 from __future__ import annotations
 
+import importlib.machinery
 import os
 import stat
 import subprocess
 import sys
+import types
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -25,12 +28,14 @@ from launcher.front.cli import precheck
 
 BLOCKS = all_blocks()
 BIN = Path(sys.executable).parent
-TRAIN_WRAPPER = """#!{python}
+WRAPPER = """#!{python}
 import sys
+import types
+from collections.abc import Iterator
 sys.path.insert(0, {here!r})
 from doc_commands import quick_argv
-sys.argv = [sys.argv[0], *quick_argv(sys.argv[1:])]
-from launcher.front.entry import main
+sys.argv = quick_argv(sys.argv)
+from {main} import main
 main()
 """
 
@@ -40,21 +45,26 @@ def _param(block: Block) -> object:
     return pytest.param(block, id=block.name, marks=marks)
 
 
-def _make_assets(folder: Path) -> None:
-    """scripts/make_tiny_hf_assets OUT: the tiny Llama folder and records of docs/hf_models.md."""
-    subprocess.run(
-        [sys.executable, str(REPO / "scripts" / "make_tiny_hf_assets"), str(folder)],
-        check=True, capture_output=True, timeout=300,
-    )  # fmt: skip
+def _make_assets(folder: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`scripts/make_tiny_hf_assets OUT`, in this process: the tiny Llama folder and records of docs/hf_models.md."""
+    loader = importlib.machinery.SourceFileLoader(
+        "make_tiny_hf_assets", str(REPO / "scripts" / "make_tiny_hf_assets")
+    )
+    script = types.ModuleType(loader.name)
+    loader.exec_module(script)
+    monkeypatch.setattr(sys, "argv", ["make_tiny_hf_assets", str(folder)])
+    script.main()
 
 
 @pytest.fixture(scope="module")
-def workdir(tmp_path_factory) -> Path:
-    """A directory like a fresh clone's user would run from: scripts/ reachable, the tiny assets in tiny/."""
+def workdir(tmp_path_factory) -> Iterator[Path]:
+    """A directory like a fresh clone's user would run from: scripts/ and tests/ reachable, the tiny assets in tiny/."""
     root = tmp_path_factory.mktemp("docs")
-    (root / "scripts").symlink_to(REPO / "scripts")
-    _make_assets(root / "tiny")
-    return root
+    for name in ("scripts", "tests"):
+        (root / name).symlink_to(REPO / name)
+    with pytest.MonkeyPatch.context() as monkeypatch:
+        _make_assets(root / "tiny", monkeypatch)
+    yield root
 
 
 def problems(block: Block) -> list[str]:
@@ -83,12 +93,14 @@ def test_extractor_reads_blocks_marks_and_continuations() -> None:
 
 
 def test_quick_argv_stops_early_unless_the_run_is_short_or_special() -> None:
-    assert quick_argv(["model.n_layer=2"]) == ["model.n_layer=2", "log.progress=false", "train.stop_after=3"]
-    assert quick_argv(["train.max_steps=50"])[-1] == "log.progress=false"
-    assert quick_argv(["train.max_steps=1000"])[-1] == "train.stop_after=3"
-    assert quick_argv(["verify_resume=true", "train.max_steps=40"])[-1] == "log.progress=false"
-    assert quick_argv(["dry_run=true"])[-1] == "log.progress=false"
-    assert quick_argv(["--cfg", "job"]) == ["--cfg", "job"]
+    quick = ["log.progress=false", "train.stop_after=3"]
+    assert quick_argv(["train", "model.n_layer=2"]) == ["train", "model.n_layer=2", *quick]
+    assert quick_argv(["torchrun", "--nproc_per_node=2", "-m", "launcher", "a=1"])[-3:] == ["a=1", *quick]
+    assert quick_argv(["train", "train.max_steps=50"])[-1] == "log.progress=false"
+    assert quick_argv(["train", "train.max_steps=1000"])[-1] == "train.stop_after=3"
+    assert quick_argv(["train", "verify_resume=true", "train.max_steps=40"])[-1] == "log.progress=false"
+    assert quick_argv(["train", "dry_run=true"])[-1] == "log.progress=false"
+    assert quick_argv(["train", "--cfg", "job"]) == ["train", "--cfg", "job"]
 
 
 def test_a_broken_doc_command_is_reported_with_its_line() -> None:
@@ -110,24 +122,30 @@ def test_doc_train_commands_validate(block: Block, workdir: Path, monkeypatch) -
     assert not found, "a documented command is refused:\n" + "\n".join(found)
 
 
-def _train_wrapper(folder: Path) -> Path:
-    """A bin/ folder whose `train` applies the quick rules; the other console scripts are this venv's."""
+def _wrappers(folder: Path) -> Path:
+    """A bin/ folder whose `train` and `torchrun ... -m launcher` apply the quick rules."""
     folder.mkdir(exist_ok=True)
-    wrapper = folder / "train"
-    wrapper.write_text(TRAIN_WRAPPER.format(python=sys.executable, here=str(Path(__file__).parent)))
-    wrapper.chmod(wrapper.stat().st_mode | stat.S_IXUSR)
+    for name, main in (("train", "launcher.front.entry"), ("torchrun", "torch.distributed.run")):
+        wrapper = folder / name
+        wrapper.write_text(WRAPPER.format(python=sys.executable, here=str(Path(__file__).parent), main=main))
+        wrapper.chmod(wrapper.stat().st_mode | stat.S_IXUSR)
     return folder
+
+
+PAGES = sorted({b.path for b in BLOCKS if b.mark != "skip"})
 
 
 @pytest.mark.docs
 @pytest.mark.slow
-@pytest.mark.parametrize("block", [_param(b) for b in BLOCKS])
-def test_doc_block_runs(block: Block, workdir: Path, tmp_path: Path) -> None:
-    for item in workdir.iterdir():  # each block starts from the fresh-clone directory
+@pytest.mark.parametrize("page", PAGES)
+def test_doc_page_runs(page: str, workdir: Path, tmp_path: Path) -> None:
+    """A page's blocks, in order, in one directory (a later block may use what an earlier one made)."""
+    for item in workdir.iterdir():  # the fresh-clone directory: scripts/, tests/, tiny/
         (tmp_path / item.name).symlink_to(item)
-    env = {**os.environ, "PATH": f"{_train_wrapper(tmp_path / '.bin')}:{BIN}:{os.environ['PATH']}"}
-    result = subprocess.run(
-        ["bash", "-e", "-x", "-c", block.script()],
-        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=1800,
-    )  # fmt: skip
-    assert result.returncode == 0, f"{block.name} failed:\n{result.stderr[-6000:]}"
+    env = {**os.environ, "PATH": f"{_wrappers(tmp_path / '.bin')}:{BIN}:{os.environ['PATH']}"}
+    for block in (b for b in BLOCKS if b.path == page and b.mark != "skip"):
+        result = subprocess.run(
+            ["bash", "-e", "-x", "-c", block.script()],
+            cwd=tmp_path, env=env, capture_output=True, text=True, timeout=1800,
+        )  # fmt: skip
+        assert result.returncode == 0, f"{block.name} failed:\n{result.stderr[-6000:]}"
