@@ -2,21 +2,20 @@
 
 A block is a fenced ```bash, ```sh or ```console block (in a console block only the lines that start
 with `$ ` are commands). An HTML comment on the line before the fence, invisible on a rendered page,
-tells the tests what to do with it (docs/architecture.md, "Commands in the docs"):
+keeps the tests from running it and says why (docs/architecture.md, "Commands in the docs"):
 
-    <!-- docs-test: skip (needs a GPU) -->     not run; the reason is the skip's reason
-    <!-- docs-test: slow -->                   run only with the full tier (`-m docs`)
+    <!-- docs-test: skip (needs a GPU) -->
 
 Substitution rules, the only differences between a block as a reader runs it and as a test runs it:
 
-1. `train` (and `torchrun ... -m launcher`) is a wrapper (`quick_argv`) that appends `log.progress=false` and `train.stop_after=3`:
-   the run is the one written (its whole schedule, warmup, checkpoint and eval cadence are
-   validated as written) and ends after 3 steps with a checkpoint. Commands that are quick
-   already (`train.max_steps` of 50 or less), `verify_resume` or `dry_run` get
-   `log.progress=false` alone, and those that only print (`--help`, `--cfg`) nothing.
-2. Blocks run with `bash -e` in an empty temporary directory (relative run directories land there);
-   `scripts/` there is the repository's scripts folder, and the tiny Hugging Face assets of
-   docs/hf_models.md are made there first (`scripts/make_tiny_hf_assets tiny`) when a block uses `tiny/`.
+1. `train` (and `torchrun ... -m launcher`) is a wrapper (`quick_argv`) that appends
+   `log.progress=false` and `train.stop_after=3`: the run is the one written (its whole schedule,
+   warmup, checkpoint and eval cadence are validated as written) and ends after 3 steps with a
+   checkpoint. Commands that are quick already (`train.max_steps` of 50 or less), `verify_resume`
+   or `dry_run` get `log.progress=false` alone, and those that only print (`--help`, `--cfg`) nothing.
+2. A page's blocks run in order with `bash -e` in one temporary directory (relative run directories
+   land there), which holds links to the repository's `scripts/` and `tests/` and the tiny Hugging
+   Face assets of docs/hf_models.md in `tiny/` (`scripts/make_tiny_hf_assets tiny`, made once).
 """
 
 from __future__ import annotations
@@ -29,7 +28,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[2]
 SHELL_LANGS = ("bash", "sh", "console", "shell")
 FENCE = re.compile(r"^(\s*)(`{3,}|~{3,})\s*([\w-]*)")
-MARK = re.compile(r"<!--\s*docs-test:\s*(skip|slow)\s*(?:\((.*?)\))?\s*-->")
+MARK = re.compile(r"<!--\s*docs-test:\s*skip\s*(?:\((.*?)\))?\s*-->")
 PRINT_FLAGS = ("--help", "-h", "--hydra-help", "--cfg", "-c", "--info", "-i")
 STOP_AFTER = 3
 """Steps a doc's training command runs in a test before it stops with a checkpoint."""
@@ -61,10 +60,8 @@ class Block:
     """1-based line of the opening fence."""
     lang: str
     body: str
-    mark: str | None = None
-    """None, "skip" or "slow"."""
-    reason: str = ""
-    """Why, for a skip mark."""
+    skip: str | None = None
+    """Why the tests do not run it (its docs-test skip mark), or None."""
 
     @property
     def name(self) -> str:
@@ -127,11 +124,7 @@ def blocks(text: str, path: str = "<string>") -> list[Block]:
         if lang in SHELL_LANGS:
             mark = MARK.search(lines[i - 1]) if i else None
             body = "\n".join(line.removeprefix(indent) for line in lines[i + 1 : end]) + "\n"
-            out.append(
-                Block(
-                    path, i + 1, lang, body, mark.group(1) if mark else None, (mark and mark.group(2)) or ""
-                )
-            )
+            out.append(Block(path, i + 1, lang, body, (mark.group(1) or "marked skip") if mark else None))
         i = end + 1
     return out
 

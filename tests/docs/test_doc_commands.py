@@ -30,8 +30,6 @@ BLOCKS = all_blocks()
 BIN = Path(sys.executable).parent
 WRAPPER = """#!{python}
 import sys
-import types
-from collections.abc import Iterator
 sys.path.insert(0, {here!r})
 from doc_commands import quick_argv
 sys.argv = quick_argv(sys.argv)
@@ -41,7 +39,7 @@ main()
 
 
 def _param(block: Block) -> object:
-    marks = [pytest.mark.skip(reason=block.reason or "marked skip")] if block.mark == "skip" else []
+    marks = [pytest.mark.skip(reason=block.skip)] if block.skip else []
     return pytest.param(block, id=block.name, marks=marks)
 
 
@@ -89,11 +87,11 @@ def test_extractor_reads_blocks_marks_and_continuations() -> None:
         "text\n```bash\ntrain a=1 \\\n  b=2   # comment\n# only a comment\ntrain-export R O\n```\n"
         "<!-- docs-test: skip (needs a GPU) -->\n```sh\ntrain launcher.device=cuda\n```\n"
         "```console\n$ train x=1\nsome output # not a command\n```\n```python\nprint('no')\n```\n"
-        "<!-- docs-test: slow -->\n```bash\ntrain 'data.path=a b#c'\n```\n"
+        "<!-- docs-test: skip -->\n```bash\ntrain 'data.path=a b#c'\n```\n"
     )
     found = blocks(md, "doc.md")
-    assert [(b.line, b.lang, b.mark, b.reason) for b in found] == [
-        (2, "bash", None, ""), (9, "sh", "skip", "needs a GPU"), (12, "console", None, ""), (20, "bash", "slow", ""),
+    assert [(b.line, b.lang, b.skip) for b in found] == [
+        (2, "bash", None), (9, "sh", "needs a GPU"), (12, "console", None), (20, "bash", "marked skip"),
     ]  # fmt: skip
     assert [(c.line, c.text) for c in found[0].commands()] == [(3, "train a=1 b=2"), (6, "train-export R O")]
     assert found[2].script() == "train x=1\n"
@@ -123,7 +121,7 @@ def test_a_broken_doc_command_is_reported_with_its_line() -> None:
 
 
 def test_the_docs_have_shell_blocks() -> None:
-    assert len(BLOCKS) >= 30 and all(b.reason for b in BLOCKS if b.mark == "skip")
+    assert len(BLOCKS) >= 30 and all(b.skip != "marked skip" for b in BLOCKS)  # each skip says why
 
 
 @pytest.mark.parametrize("block", [_param(b) for b in BLOCKS if train_commands(b)])
@@ -143,7 +141,7 @@ def _wrappers(folder: Path) -> Path:
     return folder
 
 
-PAGES = sorted({b.path for b in BLOCKS if b.mark != "skip"})
+PAGES = sorted({b.path for b in BLOCKS if not b.skip})
 
 
 @pytest.mark.docs
@@ -154,7 +152,7 @@ def test_doc_page_runs(page: str, workdir: Path, tmp_path: Path) -> None:
     for item in workdir.iterdir():  # the fresh-clone directory: scripts/, tests/, tiny/
         (tmp_path / item.name).symlink_to(item)
     env = {**os.environ, "PATH": f"{_wrappers(tmp_path / '.bin')}:{BIN}:{os.environ['PATH']}"}
-    for block in (b for b in BLOCKS if b.path == page and b.mark != "skip"):
+    for block in (b for b in BLOCKS if b.path == page and not b.skip):
         result = subprocess.run(
             ["bash", "-e", "-x", "-c", block.script()],
             cwd=tmp_path, env=env, capture_output=True, text=True, timeout=1800,
