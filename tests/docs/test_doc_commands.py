@@ -28,13 +28,15 @@ from launcher.front.cli import precheck
 
 BLOCKS = all_blocks()
 BIN = Path(sys.executable).parent
+# The guard matters: ranks started with multiprocessing's spawn import this file again as __mp_main__.
 WRAPPER = """#!{python}
 import sys
-sys.path.insert(0, {here!r})
-from doc_commands import quick_argv
-sys.argv = quick_argv(sys.argv)
-from {main} import main
-main()
+if __name__ == "__main__":
+    sys.path.insert(0, {here!r})
+    from doc_commands import quick_argv
+    sys.argv = quick_argv(sys.argv)
+    from {main} import main
+    main()
 """
 
 
