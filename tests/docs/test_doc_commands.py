@@ -11,6 +11,7 @@ Two tiers:
 from __future__ import annotations
 
 import importlib.machinery
+import importlib.metadata
 import os
 import stat
 import subprocess
@@ -124,6 +125,21 @@ def test_a_broken_doc_command_is_reported_with_its_line() -> None:
 
 def test_the_docs_have_shell_blocks() -> None:
     assert len(BLOCKS) >= 30 and all(b.skip != "marked skip" for b in BLOCKS)  # each skip says why
+
+
+def test_doc_programs_exist() -> None:
+    """Each `train*` program a block runs is a console script, each `scripts/...` a file of the repository."""
+    scripts = importlib.metadata.entry_points(group="console_scripts").names
+    missing = [
+        f"{b.name}: {word}"
+        for b in BLOCKS
+        if not b.skip
+        for c in b.commands()
+        for word in c.argv()[:1]
+        if (word.startswith("train") and word not in scripts)
+        or (word.startswith("scripts/") and not (REPO / word).is_file())
+    ]
+    assert not missing, f"documented programs that do not exist: {missing}"
 
 
 @pytest.mark.parametrize("block", [_param(b) for b in BLOCKS if train_commands(b)])
