@@ -13,6 +13,7 @@ from __future__ import annotations
 import importlib.machinery
 import importlib.metadata
 import os
+import re
 import stat
 import subprocess
 import sys
@@ -71,17 +72,17 @@ def workdir(tmp_path_factory) -> Iterator[Path]:
 def problems(block: Block) -> list[str]:
     """Each problem `train` would report (exit 2) for the block's statically known `train` commands.
 
-    A command that reads a run directory an earlier command of the block makes (`distill.teacher=`,
-    `resume=`) is left to the run tier: the directory exists only once that command ran.
+    A command that reads what an earlier command of the block makes (a run directory for
+    `distill.teacher=`, a file written with `>`) is left to the run tier: it exists once that ran.
     """
-    found, made = [], set()
-    for command in train_commands(block):
+    found, made, checked = [], set(), train_commands(block)
+    for command in block.commands():
         args = command.argv()[1:]
-        values = {a.split("=", 1)[1] for a in args if "=" in a}
-        if not values & made:
+        if command in checked and not {a.split("=", 1)[1] for a in args if "=" in a} & made:
             argv = recipe_auto.resolve(compose.normalize(args), console=Console(quiet=True))
             found += [f"{block.path}:{command.line}: {command.text}\n  {e}" for e in precheck(argv)]
         made |= {a.split("=", 1)[1] for a in args if a.startswith("run_dir=")}
+        made |= set(re.findall(r">\s*([^\s;&|]+)", command.text))
     return found
 
 
@@ -115,10 +116,15 @@ def test_quick_argv_stops_early_unless_the_run_is_short_or_special() -> None:
 def test_a_broken_doc_command_is_reported_with_its_line() -> None:
     md = (
         "```bash\ntrain optimizer.lr=1e-3 run_dir=runs/t\ntrain train.max_stepz=10   # a typo\ntrain $ARGS\n"
-        "train distill=kd distill.teacher=runs/t\n```\n"
+        "train distill=kd distill.teacher=runs/t\necho {} > ds.json\ntrain parallel=zero2 parallel.deepspeed_config=ds.json\n```\n"
     )
     (block,) = blocks(md, "doc.md")
-    assert [c.line for c in train_commands(block)] == [2, 3, 5]  # `$ARGS` is known only to a shell: run tier
+    assert [c.line for c in train_commands(block)] == [
+        2,
+        3,
+        5,
+        7,
+    ]  # `$ARGS` is known only to a shell: run tier
     (problem,) = problems(block)
     assert problem.startswith("doc.md:3: train train.max_stepz=10") and "Did you mean max_steps?" in problem
 
