@@ -14,6 +14,8 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
+from launcher.groups.loggers.records import flatten
+
 CONFIG_MODULE = "launcher.conf"
 """The package holding the shipped conf/ (and recipes/ as its `recipe` group)."""
 
@@ -21,16 +23,6 @@ CONFIG_MODULE = "launcher.conf"
 def config_dir() -> Path:
     """Where the shipped conf/ lives (inside the installed package, or the checkout)."""
     return Path(str(resources.files(CONFIG_MODULE)))
-
-
-def flatten(tree: Any, prefix: str = "") -> dict[str, Any]:
-    """Dotted path -> leaf value of a nested dict."""
-    if not isinstance(tree, dict):
-        return {prefix.rstrip("."): tree}
-    flat: dict[str, Any] = {}
-    for key, value in tree.items():
-        flat.update(flatten(value, f"{prefix}{key}."))
-    return flat
 
 
 def _yaml_values(path: Path, package: str) -> dict[str, Any]:

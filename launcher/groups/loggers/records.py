@@ -62,15 +62,16 @@ def scalars(record: dict[str, Any]) -> dict[str, float]:
 def flat_spec(run_dir: Path) -> dict[str, Any]:
     """spec.yaml as dotted key -> value (secrets stay `${oc.env:VAR}`, as spec.yaml keeps them)."""
     tree = yaml.safe_load((run_dir / "spec.yaml").read_text()) or {}
-    return _flatten({k: v for k, v in tree.items() if k not in ("defaults", "hydra")})
+    return flatten({k: v for k, v in tree.items() if k not in ("defaults", "hydra")})
 
 
-def _flatten(tree: Any, prefix: str = "") -> dict[str, Any]:
+def flatten(tree: Any, prefix: str = "") -> dict[str, Any]:
+    """Dotted path -> leaf value of a nested dict (spec.yaml, a composed config)."""
     if not isinstance(tree, dict):
         return {prefix.rstrip("."): tree}
     flat: dict[str, Any] = {}
     for key, value in tree.items():
-        flat.update(_flatten(value, f"{prefix}{key}."))
+        flat.update(flatten(value, f"{prefix}{key}."))
     return flat
 
 
