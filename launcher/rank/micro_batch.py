@@ -17,7 +17,9 @@ distillation the teacher is already on the device and each try runs its forward 
 
 from __future__ import annotations
 
+import ctypes
 import dataclasses
+import functools
 import gc
 import json
 import os
@@ -92,6 +94,26 @@ def _free(device: torch.device) -> None:
     gc.collect()
     if device.type == "cuda":
         torch.cuda.empty_cache()
+    else:
+        _trim_heap()
+
+
+@functools.cache
+def _malloc_trim() -> Any:
+    """glibc's malloc_trim, or None (another C library): loaded once."""
+    try:
+        return ctypes.CDLL("libc.so.6").malloc_trim
+    except (OSError, AttributeError):
+        return None
+
+
+def _trim_heap() -> None:
+    """Give freed heap pages back to the OS, so a CPU try's resident peak (VmHWM) is live memory plus
+    what the try allocates: glibc keeps freed chunks resident once its mmap threshold has risen, which
+    overstates the peak and hides what the try itself adds (without glibc the peak stays that cautious)."""
+    trim = _malloc_trim()
+    if trim is not None:
+        trim(0)
 
 
 def _try_size(

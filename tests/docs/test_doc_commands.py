@@ -4,8 +4,9 @@ Two tiers:
 - default suite: every `train` command of every block not marked skip is composed and validated in
   this process (`cli.precheck`, what `train` does before it starts anything), next to the tiny
   Hugging Face assets, so a wrong key, option or refused combination in a doc fails here in seconds;
-- `-m docs` (deselected by default, minutes): every block not marked skip runs for real under the
-  substitution rules, a block's commands in order in one temporary directory.
+- every block not marked skip runs for real under the substitution rules, a page's blocks in order in
+  one temporary directory: the quick pages (QUICK_PAGES) in the default suite, the rest under `-m docs`
+  (deselected by default: about 18 minutes on 2 cores).
 """
 
 from __future__ import annotations
@@ -162,11 +163,16 @@ def _wrappers(folder: Path) -> Path:
 
 
 PAGES = sorted({b.path for b in BLOCKS if not b.skip})
+QUICK_PAGES = ("README.md", "docs/memory.md", "docs/monitoring.md")
+"""Pages whose blocks run in seconds (10-15 s each on 2 cores): they run for real in the default suite too."""
 
 
-@pytest.mark.docs
-@pytest.mark.slow
-@pytest.mark.parametrize("page", PAGES)
+def _page(page: str) -> object:
+    marks = [] if page in QUICK_PAGES else [pytest.mark.docs, pytest.mark.slow]
+    return pytest.param(page, id=page, marks=marks)
+
+
+@pytest.mark.parametrize("page", [_page(p) for p in PAGES])
 def test_doc_page_runs(page: str, workdir: Path, tmp_path: Path) -> None:
     """A page's blocks, in order, in one directory (a later block may use what an earlier one made)."""
     for item in workdir.iterdir():  # the fresh-clone directory: scripts/, tests/, tiny/

@@ -122,8 +122,16 @@ def test_micro_batch_search_counts_the_teacher(runs) -> None:
     teacher = load_teacher(str(runs["teacher"]))
     teacher.eval().requires_grad_(False)
     cpu = torch.device("cpu")
+    # Earlier work of this process may leave freed memory resident (glibc keeps heap chunks once its
+    # mmap threshold has risen); a try reusing it would hide the teacher. Leave 300 MB of it first.
+    raise_threshold = torch.ones(4_000_000)
+    del raise_threshold
+    pool = [torch.ones(2_000_000) for _ in range(40)]
+    top = pool.pop()  # held: the freed chunks below it cannot return to the OS by trimming the top alone
+    del pool
     for _ in range(2):  # the first tries warm the allocator's arenas
         _, alone = _try_size(student, spec, 32, cpu, None)
         _, with_teacher = _try_size(student, spec, 32, cpu, None, Distiller(teacher, spec.distill))
     # teacher logits alone: 32 x 256 positions x 256 ids x 4 bytes = 8 MiB, plus its transient activations
     assert with_teacher - alone > 8 * 2**20, (alone, with_teacher)
+    del top
