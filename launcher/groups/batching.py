@@ -17,7 +17,7 @@ is always grad_accum_steps calls on every rank, so ranks stay in step.
 
 from __future__ import annotations
 
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import torch
 
@@ -25,10 +25,14 @@ from launcher.groups.data.sequences import (
     BatchStream,
     EpochStream,
     PackedSequences,
+    Placement,
     _epoch_seed,
     labels_and_positions,
 )
 from launcher.groups.data.tokens import START, Corpus, TokenStore
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
 
 
 class Batches(Protocol):
@@ -126,29 +130,18 @@ class TokenBudgetStream(EpochStream):
     than one optimizer step's worth (grad_accum_steps global micro batches) remain.
     """
 
-    def __init__(
-        self,
-        dataset: Documents,
-        *,
-        max_tokens: int,
-        seed: int,
-        rank: int = 0,
-        world_size: int = 1,
-        grad_accum_steps: int = 1,
-    ) -> None:
-        if not 0 <= rank < world_size:
-            raise ValueError(f"rank {rank} is outside world size {world_size}.")
+    def __init__(self, dataset: Documents, *, max_tokens: int, **placement: Unpack[Placement]) -> None:
+        super().__init__(dataset, **placement)
         if max_tokens < dataset.seq_len:
             raise ValueError(f"max_tokens ({max_tokens}) must hold one sequence of {dataset.seq_len} tokens.")
-        self.dataset, self.max_tokens, self.seed = dataset, max_tokens, seed
-        self.rank, self.world_size, self.grad_accum_steps = rank, world_size, grad_accum_steps
+        self.max_tokens = max_tokens
         self._begin()
         if (
-            self.batches_per_epoch < grad_accum_steps
+            self.batches_per_epoch < self.grad_accum_steps
         ):  # refused before launch (front/data_sizes.py): a last guard
             raise ValueError(
                 f"the training data makes {len(self._plan)} global micro batches of at most {max_tokens} tokens "
-                f"per rank, fewer than one optimizer step needs ({grad_accum_steps}). Lower "
+                f"per rank, fewer than one optimizer step needs ({self.grad_accum_steps}). Lower "
                 "data.max_tokens_per_batch or train.grad_accum_steps, or use more data."
             )
 
@@ -206,7 +199,7 @@ def build_stream(
     world_size: int,
 ) -> Batches:
     """The training batch stream the data settings ask for (packed sequences by default)."""
-    common = {"seed": seed, "rank": rank, "world_size": world_size, "grad_accum_steps": grad_accum_steps}
+    common = Placement(seed=seed, rank=rank, world_size=world_size, grad_accum_steps=grad_accum_steps)
     if packing:
         return BatchStream(
             PackedSequences(corpus.train, seq_len, document_mask=document_mask),

@@ -3,7 +3,6 @@ the device, exclusivity with other strategies' settings, and a user's DeepSpeed 
 
 from __future__ import annotations
 
-import importlib.util
 from collections.abc import Iterator
 
 from launcher.groups.parallel import ParallelConfig
@@ -11,7 +10,7 @@ from launcher.parallel.deepspeed_config import loss_scale_power
 from launcher.parallel.deepspeed_user_config import merge as merge_user_config
 from launcher.parallel.deepspeed_user_config import read_user_config
 from launcher.rules.hardware import Hardware
-from launcher.rules.values import Rule
+from launcher.rules.values import Rule, missing
 from launcher.spec import RunSpec, SpecError
 
 DEEPSPEED_KEYS = ("zero_stage", "offload_optimizer", "offload_params", "deepspeed_config")
@@ -36,44 +35,37 @@ FOREIGN_KEYS = (
 _DEFAULTS = ParallelConfig()
 
 
-def installed() -> bool:
-    """Whether `import deepspeed` can work here (checked without importing it: that takes seconds)."""
-    try:
-        return importlib.util.find_spec("deepspeed") is not None
-    except (ImportError, ValueError):  # a blocked or broken entry in sys.modules
-        return False
-
-
 def _changed(p: ParallelConfig, names: tuple[str, ...]) -> list[str]:
     return [f"parallel.{n}" for n in names if getattr(p, n) != getattr(_DEFAULTS, n)]
 
 
 def _exclusive(spec: RunSpec, hw: Hardware) -> Iterator[SpecError]:
+    """One error naming the keys, set away from their defaults, of the strategies this run does not use."""
     p = spec.parallel
     if p.strategy != "deepspeed":
-        keys = _changed(p, DEEPSPEED_KEYS)
-        if keys:
-            yield SpecError(
-                ("parallel.strategy", *keys),
-                f"{', '.join(keys)} configure DeepSpeed ZeRO, but parallel.strategy={p.strategy}, which ignores "
-                "them (ZeRO and FSDP are exclusive). Pick a DeepSpeed option (`parallel=zero0` ... `zero3`, "
-                "`zero3_offload`) or leave these keys at their defaults.",
-            )
-        return
-    keys = _changed(p, FOREIGN_KEYS)
-    if keys:
-        yield SpecError(
-            ("parallel.strategy", *keys),
-            f"{', '.join(keys)} belong to DDP, FSDP2 or tensor parallelism, but parallel.strategy=deepspeed "
+        names, why = (
+            DEEPSPEED_KEYS,
+            f"configure DeepSpeed ZeRO, but parallel.strategy={p.strategy}, which ignores "
+            "them (ZeRO and FSDP are exclusive). Pick a DeepSpeed option (`parallel=zero0` ... `zero3`, "
+            "`zero3_offload`) or leave these keys at their defaults.",
+        )
+    else:
+        names, why = (
+            FOREIGN_KEYS,
+            "belong to DDP, FSDP2 or tensor parallelism, but parallel.strategy=deepspeed "
             "(ZeRO) would ignore them (ZeRO and FSDP are exclusive). Use `parallel=ddp` / `parallel=fsdp` / "
             "`parallel=tp` for them, or leave them at their defaults; DeepSpeed offload is "
             "parallel.offload_optimizer / parallel.offload_params.",
         )
+    keys = _changed(p, names)
+    if keys:
+        yield SpecError(("parallel.strategy", *keys), f"{', '.join(keys)} {why}")
 
 
 def _installed(spec: RunSpec, hw: Hardware) -> Iterator[SpecError]:
-    if spec.parallel.strategy == "deepspeed" and not installed():
-        yield SpecError(
+    if spec.parallel.strategy == "deepspeed":
+        yield from missing(
+            "deepspeed",
             ("parallel.strategy",),
             "parallel.strategy=deepspeed needs the deepspeed package, which is not installed. "
             "Install it with `pip install deepspeed` (or `pip install -e .[deepspeed]`), or pick `parallel=ddp`.",

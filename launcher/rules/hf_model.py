@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import importlib.util
 from collections.abc import Iterator
 from pathlib import Path
 
 from launcher.groups.model.hf_files import PRESETS, WEIGHT_FILES, has_weights, is_preset, read_local_config
 from launcher.rules.hardware import Hardware
-from launcher.rules.values import Rule
+from launcher.rules.values import Rule, missing
 from launcher.spec import RunSpec, SpecError
 
 
@@ -23,12 +22,12 @@ def _hf_model(spec: RunSpec, hw: Hardware) -> Iterator[SpecError]:
                     f"model option (e.g. `model=hf model.path=DIR`), or drop model.{key}.",
                 )
         return
-    if importlib.util.find_spec("transformers") is None:
-        yield SpecError(
-            ("model.kind",),
-            "model.kind=hf needs transformers, which is not installed. Install it with "
-            "`pip install -e '.[hf]'` (or `pip install transformers`).",
-        )
+    yield from missing(
+        "transformers",
+        ("model.kind",),
+        "model.kind=hf needs transformers, which is not installed. Install it with "
+        "`pip install -e '.[hf]'` (or `pip install transformers`).",
+    )
     if m.path is not None:
         if m.hf_config is not None:
             yield SpecError(

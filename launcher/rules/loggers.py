@@ -1,18 +1,13 @@
-"""Rules of the `logger` group: each selected tracker's library installed, W&B's mode, MLflow's URI.
-
-"Installed" is asked of importlib's finder, not answered by importing: the launching process
-stays light (mlflow alone takes seconds to import), and the ranks import what they use.
-"""
+"""Rules of the `logger` group: each selected tracker's library installed, W&B's mode, MLflow's URI."""
 
 from __future__ import annotations
 
-import importlib.util
 from collections.abc import Iterator
 from urllib.parse import urlparse
 
 from launcher.groups.loggers import MODULES, WANDB_MODES
 from launcher.rules.hardware import Hardware
-from launcher.rules.values import Rule, choice
+from launcher.rules.values import Rule, choice, installed, missing
 from launcher.spec import RunSpec, SpecError
 
 PACKAGES = {"tensorboard": "tensorboard", "mlflow": "mlflow-skinny", "wandb": "wandb"}
@@ -21,23 +16,15 @@ SQL_SCHEMES = ("sqlite", "postgresql", "mysql", "mssql")
 """MLflow database backends: they need SQLAlchemy, which mlflow-skinny leaves out."""
 
 
-def installed(module: str) -> bool:
-    """Whether `module` can be imported here, without importing it."""
-    try:
-        return importlib.util.find_spec(module) is not None
-    except (ImportError, ValueError):
-        return False
-
-
 def _libraries(spec: RunSpec, hw: Hardware) -> Iterator[SpecError]:
     for name in spec.logger.selected:
-        if not installed(MODULES[name]):
-            yield SpecError(
-                (f"logger.{name}.enabled",),
-                f"logger={name} needs the {PACKAGES[name]} package, which is not installed here. Install it with "
-                f"`pip install 'torch-launcher[{name}]'` (or `pip install {PACKAGES[name]}`), or leave {name} "
-                "out of logger=[...].",
-            )
+        yield from missing(
+            MODULES[name],
+            (f"logger.{name}.enabled",),
+            f"logger={name} needs the {PACKAGES[name]} package, which is not installed here. Install it with "
+            f"`pip install 'torch-launcher[{name}]'` (or `pip install {PACKAGES[name]}`), or leave {name} "
+            "out of logger=[...].",
+        )
 
 
 def _wandb_mode(spec: RunSpec, hw: Hardware) -> Iterator[SpecError]:

@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import importlib.util
 from collections.abc import Iterator
 
 from launcher.groups.optimizer import BNB_OPTIMIZERS
 from launcher.rules.hardware import Hardware
-from launcher.rules.values import Rule
+from launcher.rules.values import Rule, missing
 from launcher.spec import RunSpec, SpecError
 
 ADAM_FAMILY = ("adamw", "adamw_8bit", "paged_adamw_8bit", "lion_8bit")
@@ -17,12 +16,12 @@ def _bitsandbytes(spec: RunSpec, hw: Hardware) -> Iterator[SpecError]:
     o = spec.optimizer
     if o.name not in BNB_OPTIMIZERS:
         return
-    if importlib.util.find_spec("bitsandbytes") is None:
-        yield SpecError(
-            ("optimizer.name",),
-            f"optimizer={o.name} comes from bitsandbytes, which is not installed. Install it with "
-            "`pip install -e '.[bnb]'` (or `pip install bitsandbytes`), or use `optimizer=adamw`.",
-        )
+    yield from missing(
+        "bitsandbytes",
+        ("optimizer.name",),
+        f"optimizer={o.name} comes from bitsandbytes, which is not installed. Install it with "
+        "`pip install -e '.[bnb]'` (or `pip install bitsandbytes`), or use `optimizer=adamw`.",
+    )
     if o.implementation != "auto":
         yield SpecError(
             ("optimizer.implementation", "optimizer.name"),

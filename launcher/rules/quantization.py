@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import importlib.util
 from collections.abc import Iterator
 
 from launcher.groups.model.hf_files import PRESET_LINEARS, is_preset
 from launcher.groups.nf4 import GROUP, shape_problem
 from launcher.groups.quantization import NF4_BACKENDS, nf4_backend
 from launcher.rules.hardware import Hardware
-from launcher.rules.values import Rule
+from launcher.rules.values import Rule, installed, missing
 from launcher.spec import RunSpec, SpecError
 
 # The linear layers of the built-in GPT's blocks (launcher.groups.model.gpt), by name suffix.
@@ -37,8 +36,9 @@ def _quantized_needs_adapters(spec: RunSpec, hw: Hardware) -> Iterator[SpecError
             f"nothing in the blocks would train. Add LoRA adapters: `quantization={q.method}_lora` "
             "(or quantization.lora.rank=16), or use `quantization=none` for full training.",
         )
-    if q.method != "none" and importlib.util.find_spec("bitsandbytes") is None:
-        yield SpecError(
+    if q.method != "none":
+        yield from missing(
+            "bitsandbytes",
             ("quantization.method",),
             f"quantization.method={q.method} needs bitsandbytes, which is not installed. "
             "Install it with `pip install -e '.[bnb]'` (or `pip install bitsandbytes`).",
@@ -63,12 +63,12 @@ def _lora_settings(spec: RunSpec, hw: Hardware) -> Iterator[SpecError]:
         )
     if not 0.0 <= lora.dropout < 1.0:
         yield SpecError(("quantization.lora.dropout",), f"must lie in [0, 1), got {lora.dropout}.")
-    if importlib.util.find_spec("peft") is None:
-        yield SpecError(
-            ("quantization.lora.rank",),
-            "LoRA adapters are built by peft, which is not installed. Install it with "
-            "`pip install -e '.[hf]'` (or `pip install peft`), or use quantization.lora.rank=0.",
-        )
+    yield from missing(
+        "peft",
+        ("quantization.lora.rank",),
+        "LoRA adapters are built by peft, which is not installed. Install it with "
+        "`pip install -e '.[hf]'` (or `pip install peft`), or use quantization.lora.rank=0.",
+    )
     yield from _lora_targets(spec)
     yield from _dora(spec)
 
@@ -170,7 +170,7 @@ def _nf4_store(spec: RunSpec, hw: Hardware) -> Iterator[SpecError]:
         return
     if q.method != "nf4" or nf4_backend(q, p.strategy) != "torchao":
         return
-    if importlib.util.find_spec("torchao") is None:
+    if not installed("torchao"):  # the checks below need its NF4 tensors
         yield SpecError(
             ("quantization.nf4_backend",),
             "nf4 weights under FSDP2 are torchao NF4 tensors, and torchao is not installed. Install it with "

@@ -53,6 +53,11 @@ def _num_checkpoint_ranks(path: Path) -> int:
     return len(list(path.glob("rng_rank*.pt")))
 
 
+def _num_zero_shards(path: Path) -> int:
+    """Ranks a DeepSpeed checkpoint's ZeRO optimizer state is sharded over (0: it holds none)."""
+    return len(list((path / TAG).glob("*zero_pp_rank_*_mp_rank_00_optim_states.pt")))
+
+
 def _checkpoint_to_resume(spec: RunSpec) -> Path | None:
     """The newest complete checkpoint `resume` names, None when it names none (or resume is null)."""
     run_dir = Path(spec.run_dir) if spec.run_dir else None
@@ -108,6 +113,7 @@ def _resume_layout(spec: RunSpec, hw: Hardware) -> Iterator[SpecError]:
     strategy = spec.parallel.strategy
     sharded, world = is_dcp_checkpoint(newest), spec.launcher.world_size
     num_ranks = _num_checkpoint_ranks(newest)
+    num_shards = _num_zero_shards(newest) if strategy == "deepspeed" else 0
     crossing = list(_pipeline_boundary(newest, strategy, sharded))
     if crossing:
         yield from crossing
@@ -126,6 +132,13 @@ def _resume_layout(spec: RunSpec, hw: Hardware) -> Iterator[SpecError]:
             "cannot resume it. Resume it with the strategy that wrote it, or convert its weights to a full state "
             f"dict with `train-export {newest} weights.pt`.",
         )
+    elif num_shards and num_shards != world:
+        yield SpecError(
+            ("resume", "launcher.nproc"),
+            f"{newest} holds ZeRO state sharded over {num_shards} ranks, but this run has {world}. "
+            f"Resume with launcher.nproc={num_shards} (x launcher.nnodes), or convert: `train-export "
+            f"{newest} model.pt` writes the full fp32 weights, which load at any world size.",
+        )
     elif sharded and world > num_ranks > 0:
         yield SpecError(
             ("resume", "launcher.nproc", "launcher.nnodes"),
@@ -133,21 +146,6 @@ def _resume_layout(spec: RunSpec, hw: Hardware) -> Iterator[SpecError]:
             "model and optimizer to fewer ranks, but the extra ranks would have no RNG state to continue from. "
             f"Resume with at most {num_ranks} ranks, or convert its weights to a full state dict "
             f"with `train-export {newest} weights.pt`.",
-        )
-
-
-def _resume_world_size(spec: RunSpec, hw: Hardware) -> Iterator[SpecError]:
-    newest = _checkpoint_to_resume(spec) if spec.parallel.strategy == "deepspeed" else None
-    if newest is None:
-        return
-    num_shards = len(list((newest / TAG).glob("*zero_pp_rank_*_mp_rank_00_optim_states.pt")))
-    world = spec.launcher.world_size
-    if num_shards and num_shards != world:
-        yield SpecError(
-            ("resume", "launcher.nproc"),
-            f"{newest} holds ZeRO state sharded over {num_shards} ranks, but this run has {world}. "
-            f"Resume with launcher.nproc={num_shards} (x launcher.nnodes), or convert: `train-export "
-            f"{newest} model.pt` writes the full fp32 weights, which load at any world size.",
         )
 
 
@@ -171,5 +169,5 @@ def _verify_resume(spec: RunSpec, hw: Hardware) -> Iterator[SpecError]:
         )
 
 
-RULES: tuple[Rule, ...] = (_resume, _resume_layout, _resume_world_size, _verify_resume)
+RULES: tuple[Rule, ...] = (_resume, _resume_layout, _verify_resume)
 """This module's rules, in the order they report."""

@@ -12,10 +12,14 @@ from __future__ import annotations
 import hashlib
 from abc import ABC, abstractmethod
 from collections.abc import Iterator
+from typing import TYPE_CHECKING, TypedDict
 
 import torch
 
 from launcher.groups.data.tokens import START, TRAINED, TokenStore
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
 
 
 def labels_and_positions(
@@ -66,16 +70,44 @@ def _epoch_seed(seed: int, epoch: int) -> int:
     return int.from_bytes(digest[:8], "little") >> 1
 
 
-class EpochStream(ABC):
-    """What every sampler shares: an (epoch, offset) position, next_batch/skip, and its state round trip.
+class _Seed(TypedDict):
+    """The one placement keyword without a default."""
 
-    A subclass sets `dataset` and says how an epoch is planned (`_plan_epoch`, kept in `_plan`) and
-    how the plan hands out this rank's next indices (`_next_indices`, calling `_next_epoch` when the
-    epoch runs out). The position is rank-independent: one state dict resumes every rank.
+    seed: int
+
+
+class Placement(_Seed, total=False):
+    """The keywords every sampler takes: a seed, this rank (default 0) of world_size (1), grad_accum_steps (1)."""
+
+    rank: int
+    world_size: int
+    grad_accum_steps: int
+
+
+class EpochStream(ABC):
+    """What every sampler shares: its Placement, an (epoch, offset) position, next_batch/skip, its state.
+
+    A subclass says how an epoch is planned (`_plan_epoch`, kept in `_plan`) and how the plan hands
+    out this rank's next indices (`_next_indices`, calling `_next_epoch` when the epoch runs out),
+    and calls `_begin` once it is set up. The position is rank-independent: one state dict resumes
+    every rank.
     """
 
-    dataset: PackedSequences
     _plan: object
+
+    def __init__(
+        self,
+        dataset: PackedSequences,
+        *,
+        seed: int,
+        rank: int = 0,
+        world_size: int = 1,
+        grad_accum_steps: int = 1,
+    ) -> None:
+        if not 0 <= rank < world_size:
+            raise ValueError(f"rank {rank} is outside world size {world_size}.")
+        self.dataset, self.seed = dataset, seed
+        self.rank, self.world_size, self.grad_accum_steps = rank, world_size, grad_accum_steps
 
     def _begin(self) -> None:
         self._epoch, self._offset = 0, 0
@@ -128,24 +160,13 @@ class BatchStream(EpochStream):
     """
 
     def __init__(
-        self,
-        dataset: PackedSequences,
-        *,
-        micro_batch_size: int,
-        seed: int,
-        rank: int = 0,
-        world_size: int = 1,
-        grad_accum_steps: int = 1,
+        self, dataset: PackedSequences, *, micro_batch_size: int, **placement: Unpack[Placement]
     ) -> None:
-        if not 0 <= rank < world_size:
-            raise ValueError(f"rank {rank} is outside world size {world_size}.")
+        super().__init__(dataset, **placement)
+        world_size, grad_accum_steps = self.world_size, self.grad_accum_steps
         if micro_batch_size <= 0 or grad_accum_steps <= 0:
             raise ValueError("micro_batch_size and grad_accum_steps must be positive.")
-        self.dataset = dataset
         self.micro_batch_size = micro_batch_size
-        self.seed = seed
-        self.rank = rank
-        self.world_size = world_size
         self.global_micro_batch = micro_batch_size * world_size
         self.step_size = self.global_micro_batch * grad_accum_steps
         if len(dataset) < self.step_size:
