@@ -10,7 +10,6 @@ that both models give the same logits on one batch of random tokens and prints t
 
 from __future__ import annotations
 
-import argparse
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -19,6 +18,7 @@ from rich.console import Console
 
 from launcher.exits import ExitStatus
 from launcher.front.lazy_torch import no_grad
+from launcher.front.tool_args import tool_parser
 from launcher.groups import checkpoint, quantization
 from launcher.groups.adapters import load_checkpoint_state
 from launcher.groups.quantization import merged_state_dict
@@ -80,13 +80,12 @@ def merge_checkpoint(path: Path) -> tuple[dict[str, torch.Tensor], float]:
 
 def main(argv: list[str] | None = None) -> int:
     """Console entry point of `train-merge`."""
-    parser = argparse.ArgumentParser(
-        prog="train-merge",
-        description="Fold LoRA adapters (and dequantize int8/nf4 weights) into a plain float32 state dict "
+    parser = tool_parser(
+        "train-merge",
+        "Fold LoRA adapters (and dequantize int8/nf4 weights) into a plain float32 state dict "
         "that loads into the model built without quantization or adapters.",
-    )
-    parser.add_argument(
-        "checkpoint", type=Path, help="a run directory (its newest checkpoint) or a step_N directory"
+        source="checkpoint",
+        source_help="a run directory (its newest checkpoint) or a step_N directory",
     )
     parser.add_argument("out", type=Path, help="where to write the state dict (torch.save)")
     args = parser.parse_args(argv)
