@@ -1,4 +1,4 @@
-"""`train`: compose the command line once, validate it once, then dry-run, sweep or launch it.
+"""`train`: parse the command line once, compose it and build its spec once, then dry-run, sweep or launch it.
 
 Every spec problem is reported before anything starts, with exit status 2 and no traceback. Hydra's
 own flags that only print (--help, --cfg, --info, ...) are handed to Hydra's app unchanged; `--cfg`

@@ -239,18 +239,18 @@ def build(cfg: DictConfig) -> Built:
     code = code_references(cfg)
     if code:
         return Built(config=cfg, spec=None, errors=tuple(code))
-    cfg, taken = adopt(cfg)  # a user's DeepSpeed/accelerate file decides the keys nobody set
+    cfg, conflicts = adopt(cfg)  # a user's DeepSpeed/accelerate file decides the keys nobody set
     errors = schema_problems(strip_hydra(cfg))
     if errors:
-        return Built(config=cfg, spec=None, errors=tuple(taken + errors))
+        return Built(config=cfg, spec=None, errors=tuple(conflicts + errors))
     cfg, errors = enrich(cfg)
     if errors:
         return Built(config=cfg, spec=None, errors=tuple(errors))
     try:
         spec = to_spec(strip_hydra(cfg))
     except InvalidSpec as err:
-        return Built(config=cfg, spec=None, errors=tuple(taken + err.errors))
-    errors = taken + check(spec, detect_hardware(spec))
+        return Built(config=cfg, spec=None, errors=tuple(conflicts + err.errors))
+    errors = conflicts + check(spec, detect_hardware(spec))
     return Built(config=cfg, spec=None if errors else spec, errors=tuple(errors))
 
 
