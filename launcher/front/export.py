@@ -38,6 +38,13 @@ if TYPE_CHECKING:  # torch is imported where it is used, after the arguments are
     import torch
 
 
+DESCRIPTION = (
+    "Write a run's weights: a full state dict that loads at world size 1 (pt), or a Hugging "
+    "Face folder that AutoModelForCausalLM.from_pretrained loads (hf). Exit status 2: bad input."
+)
+"""`train-export --help`'s description."""
+
+
 FORMATS = ("pt", "hf")
 LOGIT_TOLERANCE = 1e-4
 """Largest |logit difference| (fp32) between the launcher's model and the exported one; measured ~1e-6."""
@@ -211,13 +218,7 @@ def export_adapter(source: Path, out: Path, *, merge: bool, force: bool) -> Path
 
 def main(argv: list[str] | None = None) -> int:
     """Console entry point of `train-export`."""
-    parser = tool_parser(
-        "train-export",
-        "Write a run's weights: a full state dict that loads at world size 1 (pt), or a Hugging "
-        "Face folder that AutoModelForCausalLM.from_pretrained loads (hf). Exit status 2: bad input.",
-        source="checkpoint",
-        source_help="a checkpoints/step_N directory, or a run directory",
-    )
+    parser = tool_parser("train-export", DESCRIPTION)
     parser.add_argument(
         "out", type=Path, help="the .pt file (--format pt) or the folder (--format hf) to write"
     )

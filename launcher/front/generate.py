@@ -57,6 +57,13 @@ class Source:
     """A bos id to put before the prompt ourselves (a run trained with tokenizer.add_bos), else None."""
 
 
+DESCRIPTION = (
+    "Complete a prompt with a run's model (run or step_N directory) or a Hugging Face folder; "
+    "greedy unless --temperature or --top-p ask for sampling. Exit status 2: bad input."
+)
+"""`train-generate --help`'s description."""
+
+
 def _ids(value: Any) -> tuple[int, ...]:
     """None, an id or a list of ids as a tuple."""
     if value is None:
@@ -250,13 +257,7 @@ def generate(
 
 def main(argv: list[str] | None = None) -> int:
     """Console entry point of `train-generate`."""
-    parser = tool_parser(
-        "train-generate",
-        "Complete a prompt with a run's model (run or step_N directory) or a Hugging Face folder; "
-        "greedy unless --temperature or --top-p ask for sampling. Exit status 2: bad input.",
-        source="source",
-        source_help="a run directory, a step_N directory, or a Hugging Face folder",
-    )
+    parser = tool_parser("train-generate", DESCRIPTION, folders=True)
     parser.add_argument("--prompt", required=True, help="the text to complete")
     parser.add_argument("--chat", action="store_true", help="render the prompt through the chat template")
     parser.add_argument("--max-new-tokens", type=int, default=64, help="tokens to add at most (default 64)")

@@ -30,6 +30,13 @@ if TYPE_CHECKING:  # torch is imported where it is used, after the arguments are
     from torch import nn
 
 
+DESCRIPTION = (
+    "Fold LoRA adapters (and dequantize int8/nf4 weights) into a plain float32 state dict "
+    "that loads into the model built without quantization or adapters."
+)
+"""`train-merge --help`'s description."""
+
+
 def checkpoint_dir(path: Path) -> Path:
     """The checkpoint `path` names: a step_N directory, or a run directory's newest complete one."""
     found = checkpoint.resolve_resume(str(path), None)
@@ -80,13 +87,7 @@ def merge_checkpoint(path: Path) -> tuple[dict[str, torch.Tensor], float]:
 
 def main(argv: list[str] | None = None) -> int:
     """Console entry point of `train-merge`."""
-    parser = tool_parser(
-        "train-merge",
-        "Fold LoRA adapters (and dequantize int8/nf4 weights) into a plain float32 state dict "
-        "that loads into the model built without quantization or adapters.",
-        source="checkpoint",
-        source_help="a run directory (its newest checkpoint) or a step_N directory",
-    )
+    parser = tool_parser("train-merge", DESCRIPTION)
     parser.add_argument("out", type=Path, help="where to write the state dict (torch.save)")
     args = parser.parse_args(argv)
     import torch  # after the arguments: --help and argument errors answer at once

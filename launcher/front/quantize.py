@@ -48,6 +48,15 @@ if TYPE_CHECKING:  # torch is imported where it is used, after the arguments are
     from torch import nn
 
 
+DESCRIPTION = (
+    "Post-training quantization (torchao) of a run's newest checkpoint or a local Hugging Face "
+    "folder, on the CPU; prints size on disk and held-out eval loss/perplexity before and after, and "
+    "writes OUT/model.pt (load it back with launcher.front.quantize.load_quantized(OUT)). Exit status 2: "
+    "bad input."
+)
+"""`train-quantize --help`'s description."""
+
+
 SCHEMES = {
     "int8_weight_only": "Int8WeightOnlyConfig()",
     "int4_weight_only": "IntxWeightOnlyConfig(weight_dtype=torch.int4, granularity=PerGroup(32))",
@@ -244,13 +253,9 @@ def main(argv: list[str] | None = None) -> int:
     """Console entry point of `train-quantize`."""
     parser = tool_parser(
         "train-quantize",
-        "Post-training quantization (torchao) of a run's newest checkpoint or a local Hugging Face "
-        "folder, on the CPU; prints size on disk and held-out eval loss/perplexity before and after, and "
-        "writes OUT/model.pt (load it back with launcher.front.quantize.load_quantized(OUT)). Exit status 2: "
-        "bad input.",
+        DESCRIPTION,
+        folders=True,
         epilog="schemes: " + "; ".join(f"{name} = torchao {cfg}" for name, cfg in SCHEMES.items()),
-        source="source",
-        source_help="a run directory, a checkpoints/step_N directory, or an HF model folder",
     )
     parser.add_argument("out", type=Path, help="the folder to write (must not exist, or be empty)")
     parser.add_argument("--scheme", required=True, help=f"one of {', '.join(SCHEMES)}")
