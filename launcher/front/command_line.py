@@ -133,6 +133,7 @@ def normalize(argv: Sequence[str]) -> list[str]:
 
 
 def _assemble(flags: list[Flag], overrides: Sequence[str]) -> CommandLine:
+    """A command line of these flags, then these overrides."""
     tokens = [token for f in flags for token in f.tokens]
     return CommandLine(argv=(*tokens, *overrides), flags=tuple(flags), overrides=tuple(overrides))
 
@@ -155,6 +156,7 @@ def _bare(arg: str) -> str:
 
 
 def _unknown_flag(name: str) -> SpecError:
+    """The problem of a flag `train` does not run with, naming our key where it is another tool's flag."""
     hint = alias_hint(name)
     foreign = f" `{name}` is another tool's flag: {hint}." if hint else ""
     return SpecError(
