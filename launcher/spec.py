@@ -275,8 +275,25 @@ def redacted_container(cfg: DictConfig) -> dict[str, Any]:
     """
     resolved = OmegaConf.to_container(cfg, resolve=True)
     raw = OmegaConf.to_container(cfg, resolve=False)
-    secrets = [v for r, v in _pairs(raw, resolved) if isinstance(r, str) and "oc.env" in r and v]
-    return _redact(raw, resolved, [str(s) for s in secrets])
+    return _redact(raw, resolved, _secrets(raw, resolved))
+
+
+def spec_container(spec: RunSpec, raw: DictConfig | None = None) -> dict[str, Any]:
+    """The spec as plain data, redacted like `redacted_container` against `raw`, the config it was built from.
+
+    A value holding what an `${oc.env:VAR}` of `raw` resolved to is written as `raw` writes it, so the
+    spec's secrets never reach spec.yaml.
+    """
+    data = OmegaConf.to_container(OmegaConf.structured(spec))
+    if raw is None:
+        return data
+    raw_data = OmegaConf.to_container(raw, resolve=False)
+    return _redact(raw_data, data, _secrets(raw_data, OmegaConf.to_container(raw, resolve=True)))
+
+
+def _secrets(raw: Any, resolved: Any) -> list[str]:
+    """The values environment variables gave a config (`raw` and `resolved` are its two containers)."""
+    return [str(v) for r, v in _pairs(raw, resolved) if isinstance(r, str) and "oc.env" in r and v]
 
 
 def _pairs(raw: Any, resolved: Any) -> typing.Iterator[tuple[Any, Any]]:
@@ -291,11 +308,14 @@ def _pairs(raw: Any, resolved: Any) -> typing.Iterator[tuple[Any, Any]]:
 
 
 def _redact(raw: Any, resolved: Any, secrets: list[str]) -> Any:
-    if isinstance(raw, dict):
-        return {k: _redact(raw[k], resolved[k], secrets) for k in raw}
-    if isinstance(raw, list):
+    """`resolved`, where each string holding a secret is replaced by `raw`'s value at the same place."""
+    if isinstance(resolved, dict):
+        raw = raw if isinstance(raw, dict) else {}
+        return {k: _redact(raw.get(k), v, secrets) for k, v in resolved.items()}
+    if isinstance(resolved, list):
+        raw = raw if isinstance(raw, list) and len(raw) == len(resolved) else [None] * len(resolved)
         return [_redact(r, v, secrets) for r, v in zip(raw, resolved, strict=True)]
-    if isinstance(resolved, str) and any(s in resolved for s in secrets):
+    if isinstance(resolved, str) and raw is not None and any(s in resolved for s in secrets):
         return raw
     return resolved
 
@@ -314,9 +334,10 @@ _SPEC_HEADER = {
 _HEADER_KEYS = tuple(_SPEC_HEADER)
 
 
-def spec_text(cfg: DictConfig, path: Path) -> str:
-    """The text of spec.yaml at `path`: the resolved, redacted spec with the header that makes it composable."""
-    body = {k: v for k, v in redacted_container(cfg).items() if k not in _HEADER_KEYS}
+def spec_text(spec: RunSpec, path: Path, raw: DictConfig | None = None) -> str:
+    """The text of spec.yaml at `path`: the spec, redacted against `raw` (see spec_container), with the header
+    that makes it composable."""
+    body = {k: v for k, v in spec_container(spec, raw).items() if k not in _HEADER_KEYS}
     text = OmegaConf.to_yaml(OmegaConf.create({**_SPEC_HEADER, **body}))
     return (
         "# The resolved run spec. Reproduce the run with:\n"
@@ -324,10 +345,15 @@ def spec_text(cfg: DictConfig, path: Path) -> str:
     )
 
 
-def dump_spec(cfg: DictConfig, path: Path) -> None:
-    """Write spec.yaml atomically: a reader (a rank waiting for it) never sees half a file."""
+def dump_spec(spec: RunSpec, path: Path, raw: DictConfig | None = None) -> None:
+    """Write spec.yaml (see spec_text) atomically."""
+    write_atomically(path, spec_text(spec, path, raw))
+
+
+def write_atomically(path: Path, text: str) -> None:
+    """Write a file through a temporary beside it: a reader (a rank waiting for spec.yaml) never sees half of it."""
     tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(spec_text(cfg, path))
+    tmp.write_text(text)
     tmp.replace(path)
 
 

@@ -1,8 +1,9 @@
-"""From command-line overrides to a validated spec: group discovery, `+group` rewriting, pre-checks,
-composition (Hydra's compose API, the only place a run's config is composed) and validation.
+"""From command-line overrides to a validated spec: group discovery, pre-checks, composition (Hydra's
+compose API, the only place a run's config is composed), enrichment and validation.
 
 Hydra decides between `group=option` and `+group=option` by whether the group has a default; every
-group here has one, so `+group=option` is rewritten to the bare form and both spellings work.
+group here has one, so `+group=option` is rewritten to the bare form (launcher.front.command_line)
+and both spellings work.
 Overrides are checked against the schema before composing, so every typo, unknown option and wrong
 type is reported at once (Hydra would stop at the first, and lets `+key=value` bypass the schema).
 Composing sets no global state: Hydra's singletons are released when `compose` returns.
@@ -13,6 +14,11 @@ shipped conf/: their options of existing groups and their own groups (an `experi
 like the shipped ones, and the result is validated by the same schema and rules.
 Hydra's launcher and sweeper plugins and `hydra.run.dir` are refused with what to use instead:
 `train` starts and sweeps runs itself (launcher=..., -m) and writes to `run_dir`.
+
+`build` takes the composed config through pure steps that write what the launcher decides into it
+(a DeepSpeed file's values, the backend, the tokenizer and vocabulary, the data format, a fitted
+warmup, a folder model's shape), then builds the frozen spec from it once and runs the rules once.
+spec.yaml is that spec's dump, secrets redacted against the config it was built from.
 """
 
 from __future__ import annotations
@@ -28,47 +34,20 @@ from pathlib import Path
 from omegaconf import DictConfig, OmegaConf
 
 from launcher.front import override_checks
+from launcher.front.config_values import typed, with_values
 from launcher.front.provenance import CONFIG_MODULE, config_dir
-from launcher.groups.aliases import alias_hint
 from launcher.spec import (
+    InvalidSpec,
     RunSpec,
     SpecError,
+    missing_values,
     schema_node,
+    spec_text,
     to_spec,
+    unknown_keys,
 )
 
 PRIMARY = "train"
-# Hydra flags followed by a value that is not an override.
-_VALUE_FLAGS = {
-    "--config-path",
-    "-cp",
-    "--config-name",
-    "-cn",
-    "--config-dir",
-    "-cd",
-    "--cfg",
-    "-c",
-    "--package",
-    "-p",
-    "--info",
-    "-i",
-    "--experimental-rerun",
-}
-
-
-# Flags `train` itself handles (others that only print go to Hydra's app: see launcher.front.cli).
-RUN_FLAGS = {
-    "--multirun",
-    "-m",
-    "--run",
-    "-r",
-    "--config-path",
-    "-cp",
-    "--config-name",
-    "-cn",
-    "--config-dir",
-    "-cd",
-}
 
 
 @functools.cache
@@ -90,53 +69,10 @@ class ConfigSource:
     config_dir: str | None = None
     """An extra directory searched for config groups (`--config-dir`)."""
 
-    @classmethod
-    def from_flags(cls, flags: list[str]) -> ConfigSource:
-        """The source Hydra's --config-path / --config-name / --config-dir flags describe."""
-        return cls(
-            config_path=flag_value(flags, "--config-path", "-cp"),
-            config_name=flag_value(flags, "--config-name", "-cn") or PRIMARY,
-            config_dir=flag_value(flags, "--config-dir", "-cd"),
-        )
-
     @property
     def shipped(self) -> bool:
         """Whether the primary config is the shipped one (whose groups the pre-checks know)."""
         return self.config_path is None
-
-
-def flag_value(flags: list[str], *names: str) -> str | None:
-    """The value of the first of `names` among Hydra flags (`--flag value` or `--flag=value`)."""
-    for i, flag in enumerate(flags):
-        if flag in names and i + 1 < len(flags):
-            return flags[i + 1]
-        for name in names:
-            if flag.startswith(name + "="):
-                return flag.split("=", 1)[1]
-    return None
-
-
-def unknown_flags(flags: list[str]) -> list[SpecError]:
-    """Flags that `train` does not run with (the printing ones are handed to Hydra before this)."""
-    errors, skip_next = [], False
-    for flag in flags:
-        if skip_next:
-            skip_next = False
-            continue
-        name = flag.split("=", 1)[0]
-        skip_next = name in _VALUE_FLAGS and "=" not in flag
-        if name not in RUN_FLAGS:
-            hint = alias_hint(name)
-            foreign = f" `{name}` is another tool's flag: {hint}." if hint else ""
-            errors.append(
-                SpecError(
-                    ("command line",),
-                    f"{name} is not a flag `train` runs with.{foreign} Flags: --multirun/-m, --config-path, "
-                    "--config-name, --config-dir, and the ones that only print (--help, --cfg job, --info); "
-                    "settings are key=value overrides; see `train --help`.",
-                )
-            )
-    return errors
 
 
 @functools.cache
@@ -182,43 +118,6 @@ def user_dirs(overrides: list[str], source: ConfigSource) -> tuple[str, ...]:
     if source.config_dir:
         dirs.append(str(Path(source.config_dir).resolve()))
     return tuple(dirs)
-
-
-def normalize(argv: list[str]) -> list[str]:
-    """Rewrite `+group=option` / `+key=value` for known groups and keys to the bare form Hydra needs.
-
-    A relative `--config-path` becomes absolute: Hydra would look for it beside its own module.
-    """
-    out, skip_next = [], False
-    for arg in argv:
-        if skip_next and out[-1] in ("--config-path", "-cp") and "://" not in arg:
-            arg = str(Path(arg).resolve())  # Hydra reads a relative config path from its own package
-        if skip_next or arg.startswith("-"):
-            skip_next = arg in _VALUE_FLAGS and not skip_next
-            out.append(arg)
-            continue
-        key, sep, value = arg.partition("=")
-        plain = key[1:]
-        known = plain in group_options() or override_checks.field_type(plain)[0] is not None
-        if sep and key.startswith("+") and not key.startswith("++") and known:
-            arg = f"{plain}={value}"  # a group with a default, or a key the schema already has
-        out.append(arg)
-    return out
-
-
-def split_argv(argv: list[str]) -> tuple[list[str], list[str]]:
-    """(Hydra flags with their values, overrides)."""
-    flags, overrides, skip_next = [], [], False
-    for arg in argv:
-        if skip_next:
-            flags.append(arg)
-            skip_next = False
-        elif arg.startswith("-"):
-            flags.append(arg)
-            skip_next = arg in _VALUE_FLAGS and "=" not in arg
-        else:
-            overrides.append(arg)
-    return flags, overrides
 
 
 def check_overrides(overrides: list[str], dirs: tuple[str, ...] = ()) -> list[SpecError]:
@@ -271,43 +170,94 @@ def compose_checked(overrides: list[str], source: ConfigSource) -> tuple[DictCon
     return (None, errors) if errors else (cfg, [])
 
 
+def schema_problems(cfg: DictConfig) -> list[SpecError]:
+    """Keys the schema does not define and mandatory values nobody set (before anything reads the config)."""
+    return unknown_keys(cfg) + missing_values(cfg)
+
+
 def strip_hydra(cfg: DictConfig) -> DictConfig:
     """The run's own config, without Hydra's node."""
     cfg = OmegaConf.masked_copy(cfg, [k for k in cfg if k != "hydra"]) if "hydra" in cfg else cfg
     return cfg
 
 
-def validate(cfg: DictConfig) -> tuple[RunSpec | None, list[SpecError]]:
-    """Schema and cross-field rules on a composed config: the spec, or every violation found."""
+@dataclass(frozen=True, kw_only=True)
+class Built:
+    """A composed config with every value the launcher decides written in, and the spec built from it once."""
+
+    config: DictConfig
+    """The composed config, enriched (Hydra's node kept: the dry run reads where each value came from)."""
+    spec: RunSpec | None
+    """The validated spec; None when `errors` holds problems."""
+    errors: tuple[SpecError, ...] = ()
+    """Every problem found: nothing may start."""
+
+    def written(self, run_dir: Path) -> tuple[RunSpec, str]:
+        """The spec as a rank reads it from `run_dir`, and the text of its spec.yaml (secrets redacted)."""
+        assert self.spec is not None, "only a valid spec is written"
+        spec = dataclasses.replace(self.spec, run_dir=str(run_dir))
+        raw = with_values(strip_hydra(self.config), {"run_dir": str(run_dir)})
+        return spec, spec_text(spec, run_dir / "spec.yaml", raw)
+
+
+def enrich(cfg: DictConfig) -> tuple[DictConfig, list[SpecError]]:
+    """The composed config with what the launcher decides written in, one pure step after another; or a step's problems.
+
+    The launch backend (auto), the tokenizer (auto), add_bos and model.vocab_size, data.format (auto), a default
+    warmup that does not fit the run and a folder model's real shape: spec.yaml then holds every decision.
+    """
     from launcher.front.data_format import fill_format
-    from launcher.front.deepspeed_file import adopt
     from launcher.front.model_dims import fill_folder_dims
     from launcher.front.vocab import fill_vocab
     from launcher.front.warmup import fit_warmup
+
+    cfg = fill_backend(cfg)  # `auto` is decided here, once, before the rules
+    cfg, errors = fill_vocab(cfg)
+    if errors:
+        return cfg, errors
+    cfg, errors = fill_format(cfg)  # data.format=auto -> the first record's layout
+    if errors:
+        return cfg, errors
+    return fill_folder_dims(fit_warmup(cfg)), []  # dims before the rules: they judge the model that trains
+
+
+def fill_backend(cfg: DictConfig) -> DictConfig:
+    """The config with launcher.backend=auto decided: inline for one rank without restarts, local otherwise."""
     from launcher.groups.launcher import resolve_backend
+
+    launcher = typed(cfg, "launcher")
+    if launcher is None or launcher.backend != "auto":
+        return cfg
+    return with_values(cfg, {"launcher.backend": resolve_backend(launcher)})
+
+
+def build(cfg: DictConfig) -> Built:
+    """From a composed config to the validated spec: enrich the config, then build and check the spec once."""
+    from launcher.front.deepspeed_file import adopt
     from launcher.rules import check, detect_hardware
-    from launcher.spec import InvalidSpec
 
     code = code_references(cfg)
     if code:
-        return None, code
-    taken = adopt(cfg)  # a user's DeepSpeed/accelerate file decides the keys nobody set
+        return Built(config=cfg, spec=None, errors=tuple(code))
+    cfg, conflicts = adopt(cfg)  # a user's DeepSpeed/accelerate file decides the keys nobody set
+    errors = schema_problems(strip_hydra(cfg))
+    if errors:
+        return Built(config=cfg, spec=None, errors=tuple(conflicts + errors))
+    cfg, errors = enrich(cfg)
+    if errors:
+        return Built(config=cfg, spec=None, errors=tuple(errors))
     try:
         spec = to_spec(strip_hydra(cfg))
     except InvalidSpec as err:
-        return None, taken + err.errors
-    backend = resolve_backend(spec.launcher)  # `auto` is decided here, once, before the rules
-    spec = dataclasses.replace(spec, launcher=dataclasses.replace(spec.launcher, backend=backend))
-    spec, errors = fill_vocab(cfg, spec)
-    if errors:
-        return None, errors
-    spec, errors = fill_format(cfg, spec)  # data.format=auto -> the first record's layout
-    if errors:
-        return None, errors
-    spec = fit_warmup(cfg, spec)
-    spec = fill_folder_dims(cfg, spec)  # before the rules: they judge the model that trains (see model_dims)
-    errors = taken + check(spec, detect_hardware(spec))
-    return (None, errors) if errors else (spec, [])
+        return Built(config=cfg, spec=None, errors=tuple(conflicts + err.errors))
+    errors = conflicts + check(spec, detect_hardware(spec))
+    return Built(config=cfg, spec=None if errors else spec, errors=tuple(errors))
+
+
+def validate(cfg: DictConfig) -> tuple[RunSpec | None, list[SpecError]]:
+    """Schema and cross-field rules on a composed config: the spec, or every violation found."""
+    built = build(cfg)
+    return built.spec, list(built.errors)
 
 
 # Code the composed config may name: Hydra's own basic launcher and sweeper, which Hydra puts there.

@@ -6,10 +6,9 @@ the run directory all see one concrete layout; `announce` says what was chosen a
 
 from __future__ import annotations
 
-import dataclasses
+from omegaconf import DictConfig
 
-from omegaconf import DictConfig, open_dict
-
+from launcher.front.config_values import typed, with_values
 from launcher.groups.data.config import DataConfig
 from launcher.groups.data.formats import DEFAULT_FIELDS
 from launcher.groups.data.layouts import detect, find_registry, reason
@@ -57,22 +56,19 @@ def choose(d: DataConfig) -> tuple[str, str] | SpecError | None:
     )
 
 
-def fill_format(cfg: DictConfig, spec: RunSpec) -> tuple[RunSpec, list[SpecError]]:
-    """The spec (and cfg) with data.format=auto replaced by the detected format and field; or why it cannot be."""
-    d = spec.data
-    if d.format != "auto":
-        return spec, []
+def fill_format(cfg: DictConfig) -> tuple[DictConfig, list[SpecError]]:
+    """The config with data.format=auto replaced by the detected format and field; or why it cannot be."""
+    d = typed(cfg, "data")
+    if d is None or d.format != "auto":
+        return cfg, []
     chosen = choose(d)
     if chosen is None:
-        return spec, []
+        return cfg, []
     if isinstance(chosen, SpecError):
-        return spec, [chosen]
+        return cfg, [chosen]
     fmt, field = chosen
     field = "text" if field == DEFAULT_FIELDS[fmt] else field  # left at `text`: the format's usual field
-    with open_dict(cfg):
-        cfg.data.format = fmt
-        cfg.data.field = field
-    return dataclasses.replace(spec, data=dataclasses.replace(d, format=fmt, field=field)), []
+    return with_values(cfg, {"data.format": fmt, "data.field": field}), []
 
 
 def announce(spec: RunSpec) -> str:

@@ -19,8 +19,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from omegaconf import DictConfig, OmegaConf, open_dict
+from omegaconf import DictConfig, OmegaConf
 
+from launcher.front.config_values import with_values
 from launcher.front.provenance import explicit
 from launcher.groups.launcher import torchrun_world
 from launcher.parallel.accelerate_config import AccelerateFile, looks_like_accelerate, read_accelerate
@@ -125,16 +126,15 @@ def _launch_conflicts(cfg: DictConfig, path: str, accelerate: AccelerateFile | N
     return errors
 
 
-def adopt(cfg: DictConfig) -> list[SpecError]:
-    """Write the file's decisions into `cfg` (saying which changed a value on stderr); the conflicts the rules cannot see."""
+def adopt(cfg: DictConfig) -> tuple[DictConfig, list[SpecError]]:
+    """The config with the file's decisions written in (saying which changed a value on stderr); the conflicts
+    the rules cannot see."""
     path = _path(cfg)
     if path is None:
-        return []
+        return cfg, []
     items = taken(cfg)
     changed = [t for t in items if _plain(OmegaConf.select(cfg, t.spec_key)) != t.value]
-    with open_dict(cfg):
-        for item in items:
-            OmegaConf.update(cfg, item.spec_key, item.value, merge=False)
+    cfg = with_values(cfg, {item.spec_key: item.value for item in items})
     accelerate = _read(path)[1]
     if accelerate is not None:
         print(
@@ -148,7 +148,7 @@ def adopt(cfg: DictConfig) -> list[SpecError]:
             f"note: taken from {path}, since nobody set these keys: {values}. Set a key to choose otherwise.",
             file=sys.stderr,
         )
-    return _launch_conflicts(cfg, path, accelerate)
+    return cfg, _launch_conflicts(cfg, path, accelerate)
 
 
 def _plain(value: Any) -> Any:

@@ -10,7 +10,8 @@ from rich.console import Console
 from rich.table import Table
 
 from launcher.front import deepspeed_file
-from launcher.front.compose import strip_hydra
+from launcher.front.compose import Built, strip_hydra
+from launcher.front.config_values import typed
 from launcher.front.model_dims import describe_model, folder_dims
 from launcher.front.provenance import flatten, provenance, user_dirs
 from launcher.front.vocab import auto_reason
@@ -21,9 +22,9 @@ from launcher.launch import backend
 from launcher.parallel.pipeline_split import MULTI_STAGE_SCHEDULES, bubble_fraction
 from launcher.parallel.pipeline_stage import plan_stages
 from launcher.plan.pipeline import PipelineLayout, PipelinePlan, RankPlan, pipeline_plan
-from launcher.plan.planner import plan
+from launcher.plan.planner import MemoryPlan, plan
 from launcher.plan.render import format_bytes, plan_table
-from launcher.spec import RunSpec, SpecError, redacted_container, schema_node
+from launcher.spec import RunSpec, redacted_container, schema_node
 
 
 def pipeline_layout(spec: RunSpec) -> PipelineLayout:
@@ -65,14 +66,7 @@ def bubble_line(pipeline: PipelinePlan, pp_size: int) -> str:
 def print_pipeline_plan(console: Console, spec: RunSpec) -> None:
     """Print a pp run's plan: the largest pipeline rank's memory, every rank's stages, the bubble."""
     pipeline = pipeline_plan(spec, pipeline_layout(spec))
-    worst, memory = pipeline.worst, pipeline.memory
-    console.print(
-        f"memory plan: per {memory.device_type} device, {memory.world_size} rank(s), "
-        f"{memory.num_params / 1e6:,.2f}M parameters; the largest pipeline rank ({worst.pp_rank})"
-    )
-    console.print(plan_table(memory))
-    for note in memory.notes:
-        console.print(f"  [dim]{note}", highlight=False)
+    _print_memory(console, pipeline.memory, f"; the largest pipeline rank ({pipeline.worst.pp_rank})")
     table = Table(title="pipeline stages", title_justify="left", box=None, padding=(0, 2, 0, 0))
     for column in ("pipeline rank", "stages", "layers", "params", "est. memory"):
         table.add_column(column, justify="right" if column in ("params", "est. memory") else "left")
@@ -94,10 +88,14 @@ def print_plan(console: Console, spec: RunSpec) -> None:
     if spec.parallel.strategy == "pp":
         print_pipeline_plan(console, spec)
         return
-    memory = plan(spec)
+    _print_memory(console, plan(spec))
+
+
+def _print_memory(console: Console, memory: MemoryPlan, which: str = "") -> None:
+    """Print a memory plan: its headline (`which` says whose plan it is), its table and its notes."""
     console.print(
         f"memory plan: per {memory.device_type} device, {memory.world_size} rank(s), "
-        f"{memory.num_params / 1e6:,.2f}M parameters"
+        f"{memory.num_params / 1e6:,.2f}M parameters{which}"
     )
     console.print(plan_table(memory))
     for note in memory.notes:
@@ -123,22 +121,29 @@ def print_tokenizer(console: Console, spec: RunSpec, auto: str | None = None) ->
     )
 
 
-def show(cfg: DictConfig, spec: RunSpec | None, errors: list[SpecError], run_dir: Path) -> None:
-    """Print the spec table with each value's source, the verdict, the memory plan and the launch plan."""
-    console = Console() if Console().is_terminal else Console(width=160)
+def _sources(cfg: DictConfig, auto: str | None) -> dict[str, str]:
+    """Dotted key -> where its value came from, the values the launcher decided included."""
     choices = dict(cfg.hydra.runtime.choices) if "hydra" in cfg else {}
     task_overrides = list(cfg.hydra.overrides.task) if "hydra" in cfg else []
-    values = flatten(redacted_container(strip_hydra(cfg)))
-    defaults = flatten(OmegaConf.to_container(schema_node(), resolve=False))
     sources = provenance(choices, task_overrides, user_dirs(cfg))
     sources.update({t.spec_key: t.credit for t in deepspeed_file.taken(cfg)})  # a user's DeepSpeed file
-    folder_shape = folder_dims(spec.model) if spec is not None else None
-    for key, value in (folder_shape or {}).items():  # a folder model's shape comes from its config.json
-        values[f"model.{key}"] = value
+    model = typed(cfg, "model")
+    for key in (folder_dims(model) if model is not None else None) or {}:
         sources[f"model.{key}"] = "the folder's config.json"
-    auto = auto_reason(spec) if spec is not None and choices.get("tokenizer") == "auto" else None
     for key in ("tokenizer.kind", "tokenizer.path", "tokenizer.add_bos") if auto else ():
         sources[key] = "tokenizer=auto"
+    return sources
+
+
+def show(built: Built, run_dir: Path) -> None:
+    """Print the spec table with each value's source, the verdict, the memory plan and the launch plan."""
+    console = Console() if Console().is_terminal else Console(width=160)
+    cfg, spec, errors = built.config, built.spec, built.errors
+    choices = dict(cfg.hydra.runtime.choices) if "hydra" in cfg else {}
+    values = flatten(redacted_container(strip_hydra(cfg)))
+    defaults = flatten(OmegaConf.to_container(schema_node(), resolve=False))
+    auto = auto_reason(spec) if spec is not None and choices.get("tokenizer") == "auto" else None
+    sources = _sources(cfg, auto)
     show_all = cfg.get("dry_run") == "all"
     table = Table(title="resolved run spec", title_justify="left", box=None, padding=(0, 2, 0, 0))
     table.add_column("key")

@@ -21,7 +21,6 @@ dequantizes int8/nf4 weights) instead. Either way the result loads at world size
 
 from __future__ import annotations
 
-import argparse
 import shutil
 import sys
 from pathlib import Path
@@ -30,12 +29,20 @@ from typing import TYPE_CHECKING, Any
 from launcher.exits import ExitStatus
 from launcher.front.hf_folder import ExportError, load_tokenizer, special_ids, write_folder
 from launcher.front.lazy_torch import no_grad
+from launcher.front.tool_args import tool_parser
 from launcher.groups import checkpoint
 from launcher.parallel.registry import strategy_module
 from launcher.spec import RunSpec, load_spec
 
 if TYPE_CHECKING:  # torch is imported where it is used, after the arguments are parsed
     import torch
+
+
+DESCRIPTION = (
+    "Write a run's weights: a full state dict that loads at world size 1 (pt), or a Hugging "
+    "Face folder that AutoModelForCausalLM.from_pretrained loads (hf). Exit status 2: bad input."
+)
+"""`train-export --help`'s description."""
 
 
 FORMATS = ("pt", "hf")
@@ -211,12 +218,7 @@ def export_adapter(source: Path, out: Path, *, merge: bool, force: bool) -> Path
 
 def main(argv: list[str] | None = None) -> int:
     """Console entry point of `train-export`."""
-    parser = argparse.ArgumentParser(
-        prog="train-export",
-        description="Write a run's weights: a full state dict that loads at world size 1 (pt), or a Hugging "
-        "Face folder that AutoModelForCausalLM.from_pretrained loads (hf). Exit status 2: bad input.",
-    )
-    parser.add_argument("checkpoint", type=Path, help="a checkpoints/step_N directory, or a run directory")
+    parser = tool_parser("train-export", DESCRIPTION)
     parser.add_argument(
         "out", type=Path, help="the .pt file (--format pt) or the folder (--format hf) to write"
     )

@@ -18,7 +18,6 @@ argument errors before torch or transformers is imported.
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 from collections.abc import Callable
@@ -29,6 +28,7 @@ from typing import TYPE_CHECKING, Any
 from launcher.exits import ExitStatus
 from launcher.front.hf_folder import ExportError, load_tokenizer
 from launcher.front.lazy_torch import no_grad
+from launcher.front.tool_args import tool_parser
 from launcher.spec import load_spec
 
 if TYPE_CHECKING:  # torch is imported where it is used, after the arguments are parsed
@@ -55,6 +55,13 @@ class Source:
     """Whether encoding the prompt lets the tokenizer add its own special tokens (bos)."""
     bos_id: int | None
     """A bos id to put before the prompt ourselves (a run trained with tokenizer.add_bos), else None."""
+
+
+DESCRIPTION = (
+    "Complete a prompt with a run's model (run or step_N directory) or a Hugging Face folder; "
+    "greedy unless --temperature or --top-p ask for sampling. Exit status 2: bad input."
+)
+"""`train-generate --help`'s description."""
 
 
 def _ids(value: Any) -> tuple[int, ...]:
@@ -250,14 +257,7 @@ def generate(
 
 def main(argv: list[str] | None = None) -> int:
     """Console entry point of `train-generate`."""
-    parser = argparse.ArgumentParser(
-        prog="train-generate",
-        description="Complete a prompt with a run's model (run or step_N directory) or a Hugging Face folder; "
-        "greedy unless --temperature or --top-p ask for sampling. Exit status 2: bad input.",
-    )
-    parser.add_argument(
-        "source", type=Path, help="a run directory, a step_N directory, or a Hugging Face folder"
-    )
+    parser = tool_parser("train-generate", DESCRIPTION, folders=True)
     parser.add_argument("--prompt", required=True, help="the text to complete")
     parser.add_argument("--chat", action="store_true", help="render the prompt through the chat template")
     parser.add_argument("--max-new-tokens", type=int, default=64, help="tokens to add at most (default 64)")

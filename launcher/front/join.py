@@ -8,24 +8,21 @@ then starts its own ranks from it. The run directory must be one every node sees
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from pathlib import Path
 
-from omegaconf import DictConfig
-
 from launcher.front import compose
-from launcher.spec import RunSpec, spec_text
 
 POLL_S = 0.1
 """How often a waiting node looks at spec.yaml."""
 
 
-def written_spec(cfg: DictConfig, run_dir: Path) -> str:
+def written_spec(built: compose.Built, run_dir: Path) -> str:
     """spec.yaml as node 0 writes it from the same command line: launcher.node_rank recorded as 0."""
-    cfg = cfg.copy()
-    cfg.run_dir = str(run_dir)
-    cfg.launcher.node_rank = 0
-    return spec_text(compose.strip_hydra(cfg), run_dir / "spec.yaml")
+    spec = built.spec
+    node_0 = dataclasses.replace(spec, launcher=dataclasses.replace(spec.launcher, node_rank=0))
+    return dataclasses.replace(built, spec=node_0).written(run_dir)[1]
 
 
 def wait_for_spec(path: Path, expected: str, timeout_s: float) -> bool:
@@ -38,10 +35,10 @@ def wait_for_spec(path: Path, expected: str, timeout_s: float) -> bool:
     return True
 
 
-def wait_for_node_0(cfg: DictConfig, spec: RunSpec, run_dir: Path) -> str | None:
+def wait_for_node_0(built: compose.Built, run_dir: Path) -> str | None:
     """Wait until node 0 wrote this node's spec into run_dir; None when it did, else why not."""
-    path = run_dir / "spec.yaml"
-    if wait_for_spec(path, written_spec(cfg, run_dir), spec.launcher.timeout_s):
+    path, spec = run_dir / "spec.yaml", built.spec
+    if wait_for_spec(path, written_spec(built, run_dir), spec.launcher.timeout_s):
         return None
     return (
         f"error: node {spec.launcher.node_rank} waited {spec.launcher.timeout_s:g} s "

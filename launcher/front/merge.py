@@ -10,7 +10,6 @@ that both models give the same logits on one batch of random tokens and prints t
 
 from __future__ import annotations
 
-import argparse
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -19,6 +18,7 @@ from rich.console import Console
 
 from launcher.exits import ExitStatus
 from launcher.front.lazy_torch import no_grad
+from launcher.front.tool_args import tool_parser
 from launcher.groups import checkpoint, quantization
 from launcher.groups.adapters import load_checkpoint_state
 from launcher.groups.quantization import merged_state_dict
@@ -28,6 +28,13 @@ from launcher.spec import RunSpec, load_spec
 if TYPE_CHECKING:  # torch is imported where it is used, after the arguments are parsed
     import torch
     from torch import nn
+
+
+DESCRIPTION = (
+    "Fold LoRA adapters (and dequantize int8/nf4 weights) into a plain float32 state dict "
+    "that loads into the model built without quantization or adapters."
+)
+"""`train-merge --help`'s description."""
 
 
 def checkpoint_dir(path: Path) -> Path:
@@ -80,14 +87,7 @@ def merge_checkpoint(path: Path) -> tuple[dict[str, torch.Tensor], float]:
 
 def main(argv: list[str] | None = None) -> int:
     """Console entry point of `train-merge`."""
-    parser = argparse.ArgumentParser(
-        prog="train-merge",
-        description="Fold LoRA adapters (and dequantize int8/nf4 weights) into a plain float32 state dict "
-        "that loads into the model built without quantization or adapters.",
-    )
-    parser.add_argument(
-        "checkpoint", type=Path, help="a run directory (its newest checkpoint) or a step_N directory"
-    )
+    parser = tool_parser("train-merge", DESCRIPTION)
     parser.add_argument("out", type=Path, help="where to write the state dict (torch.save)")
     args = parser.parse_args(argv)
     import torch  # after the arguments: --help and argument errors answer at once

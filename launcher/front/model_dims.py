@@ -15,12 +15,12 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from omegaconf import DictConfig, open_dict
+from omegaconf import DictConfig
 
+from launcher.front.config_values import typed, with_values
 from launcher.groups.model.config import ModelConfig, ff_width, vocab_size
 from launcher.groups.model.hf_files import hf_config, local_dir
 from launcher.groups.model.shape import model_shape
-from launcher.spec import RunSpec
 
 
 def folder_dims(cfg: ModelConfig) -> dict[str, Any] | None:
@@ -46,15 +46,11 @@ def folder_dims(cfg: ModelConfig) -> dict[str, Any] | None:
     return dims
 
 
-def fill_folder_dims(cfg: DictConfig, spec: RunSpec) -> RunSpec:
-    """The spec (and cfg, which spec.yaml is written from) with a folder model's real shape filled in."""
-    dims = folder_dims(spec.model)
-    if not dims:
-        return spec
-    with open_dict(cfg):
-        for key, value in dims.items():
-            cfg.model[key] = value
-    return dataclasses.replace(spec, model=dataclasses.replace(spec.model, **dims))
+def fill_folder_dims(cfg: DictConfig) -> DictConfig:
+    """The config with a folder model's real shape filled in (spec.yaml then holds it)."""
+    model = typed(cfg, "model")
+    dims = folder_dims(model) if model is not None else None
+    return with_values(cfg, {f"model.{key}": value for key, value in (dims or {}).items()})
 
 
 def describe_model(cfg: ModelConfig) -> str:

@@ -29,7 +29,6 @@ folder without `--spec` gets sizes only.
 
 from __future__ import annotations
 
-import argparse
 import io
 import json
 import math
@@ -41,11 +40,21 @@ from typing import TYPE_CHECKING, Any
 from launcher.exits import ExitStatus
 from launcher.front.hf_folder import ExportError, refuse_existing
 from launcher.front.lazy_torch import no_grad
+from launcher.front.tool_args import tool_parser
 from launcher.spec import RunSpec, load_spec
 
 if TYPE_CHECKING:  # torch is imported where it is used, after the arguments are parsed
     import torch
     from torch import nn
+
+
+DESCRIPTION = (
+    "Post-training quantization (torchao) of a run's newest checkpoint or a local Hugging Face "
+    "folder, on the CPU; prints size on disk and held-out eval loss/perplexity before and after, and "
+    "writes OUT/model.pt (load it back with launcher.front.quantize.load_quantized(OUT)). Exit status 2: "
+    "bad input."
+)
+"""`train-quantize --help`'s description."""
 
 
 SCHEMES = {
@@ -242,16 +251,11 @@ def table(record: dict[str, Any]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     """Console entry point of `train-quantize`."""
-    parser = argparse.ArgumentParser(
-        prog="train-quantize",
-        description="Post-training quantization (torchao) of a run's newest checkpoint or a local Hugging Face "
-        "folder, on the CPU; prints size on disk and held-out eval loss/perplexity before and after, and "
-        "writes OUT/model.pt (load it back with launcher.front.quantize.load_quantized(OUT)). Exit status 2: "
-        "bad input.",
+    parser = tool_parser(
+        "train-quantize",
+        DESCRIPTION,
+        folders=True,
         epilog="schemes: " + "; ".join(f"{name} = torchao {cfg}" for name, cfg in SCHEMES.items()),
-    )
-    parser.add_argument(
-        "source", type=Path, help="a run directory, a checkpoints/step_N directory, or an HF model folder"
     )
     parser.add_argument("out", type=Path, help="the folder to write (must not exist, or be empty)")
     parser.add_argument("--scheme", required=True, help=f"one of {', '.join(SCHEMES)}")

@@ -1,6 +1,6 @@
 """`recipe=auto`: pick a recipe from the detected hardware and the memory planner, and say why.
 
-The command line is rewritten before Hydra composes it: `recipe=auto` becomes the chosen recipe
+The parsed command line is rewritten before Hydra composes it: `recipe=auto` becomes the chosen recipe
 (plus `launcher.nproc=<GPUs>` for the multi-GPU recipes unless the command line sets it). The
 choice is a pure function of a machine description and a per-recipe memory estimate, so it can be
 checked for any machine without one.
@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 from rich.console import Console
 
+from launcher.front.command_line import CommandLine
 from launcher.plan.render import format_bytes
 
 AUTO = "auto"
@@ -123,14 +124,11 @@ def _sets_nproc(overrides: list[str]) -> bool:
     return any(o.lstrip("+").startswith("launcher.nproc=") for o in overrides)
 
 
-def resolve(argv: list[str], machine: Machine | None = None, console: Console | None = None) -> list[str]:
-    """Replace `recipe=auto` in a normalized command line by the chosen recipe, printing why."""
-    if f"recipe={AUTO}" not in argv:
-        return argv
-    from launcher.front.compose import split_argv
-
-    rest = [arg for arg in argv if arg != f"recipe={AUTO}"]
-    _, overrides = split_argv(rest)
+def resolve(line: CommandLine, machine: Machine | None = None, console: Console | None = None) -> CommandLine:
+    """The command line with `recipe=auto` replaced by the chosen recipe, printing why."""
+    if f"recipe={AUTO}" not in line.overrides:
+        return line
+    overrides = [o for o in line.overrides if o != f"recipe={AUTO}"]
     machine = machine or detect_machine()
     choice = choose(machine, planned_bytes(overrides))
     (console or Console(stderr=True, highlight=False)).print(
@@ -141,4 +139,4 @@ def resolve(argv: list[str], machine: Machine | None = None, console: Console | 
         if choice.recipe in MULTI_RANK and not _sets_nproc(overrides)
         else []
     )
-    return [*rest, f"recipe={choice.recipe}", *extra]
+    return line.with_overrides([*overrides, f"recipe={choice.recipe}", *extra])

@@ -17,9 +17,10 @@ from rich.console import Console
 
 from launcher.exits import ExitStatus
 from launcher.front import closing, compose, join
+from launcher.front.config_values import with_values
 from launcher.front.tokenize import prepare_data
 from launcher.launch import backend, run_lock
-from launcher.spec import InvalidSpec, RunSpec, SpecError, dump_spec, redacted_container
+from launcher.spec import InvalidSpec, RunSpec, SpecError, redacted_container, write_atomically
 
 err_console = Console(stderr=True, highlight=False)
 
@@ -58,12 +59,12 @@ def make_run_dir(path: Path) -> None:
     os.chmod(path, 0o700)
 
 
-def write(cfg: DictConfig, spec: RunSpec, run_dir: Path) -> RunSpec:
-    """Make the run directory and write spec.yaml; the spec as the ranks will read it."""
-    cfg.run_dir = str(run_dir)
+def write(built: compose.Built, run_dir: Path) -> RunSpec:
+    """Make the run directory and write spec.yaml, the dump of the validated spec; the spec as the ranks will read it."""
+    spec, text = built.written(run_dir)
     make_run_dir(run_dir)
-    dump_spec(compose.strip_hydra(cfg), run_dir / "spec.yaml")
-    return dataclasses.replace(spec, run_dir=str(run_dir))
+    write_atomically(run_dir / "spec.yaml", text)
+    return spec
 
 
 def launch(spec: RunSpec, run_dir: Path) -> int:
@@ -72,13 +73,14 @@ def launch(spec: RunSpec, run_dir: Path) -> int:
     return closing.announce(backend(spec.launcher.backend).launch(spec, run_dir), spec, run_dir)
 
 
-def start(cfg: DictConfig, spec: RunSpec, run_dir: Path) -> int:
+def start(built: compose.Built, run_dir: Path) -> int:
     """Write the run directory of a validated spec and launch it, holding the directory's lock meanwhile.
 
     Another node of a multi-node local job neither writes nor locks: it joins node 0's run (front.join).
     """
+    spec = built.spec
     if spec.launcher.node_rank > 0:
-        problem = join.wait_for_node_0(cfg, spec, run_dir)
+        problem = join.wait_for_node_0(built, run_dir)
         if problem is not None:
             err_console.print(problem, markup=False, soft_wrap=True)
             return ExitStatus.FAILED
@@ -86,7 +88,7 @@ def start(cfg: DictConfig, spec: RunSpec, run_dir: Path) -> int:
     make_run_dir(run_dir)
     try:
         with run_lock.holding(run_dir):
-            return launch(write(cfg, spec, run_dir), run_dir)
+            return launch(write(built, run_dir), run_dir)
     except run_lock.RunLockError as err:  # another run took the directory since the rules looked
         report([SpecError(("run_dir",), str(err))])
         return ExitStatus.INVALID_SPEC
@@ -94,14 +96,12 @@ def start(cfg: DictConfig, spec: RunSpec, run_dir: Path) -> int:
 
 def validate_and_start(cfg: DictConfig, run_dir: Path) -> int:
     """Validate a composed config, then write and launch it; exit status 2 (nothing started) when invalid."""
-    cfg.run_dir = str(run_dir)
-    spec, errors = compose.validate(cfg)
-    if not errors:
-        errors = prepare_data(spec)
+    built = compose.build(with_values(cfg, {"run_dir": str(run_dir)}))
+    errors = list(built.errors) or prepare_data(built.spec)
     if errors:
         report(errors)
         return ExitStatus.INVALID_SPEC
-    return start(cfg, spec, run_dir)
+    return start(built, run_dir)
 
 
 def prepare(overrides: list[str], run_dir: Path) -> Path:
@@ -109,9 +109,8 @@ def prepare(overrides: list[str], run_dir: Path) -> Path:
 
     For callers that start the ranks themselves (e.g. under torchrun); raises InvalidSpec.
     """
-    cfg = compose.compose([*overrides, f"run_dir={run_dir}"])
-    spec, errors = compose.validate(cfg)
-    if errors:
-        raise InvalidSpec(errors)
-    write(cfg, spec, run_dir)
+    built = compose.build(compose.compose([*overrides, f"run_dir={run_dir}"]))
+    if built.errors:
+        raise InvalidSpec(list(built.errors))
+    write(built, run_dir)
     return run_dir / "spec.yaml"

@@ -19,6 +19,7 @@ import itertools
 import json
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 from rich.console import Console
@@ -26,8 +27,10 @@ from rich.markup import escape  # overrides such as hydra.searchpath=[...] are n
 
 from launcher.exits import ExitStatus
 from launcher.front import compose, dryrun, rundir, sweep_status
+from launcher.front.command_line import CommandLine
+from launcher.front.config_values import with_values
 from launcher.groups import checkpoint
-from launcher.spec import RunSpec, SpecError
+from launcher.spec import RunSpec, SpecError, redacted_container
 
 _IGNORED_KEYS = ("run_dir", "resume", "dry_run", "launcher.slurm.wait")
 """Keys that may differ between a point's earlier run and its re-run."""
@@ -42,15 +45,20 @@ class Point:
     overrides: list[str]
     """The plain overrides of this combination."""
     cfg: DictConfig
-    """The composed config, run_dir and resume set for this point."""
+    """The composed config."""
     run_dir: Path
     """The point's run directory."""
-    spec: RunSpec | None = None
-    """The validated spec (None while invalid)."""
+    built: compose.Built | None = None
+    """The point's config with run_dir and resume set and its decided values filled in, and its validated spec."""
     skip: str | None = None
     """Why the point does not run again (completed, or its SLURM job is queued), None to run it."""
     wait: bool = False
     """A SLURM point whose spec asks to wait: the sweep waits for all of its jobs at the end."""
+
+    @property
+    def spec(self) -> RunSpec | None:
+        """The validated spec (None while invalid)."""
+        return self.built.spec if self.built is not None else None
 
 
 def expand(overrides: list[str]) -> list[list[str]]:
@@ -81,26 +89,24 @@ def _subdir(cfg: DictConfig, num: int, overrides: list[str]) -> str:
         return str(num)
 
 
-FILLED_KEYS = ("model.vocab_size", "tokenizer.add_bos")
-"""Keys that a spec.yaml holds filled in (from the tokenizer) where the command line left them null."""
+def _spec_values(text: str) -> dict[str, Any]:
+    """Dotted key -> value of a spec.yaml's text, without the header that makes it composable."""
+    data = OmegaConf.to_container(OmegaConf.create(text), resolve=False)
+    return dryrun.flatten({k: v for k, v in data.items() if k not in ("defaults", "hydra")})
 
 
-def _changed_keys(spec_path: Path, cfg: DictConfig) -> list[str]:
-    """Keys whose value differs between a point's existing spec.yaml and the config about to run."""
-    from launcher.spec import redacted_container
+def _changed_keys(spec_path: Path, built: compose.Built) -> list[str]:
+    """Keys whose value differs between a point's existing spec.yaml and the validated spec about to run.
 
-    old = OmegaConf.to_container(OmegaConf.load(spec_path), resolve=False)
-    old = dryrun.flatten({k: v for k, v in old.items() if k not in ("defaults", "hydra")})
-    new = dryrun.flatten(redacted_container(compose.strip_hydra(cfg)))
+    An invalid point is compared through its config, with every value the launcher decides filled in.
+    """
+    old = _spec_values(spec_path.read_text())
+    if built.spec is not None:
+        new = _spec_values(built.written(spec_path.parent)[1])
+    else:
+        new = dryrun.flatten(redacted_container(compose.strip_hydra(built.config)))
     keys = sorted(set(old) | set(new))
-    filled = {k for k in FILLED_KEYS if new.get(k) is None}  # validation fills them from other keys
-    if new.get("data.format") == "auto":  # validation writes the detected format (and field) in their place
-        filled |= {"data.format", "data.field"}
-    if new.get("tokenizer.kind") == "auto":  # validation writes the chosen tokenizer and its folder
-        filled |= {"tokenizer.kind", "tokenizer.path"}
-    return [
-        k for k in keys if not k.startswith(_IGNORED_KEYS) and k not in filled and old.get(k) != new.get(k)
-    ]
+    return [k for k in keys if not k.startswith(_IGNORED_KEYS) and old.get(k) != new.get(k)]
 
 
 def _active_job(point_dir: Path) -> str | None:
@@ -120,51 +126,49 @@ def _active_job(point_dir: Path) -> str | None:
 
 def _prepare(point: Point) -> list[SpecError]:
     """Decide skip / resume for a point from its directory, then validate it; its problems."""
-    cfg, label = point.cfg, f"sweep point {point.num}"
-    if (point.run_dir / "spec.yaml").is_file():
-        changed = _changed_keys(point.run_dir / "spec.yaml", cfg)
-        if changed:
-            return [
-                SpecError(
-                    ("hydra.sweep.dir",),
-                    f"{label}: {point.run_dir} holds a run with other settings ({', '.join(changed[:6])}). "
-                    "Re-run a sweep with its original parameters, or give a new hydra.sweep.dir.",
-                )
-            ]
     summary = sweep_status._read_json(point.run_dir / "summary.json") or {}
     job = _active_job(point.run_dir)
     if summary.get("exit_reason") == "completed":
         point.skip = f"already completed in {point.run_dir}, skipped"
     elif job is not None:
         point.skip = f"SLURM job {job} is still queued or running, not submitted again"
-    elif cfg.get("resume") is None and checkpoint.good_checkpoints(point.run_dir, warn=False):
-        cfg.resume = "auto"
-    cfg.run_dir = str(point.run_dir)
+    cfg, values = point.cfg, {"run_dir": str(point.run_dir)}
+    runs = point.skip is None
+    if runs and cfg.get("resume") is None and checkpoint.good_checkpoints(point.run_dir, warn=False):
+        values["resume"] = "auto"
+    if runs and cfg.launcher.backend == "slurm":  # the sweep submits every point, then waits for all
+        point.wait = bool(cfg.launcher.slurm.wait)
+        values["launcher.slurm.wait"] = False
+    point.built = compose.build(with_values(cfg, values))
+    written = point.run_dir / "spec.yaml"
+    changed = _changed_keys(written, point.built) if written.is_file() and (point.skip or point.spec) else []
+    if changed:
+        return [
+            SpecError(
+                ("hydra.sweep.dir",),
+                f"sweep point {point.num}: {point.run_dir} holds a run with other settings ({', '.join(changed[:6])}). "
+                "Re-run a sweep with its original parameters, or give a new hydra.sweep.dir.",
+            )
+        ]
     if point.skip:
         return []  # nothing of it runs
-    if cfg.launcher.backend == "slurm":  # the sweep submits every point, then waits for all of them
-        point.wait = bool(cfg.launcher.slurm.wait)
-        cfg.launcher.slurm.wait = False
-    point.spec, errors = compose.validate(cfg)
     return [
         SpecError(e.keys, f"sweep point {point.num} ({' '.join(point.overrides)}): {e.message}")
-        for e in errors
+        for e in point.built.errors
     ]
 
 
-def plan(
-    overrides: list[str], source: compose.ConfigSource
-) -> tuple[list[Point], Path | None, list[SpecError]]:
+def plan(line: CommandLine) -> tuple[list[Point], Path | None, list[SpecError]]:
     """Compose and validate every point (nothing is written): the points, the sweep directory, every problem."""
     try:
-        combinations = expand(overrides)
+        combinations = expand(list(line.overrides))
     except Exception as err:  # Hydra's grammar error names the bad override
         return [], None, [SpecError(("command line",), f"the sweep does not parse: {err}")]
     points: list[Point] = []
     errors: list[SpecError] = []
     sweep_dir: Path | None = None
     for num, point_overrides in enumerate(combinations):
-        cfg, problems = compose.compose_checked(point_overrides, source)
+        cfg, problems = compose.compose_checked(point_overrides, line.source)
         if cfg is None:
             errors.extend(e for e in problems if e not in errors)
             continue
@@ -183,22 +187,22 @@ def _start(point: Point, console: Console) -> int:
     rundir.make_run_dir(point.run_dir)
     record = {"num": point.num, "overrides": point.overrides}
     (point.run_dir / sweep_status.POINT_FILE).write_text(json.dumps(record, indent=1) + "\n")
-    if point.cfg.get("resume") == "auto":
+    if point.spec.resume == "auto":
         console.print(f"sweep point {point.num}: resuming from its newest checkpoint in {point.run_dir}")
-    return rundir.start(point.cfg, point.spec, point.run_dir)
+    return rundir.start(point.built, point.run_dir)
 
 
-def run(overrides: list[str], source: compose.ConfigSource) -> int:
+def run(line: CommandLine) -> int:
     """Run a sweep; the worst point's exit status (1 when a point failed without one)."""
     console = Console(highlight=False, soft_wrap=True)
-    points, sweep_dir, errors = plan(overrides, source)
+    points, sweep_dir, errors = plan(line)
     if errors or sweep_dir is None:
         rundir.report(errors)
         return ExitStatus.INVALID_SPEC
     if points and points[0].cfg.get("dry_run"):
         for point in points:
             console.print(f"sweep point {point.num}: {escape(' '.join(point.overrides))}")
-            dryrun.show(point.cfg, point.spec, [], point.run_dir)
+            dryrun.show(point.built, point.run_dir)
         return ExitStatus.OK
     console.print(f"sweep: {len(points)} point(s) in {sweep_dir}")
     codes = []

@@ -18,9 +18,10 @@ from omegaconf import DictConfig
 
 from launcher.exits import ExitStatus
 from launcher.front import compose, join, rundir
+from launcher.front.config_values import with_values
 from launcher.front.tokenize import prepare_data
 from launcher.groups.launcher import torchrun_world
-from launcher.spec import RunSpec, SpecError, spec_text
+from launcher.spec import SpecError
 
 
 def active(env: Mapping[str, str] = os.environ) -> bool:
@@ -33,8 +34,10 @@ def reports(env: Mapping[str, str] = os.environ) -> bool:
     return not active(env) or int(env.get("RANK", "0")) == 0
 
 
-def adopt(cfg: DictConfig, *, multirun: bool = False, env: Mapping[str, str] = os.environ) -> list[SpecError]:
-    """Record torchrun's world in a composed config (in place); what conflicts with it.
+def adopt(
+    cfg: DictConfig, *, multirun: bool = False, env: Mapping[str, str] = os.environ
+) -> tuple[DictConfig, list[SpecError]]:
+    """The composed config with torchrun's world recorded; what conflicts with it.
 
     Outside torchrun, only a spec that names the torchrun backend is a problem.
     """
@@ -42,7 +45,7 @@ def adopt(cfg: DictConfig, *, multirun: bool = False, env: Mapping[str, str] = o
     world = torchrun_world(env)
     if world is None:
         if lc.backend == "torchrun":
-            return [
+            return cfg, [
                 SpecError(
                     ("launcher.backend",),
                     "launcher.backend=torchrun means torchrun started this process, but it did not (no "
@@ -50,7 +53,7 @@ def adopt(cfg: DictConfig, *, multirun: bool = False, env: Mapping[str, str] = o
                     "`train` start the ranks: launcher=local launcher.nproc=N.",
                 )
             ]
-        return []
+        return cfg, []
     nproc, nnodes = world
     errors = []
     if lc.backend not in ("auto", "torchrun"):
@@ -97,24 +100,24 @@ def adopt(cfg: DictConfig, *, multirun: bool = False, env: Mapping[str, str] = o
                 "run_dir=PATH (a path every node sees: a shared filesystem across nodes).",
             )
         )
-    if not errors:
-        lc.backend, lc.nproc, lc.nnodes = "torchrun", nproc, nnodes
-        if int(env.get("TORCHELASTIC_RESTART_COUNT", "0") or 0) > 0 and cfg.get("resume") is None:
-            cfg.resume = "auto"  # torchrun restarted the job: continue from its newest checkpoint
-    return errors
+    if errors:
+        return cfg, errors
+    world_values = {"launcher.backend": "torchrun", "launcher.nproc": nproc, "launcher.nnodes": nnodes}
+    if int(env.get("TORCHELASTIC_RESTART_COUNT", "0") or 0) > 0 and cfg.get("resume") is None:
+        world_values["resume"] = "auto"  # torchrun restarted the job: continue from its newest checkpoint
+    return with_values(cfg, world_values), []
 
 
-def start(cfg: DictConfig, spec: RunSpec, run_dir: Path, env: Mapping[str, str] = os.environ) -> int:
+def start(built: compose.Built, run_dir: Path, env: Mapping[str, str] = os.environ) -> int:
     """Run this process's rank of a validated spec; global rank 0 writes the run directory first."""
     if int(env.get("RANK", "0")) == 0:
-        errors = prepare_data(spec)  # tokenize once, before the other ranks read the cache
+        errors = prepare_data(built.spec)  # tokenize once, before the other ranks read the cache
         if errors:
             rundir.report(errors)
             return ExitStatus.INVALID_SPEC
-        return rundir.start(cfg, spec, run_dir)
-    cfg.run_dir = str(run_dir)
+        return rundir.start(built, run_dir)
+    spec, expected = built.written(run_dir)  # what rundir.write makes of it on rank 0
     path = run_dir / "spec.yaml"
-    expected = spec_text(compose.strip_hydra(cfg), path)  # what rundir.write makes of it on rank 0
     if not join.wait_for_spec(path, expected, spec.launcher.timeout_s):
         rundir.err_console.print(
             f"error: rank {env.get('RANK')} waited {spec.launcher.timeout_s:.0f} s (launcher.timeout_s) for "

@@ -12,10 +12,13 @@ from __future__ import annotations
 
 import dataclasses
 
-from omegaconf import DictConfig, open_dict
+from omegaconf import DictConfig
 
+from launcher.front.config_values import typed, with_values
+from launcher.groups.model.config import ModelConfig
 from launcher.groups.model.hf_files import local_dir, local_vocab_size
 from launcher.groups.tokenizer import (
+    TokenizerConfig,
     load_problem,
     load_tokenizer,
     padded_vocab_size,
@@ -25,53 +28,43 @@ from launcher.groups.tokenizer import (
 from launcher.spec import RunSpec, SpecError
 
 
-def choose_tokenizer(cfg: DictConfig, spec: RunSpec) -> RunSpec:
-    """The spec (and cfg) with `tokenizer.kind=auto` decided (`auto_reason` says why, for the dry run)."""
-    tok, _ = resolve_auto(spec.tokenizer, local_dir(spec.model))
-    if tok == spec.tokenizer:
-        return spec
-    with open_dict(cfg):
-        cfg.tokenizer.kind = tok.kind
-        cfg.tokenizer.path = tok.path
-    return dataclasses.replace(spec, tokenizer=tok)
+def choose_tokenizer(cfg: DictConfig) -> DictConfig:
+    """The config with `tokenizer.kind=auto` decided (`auto_reason` says why, for the dry run)."""
+    tokenizer, model = typed(cfg, "tokenizer"), typed(cfg, "model")
+    if tokenizer is None or model is None:
+        return cfg
+    tok, _ = resolve_auto(tokenizer, local_dir(model))
+    if tok == tokenizer:
+        return cfg
+    return with_values(cfg, {"tokenizer.kind": tok.kind, "tokenizer.path": tok.path})
 
 
-def fill_vocab(cfg: DictConfig, spec: RunSpec) -> tuple[RunSpec, list[SpecError]]:
-    """The spec (and cfg) with the tokenizer chosen and model.vocab_size filled in; or the tokenizer's problem."""
-    spec = choose_tokenizer(cfg, spec)
-    problem = load_problem(spec.tokenizer)
+def fill_vocab(cfg: DictConfig) -> tuple[DictConfig, list[SpecError]]:
+    """The config with the tokenizer chosen, tokenizer.add_bos and model.vocab_size filled in; or the tokenizer's problem."""
+    cfg = choose_tokenizer(cfg)
+    tok, m = typed(cfg, "tokenizer"), typed(cfg, "model")
+    if tok is None or m is None:
+        return cfg, []
+    problem = load_problem(tok)
     if problem:
-        keys = (
-            ("tokenizer.path",)
-            if spec.tokenizer.path != local_dir(spec.model)
-            else ("tokenizer.path", "model.path")
-        )
-        return spec, [SpecError(keys, f"{problem}.")]
-    spec = _fill_add_bos(cfg, spec)
-    m, tok = spec.model, spec.tokenizer
-    if m.vocab_size is not None:
-        return spec, []
+        keys = ("tokenizer.path",) if tok.path != local_dir(m) else ("tokenizer.path", "model.path")
+        return cfg, [SpecError(keys, f"{problem}.")]
+    values: dict[str, object] = {}
+    if tok.add_bos is None:  # whether the tokenizer itself puts bos before a text (Llama's does)
+        values["tokenizer.add_bos"] = load_tokenizer(tok).adds_bos
+    if m.vocab_size is None:
+        size = _vocab_size(m, tok)
+        if size is not None:
+            values["model.vocab_size"] = size
+    return with_values(cfg, values), []
+
+
+def _vocab_size(m: ModelConfig, tok: TokenizerConfig) -> int | None:
+    """A folder model's own vocabulary size, else the tokenizer's padded; None: the model rules say what is wrong."""
     folder = local_dir(m)
     if folder is not None and not m.resize_embeddings:
-        size = local_vocab_size(folder)
-        if size is None:
-            return spec, []  # the model rules say what is wrong with the directory
-    else:
-        size = padded_vocab_size(tokenizer_size(tok))
-    with open_dict(cfg):
-        cfg.model.vocab_size = size
-    return dataclasses.replace(spec, model=dataclasses.replace(m, vocab_size=size)), []
-
-
-def _fill_add_bos(cfg: DictConfig, spec: RunSpec) -> RunSpec:
-    """tokenizer.add_bos=null decided: whether the tokenizer itself puts bos before a text (Llama's does)."""
-    tok = spec.tokenizer
-    if tok.add_bos is not None:
-        return spec
-    adds_bos = load_tokenizer(tok).adds_bos
-    with open_dict(cfg):
-        cfg.tokenizer.add_bos = adds_bos
-    return dataclasses.replace(spec, tokenizer=dataclasses.replace(tok, add_bos=adds_bos))
+        return local_vocab_size(folder)
+    return padded_vocab_size(tokenizer_size(tok))
 
 
 def auto_reason(spec: RunSpec) -> str | None:

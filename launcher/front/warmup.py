@@ -8,12 +8,11 @@ the run instead, with a one-line note; a warmup the user typed is still checked 
 
 from __future__ import annotations
 
-import dataclasses
 import sys
 
-from omegaconf import DictConfig, open_dict
+from omegaconf import DictConfig
 
-from launcher.spec import RunSpec
+from launcher.front.config_values import typed, with_values
 
 KEY = "scheduler.warmup_steps"
 
@@ -24,17 +23,18 @@ def _typed(cfg: DictConfig) -> bool:
     return any(str(o).lstrip("+~").split("=", 1)[0] == KEY for o in overrides)
 
 
-def fit_warmup(cfg: DictConfig, spec: RunSpec) -> RunSpec:
-    """The spec (and cfg) with a default warmup shortened to max_steps // 10 when it is not shorter than the run."""
-    warmup, steps = spec.scheduler.warmup_steps, spec.train.max_steps
+def fit_warmup(cfg: DictConfig) -> DictConfig:
+    """The config with a default warmup shortened to max_steps // 10 when it is not shorter than the run."""
+    scheduler, train = typed(cfg, "scheduler"), typed(cfg, "train")
+    if scheduler is None or train is None:
+        return cfg
+    warmup, steps = scheduler.warmup_steps, train.max_steps
     if not 0 < steps <= warmup or _typed(cfg):
-        return spec
+        return cfg
     fitted = steps // 10
     print(
         f"note: {KEY}={warmup} (not set on the command line) is not shorter than train.max_steps={steps}; "
         f"this run warms up for {fitted} step(s). Set {KEY} to choose.",
         file=sys.stderr,
     )
-    with open_dict(cfg):
-        cfg.scheduler.warmup_steps = fitted
-    return dataclasses.replace(spec, scheduler=dataclasses.replace(spec.scheduler, warmup_steps=fitted))
+    return with_values(cfg, {KEY: fitted})

@@ -26,7 +26,7 @@ import pytest
 from doc_commands import REPO, Block, all_blocks, blocks, quick_argv, train_commands
 from rich.console import Console
 
-from launcher.front import compose, recipe_auto
+from launcher.front import command_line, recipe_auto
 from launcher.front.cli import precheck
 
 BLOCKS = all_blocks()
@@ -80,7 +80,7 @@ def problems(block: Block) -> list[str]:
     for command in block.commands():
         args = command.argv()[1:]
         if command in checked and not {a.split("=", 1)[1] for a in args if "=" in a} & made:
-            argv = recipe_auto.resolve(compose.normalize(args), console=Console(quiet=True))
+            argv = recipe_auto.resolve(command_line.parse(args), console=Console(quiet=True))
             found += [f"{block.path}:{command.line}: {command.text}\n  {e}" for e in precheck(argv)]
         made |= {a.split("=", 1)[1] for a in args if a.startswith("run_dir=")}
         made |= set(re.findall(r">\s*([^\s;&|]+)", command.text))

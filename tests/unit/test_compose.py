@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from launcher.front import compose
+from launcher.front import command_line, compose
 from launcher.front.cli import precheck
 from launcher.spec import public_keys
 
@@ -63,7 +63,7 @@ def test_every_option_composes_both_ways(group: str, option: str, tmp_path, requ
     if (group, option) == ("launcher", "local"):
         extra = ["parallel=ddp"]  # its two ranks need a multi-rank strategy
     bare = precheck([f"{group}={option}", *extra])
-    plus = precheck(compose.normalize([f"+{group}={option}", *extra]))
+    plus = precheck(command_line.normalize([f"+{group}={option}", *extra]))
     assert [str(e) for e in bare] == [str(e) for e in plus]
     if (group, option) in CPU_ONLY_INVALID:
         assert [e.keys for e in bare] == [CPU_ONLY_INVALID[group, option]]
@@ -76,7 +76,7 @@ def test_every_option_composes_both_ways(group: str, option: str, tmp_path, requ
 
 
 def test_design_card_usage_composes() -> None:
-    argv = compose.normalize(["+parallel=single", "+precision=bf16"])
+    argv = command_line.normalize(["+parallel=single", "+precision=bf16"])
     assert argv == ["parallel=single", "precision=bf16"]
     cfg = compose.compose(argv)
     spec, errors = compose.validate(cfg)
@@ -174,7 +174,7 @@ def test_public_keys_are_locked() -> None:
 def test_auto_backend_picks_local_for_several_ranks() -> None:
     """The design card's usage: `train +parallel=zero3 +precision=bf16 launcher.nproc=2` runs 2 local ranks."""
     spec, errors = compose.validate(
-        compose.compose(compose.normalize(["+parallel=zero3", "+precision=bf16", "launcher.nproc=2"]))
+        compose.compose(command_line.normalize(["+parallel=zero3", "+precision=bf16", "launcher.nproc=2"]))
     )
     assert errors == [] and spec.launcher.backend == "local"
     spec, errors = compose.validate(compose.compose([]))

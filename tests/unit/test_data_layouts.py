@@ -259,15 +259,14 @@ def test_a_template_error_past_the_sample_stops_tokenization_the_same_way(tmp_pa
 
 
 def test_a_sweep_point_with_format_auto_is_unchanged_against_its_own_spec(tmp_path) -> None:
-    from launcher.front import sweep
-    from launcher.spec import dump_spec
+    from launcher.front import rundir, sweep
 
     path = write_jsonl(tmp_path / "sg.jsonl", sharegpt_records(5))
     argv = ["data=jsonl", f"data.path={path}", "data.format=auto"]
-    cfg = compose.compose(argv)
-    assert compose.validate(cfg)[1] == [] and cfg.data.format == "sharegpt"
-    dump_spec(compose.strip_hydra(cfg), tmp_path / "spec.yaml")
-    assert sweep._changed_keys(tmp_path / "spec.yaml", compose.compose(argv)) == []
-    assert sweep._changed_keys(tmp_path / "spec.yaml", compose.compose([*argv, "data.seq_len=64"])) == [
-        "data.seq_len"
-    ]
+    built = compose.build(compose.compose(argv))
+    assert built.errors == () and built.spec.data.format == "sharegpt"
+    assert built.config.data.format == "sharegpt"  # the config the spec was built from holds the decision too
+    rundir.write(built, tmp_path)
+    assert sweep._changed_keys(tmp_path / "spec.yaml", compose.build(compose.compose(argv))) == []
+    changed = compose.build(compose.compose([*argv, "data.seq_len=64"]))
+    assert sweep._changed_keys(tmp_path / "spec.yaml", changed) == ["data.seq_len"]

@@ -376,7 +376,6 @@ def test_transformers_template_trains_a_folder_model_on_the_specs_schedule(tmp_p
     from hf_assets import make_hf_model
 
     from launcher.front import rundir
-    from launcher.front.model_dims import fill_folder_dims
     from launcher.groups.metrics import read_metrics
     from launcher.rank import worker
 
@@ -394,10 +393,11 @@ def test_transformers_template_trains_a_folder_model_on_the_specs_schedule(tmp_p
             "log.summary_table=false", f"run_dir={run_dir}",
         ]
     )  # fmt: skip
-    spec, errors = compose.validate(cfg)
-    assert errors == []
+    built = compose.build(cfg)
+    assert built.errors == ()
+    spec = built.spec
     assert (spec.train.grad_accum_steps, spec.train.max_grad_norm) == (2, 0.5)  # taken from the file
-    rundir.write(cfg, fill_folder_dims(cfg, spec), run_dir)
+    rundir.write(built, run_dir)
     assert worker.run(run_dir / "spec.yaml") == 0
     config = json.loads((run_dir / "deepspeed_config.json").read_text())
     assert "scheduler" not in config and "optimizer" not in config

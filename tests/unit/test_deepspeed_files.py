@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from conftest import TINY
-from launcher.front import cli, compose, deepspeed_file, provenance
+from launcher.front import cli, command_line, compose, deepspeed_file, provenance
 from launcher.front.cli import precheck
 from launcher.parallel import deepspeed_user_config as ds_user
 
@@ -71,7 +71,7 @@ def test_explicit_keys_are_typed_chosen_or_from_a_recipe() -> None:
 
 def test_dry_run_credits_the_file(tmp_path, capsys) -> None:
     argv = [f"parallel.deepspeed_config={ZERO2}", *TINY, "dry_run=true", f"run_dir={tmp_path / 'run'}"]
-    assert cli.run(compose.normalize(argv)) == 0
+    assert cli.run(command_line.normalize(argv)) == 0
     out = " ".join(capsys.readouterr().out.split())
     assert (
         "parallel.offload_optimizer True transformers_zero2.json: zero_optimization.offload_optimizer.device"
@@ -87,7 +87,7 @@ def test_autotp_section_is_refused_before_launch(tmp_path) -> None:
     assert [e.keys for e in errors] == [("deepspeed_config:tensor_parallel", "parallel.strategy")]
     assert "parallel=tp" in errors[0].message and "autotp" in errors[0].message.lower()
     run_dir = tmp_path / "run"
-    argv = compose.normalize([f"parallel.deepspeed_config={path}", *TINY, f"run_dir={run_dir}"])
+    argv = command_line.normalize([f"parallel.deepspeed_config={path}", *TINY, f"run_dir={run_dir}"])
     assert cli.run(argv) == 2 and not run_dir.exists()
 
 

@@ -46,11 +46,10 @@ def test_dry_run_shows_the_folders_dimensions_and_parameters(llama: Path, tmp_pa
 
 @pytest.mark.parametrize("key", ["model.path", "model.hf_config"])
 def test_spec_yaml_holds_the_folders_real_shape(llama: Path, tmp_path, key: str) -> None:
-    cfg = compose.compose(["model=hf", f"{key}={llama}", *SMALL])
-    spec, errors = compose.validate(cfg)
-    assert errors == []
-    spec = fill_folder_dims(cfg, spec)
-    rundir.write(cfg, spec, tmp_path / "run")
+    built = compose.build(compose.compose(["model=hf", f"{key}={llama}", *SMALL]))
+    assert built.errors == ()
+    spec = built.spec
+    rundir.write(built, tmp_path / "run")
     model = load_spec(tmp_path / "run" / "spec.yaml").model
     shape = (model.n_layer, model.d_model, model.n_head, model.d_ff, model.vocab_size, model.max_seq_len)
     assert shape == (2, 64, 4, 128, 256, 128)
@@ -64,7 +63,7 @@ def test_gpt_and_presets_keep_their_keys() -> None:
         cfg = compose.compose([*argv, *SMALL])
         spec, errors = compose.validate(cfg)
         assert errors == []
-        assert fill_folder_dims(cfg, spec) is spec
+        assert fill_folder_dims(cfg) is cfg
     assert describe_model(spec.model).startswith("model: Hugging Face preset llama")
 
 

@@ -49,11 +49,11 @@ CHECKS = textwrap.dedent(
         with contextlib.redirect_stdout(io.StringIO()) as out, contextlib.suppress(SystemExit):
             cli.main()
         report[" ".join(flags)] = {"heavy": loaded(), "printed": bool(out.getvalue())}
-    cfg, problems = compose.compose_checked([], compose.ConfigSource.from_flags([]))
+    cfg, problems = compose.compose_checked([], compose.ConfigSource())
     spec, errors = compose.validate(cfg)
     report["compose + validate"] = {"heavy": loaded(), "errors": [str(e) for e in problems + errors]}
     for i, line in enumerate(DRY_RUNS):
-        argv = compose.normalize([*line, "dry_run=true", f"run_dir={RUN_DIR}/{i}"])
+        argv = [*line, "dry_run=true", f"run_dir={RUN_DIR}/{i}"]
         with contextlib.redirect_stdout(io.StringIO()) as out, contextlib.redirect_stderr(io.StringIO()):
             status = cli.run(argv)
         report[" ".join(line) or "default"] = {"heavy": loaded(), "status": int(status), "printed": bool(out.getvalue())}

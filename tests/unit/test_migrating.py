@@ -8,7 +8,7 @@ import re
 import pytest
 
 from conftest import run_cli
-from launcher.front import compose, torchrun
+from launcher.front import command_line, compose, torchrun
 from launcher.front.cli import precheck
 from launcher.groups.aliases import ALIASES
 from launcher.groups.launcher import torchrun_world
@@ -116,7 +116,7 @@ def _adopted(
     *overrides: str, env: dict[str, str] = TORCHRUN, multirun: bool = False
 ) -> tuple[dict, list[str]]:
     cfg = compose.compose(list(overrides))
-    errors = torchrun.adopt(cfg, multirun=multirun, env=env)
+    cfg, errors = torchrun.adopt(cfg, multirun=multirun, env=env)
     return dict(cfg.launcher), [str(e) for e in errors]
 
 
@@ -125,8 +125,8 @@ def test_under_torchrun_the_spec_takes_its_world() -> None:
     assert errors == [] and (launcher["backend"], launcher["nproc"], launcher["nnodes"]) == ("torchrun", 2, 2)
     cfg = compose.compose(["parallel=ddp", "run_dir=/tmp/x"])
     assert cfg.resume is None
-    assert torchrun.adopt(cfg, env={**TORCHRUN, "TORCHELASTIC_RESTART_COUNT": "1"}) == []
-    assert cfg.resume == "auto"  # a torchrun restart continues from the newest checkpoint
+    cfg, errors = torchrun.adopt(cfg, env={**TORCHRUN, "TORCHELASTIC_RESTART_COUNT": "1"})
+    assert errors == [] and cfg.resume == "auto"  # a torchrun restart continues from the newest checkpoint
     assert (
         not torchrun.reports(TORCHRUN)
         and torchrun.reports({**TORCHRUN, "RANK": "0"})
@@ -161,5 +161,5 @@ def test_under_torchrun_the_run_dir_must_be_given_and_outside_it_the_backend_is_
 
 def test_a_foreign_flag_gets_our_key() -> None:
     """`--learning_rate=3e-5` (HF Trainer's argparse habit) names optimizer.lr, not just 'not a flag'."""
-    [error] = compose.unknown_flags(["--learning_rate=3e-5"])
+    [error] = command_line.parse(["--learning_rate=3e-5"]).unknown_flags()
     assert "use optimizer.lr" in error.message and "key=value overrides" in error.message

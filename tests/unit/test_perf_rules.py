@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from launcher.front import compose
+from launcher.front import command_line
 from launcher.front.cli import precheck
 
 CASES = [
@@ -78,5 +78,8 @@ def test_rejected_combination_names_keys_and_fix(argv: list[str], keys: tuple[st
 
 
 def test_plus_profile_is_the_schema_key() -> None:
-    assert compose.normalize(["+profile=true", "+compile=default"]) == ["profile=true", "compile=default"]
+    assert command_line.normalize(["+profile=true", "+compile=default"]) == [
+        "profile=true",
+        "compile=default",
+    ]
     assert precheck(["profile=true", "memory=checkpoint_attention", "compile=default"]) == []

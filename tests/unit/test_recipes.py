@@ -7,6 +7,7 @@ from rich.console import Console
 
 from conftest import run_cli
 from launcher.front import compose, recipe_auto
+from launcher.front.command_line import parse
 from launcher.front.recipe_auto import Machine
 
 RECIPES = compose.group_options()["recipe"]
@@ -39,8 +40,8 @@ def test_recipe_composes_and_fails_only_for_hardware(recipe: str) -> None:
 
 def test_auto_picks_the_cpu_recipe_here_and_says_why() -> None:
     console = Console(record=True, width=200)
-    argv = recipe_auto.resolve(["recipe=auto", "train.max_steps=5"], console=console)
-    assert argv == ["train.max_steps=5", "recipe=cpu"]
+    line = recipe_auto.resolve(parse(["recipe=auto", "train.max_steps=5"]), console=console)
+    assert line.overrides == ("train.max_steps=5", "recipe=cpu")
     assert "recipe=auto -> recipe=cpu: no CUDA GPU is visible" in console.export_text()
 
 
@@ -78,9 +79,9 @@ def test_auto_falls_back_to_the_recipe_that_needs_least() -> None:
 
 def test_auto_rewrite_keeps_a_given_nproc() -> None:
     machine = Machine(num_gpus=4, gpu_memory_bytes=80 * GiB)
-    argv = recipe_auto.resolve(
-        ["recipe=auto", "launcher.nproc=2"], machine=machine, console=Console(quiet=True)
+    line = recipe_auto.resolve(
+        parse(["-m", "recipe=auto", "launcher.nproc=2"]), machine=machine, console=Console(quiet=True)
     )
-    assert argv == ["launcher.nproc=2", "recipe=multi_gpu_ddp"]
-    argv = recipe_auto.resolve(["recipe=auto"], machine=machine, console=Console(quiet=True))
-    assert argv == ["recipe=multi_gpu_ddp", "launcher.nproc=4"]
+    assert line.argv == ("-m", "launcher.nproc=2", "recipe=multi_gpu_ddp")
+    line = recipe_auto.resolve(parse(["recipe=auto"]), machine=machine, console=Console(quiet=True))
+    assert line.overrides == ("recipe=multi_gpu_ddp", "launcher.nproc=4")

@@ -8,7 +8,7 @@ import pytest
 import yaml
 
 from conftest import TINY, run_cli
-from launcher.front import compose
+from launcher.front import command_line, compose
 from launcher.front.cli import precheck
 
 USER_CONF = Path(__file__).parents[1] / "assets" / "user_conf"
@@ -17,16 +17,15 @@ USER_CONF = Path(__file__).parents[1] / "assets" / "user_conf"
 
 def _compose(args: list[str]):
     """The composed config of a command line, as `train` checks it (asserting it is valid)."""
-    argv = compose.normalize(args)
-    assert precheck(argv) == []
-    flags, overrides = compose.split_argv(argv)
-    cfg, errors = compose.compose_checked(overrides, compose.ConfigSource.from_flags(flags))
+    line = command_line.parse(args)
+    assert precheck(line) == []
+    cfg, errors = compose.compose_checked(list(line.overrides), line.source)
     assert errors == []
     return cfg
 
 
 def _messages(args: list[str]) -> list[tuple[tuple[str, ...], str]]:
-    return [(e.keys, e.message) for e in precheck(compose.normalize(args))]
+    return [(e.keys, e.message) for e in precheck(command_line.normalize(args))]
 
 
 @pytest.mark.parametrize(
@@ -43,7 +42,9 @@ def test_a_new_option_of_an_existing_group(where: list[str]) -> None:
     cfg = _compose([*where, "optimizer=my_adamw"])
     assert (cfg.optimizer.name, cfg.optimizer.lr, cfg.optimizer.weight_decay) == ("adamw", 2e-4, 0.0)
     assert _compose([*where, "+optimizer=my_adamw"]).optimizer.lr == 2e-4
-    assert precheck(compose.normalize(["-m", *where, "optimizer=my_adamw,adamw"])) == []  # every sweep point
+    assert (
+        precheck(command_line.normalize(["-m", *where, "optimizer=my_adamw,adamw"])) == []
+    )  # every sweep point
 
 
 def test_an_experiment_of_overrides_with_a_defaults_list() -> None:

@@ -1,0 +1,21 @@
+"""The command line shared by the offline tools (train-export, train-merge, train-quantize, train-generate)."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+RUN_OR_STEP = "a run directory (its newest checkpoint) or a checkpoints/step_N directory"
+
+
+def tool_parser(
+    prog: str, description: str, *, folders: bool = False, epilog: str | None = None
+) -> argparse.ArgumentParser:
+    """A tool's argument parser with what every tool reads first: a run or one of its checkpoints, and for the
+    tools that take one (`folders`), a Hugging Face model folder (then the argument is `source`)."""
+    parser = argparse.ArgumentParser(prog=prog, description=description, epilog=epilog)
+    if folders:
+        parser.add_argument("source", type=Path, help=f"{RUN_OR_STEP}, or a Hugging Face model folder")
+    else:
+        parser.add_argument("checkpoint", type=Path, help=RUN_OR_STEP)
+    return parser
