@@ -8,13 +8,17 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+ALIASES = {"pp": "fsdp"}
+"""Strategy names that stand for a data-parallel method inside pipeline stages (pp: FSDP2 where dp > 1)."""
+
 
 @dataclass(frozen=True, kw_only=True)
 class ParallelConfig:
     """Strategy choice and every strategy's settings (each strategy reads only its own)."""
 
     strategy: str = "single"
-    """single, ddp, fsdp, deepspeed, tp or pp (see launcher.parallel.registry.STRATEGIES)."""
+    """The data-parallel method single, ddp, fsdp or deepspeed, tp (tensor parallel alone), or pp (the alias of
+    fsdp with pipeline stages); see launcher.parallel.registry.STRATEGIES. pp_size and tp_size are axes beside it."""
     # --- DDP ---
     bucket_mb: float = 25.0
     """DDP gradient bucket size in MiB."""
@@ -64,3 +68,8 @@ class ParallelConfig:
     """Stages each rank holds; interleaved_1f1b and zero_bubble need 2 or more (zero_bubble: exactly 2, V-shaped)."""
     pp_split: list[int] | None = None
     """null: balanced automatically (parameters and FLOPs, embedding and head counted); or the first layer of each stage after the first, e.g. [3, 6]."""
+
+    @property
+    def data_parallel(self) -> str:
+        """The data-parallel method, aliases resolved (pp -> fsdp): what the planner and the backends compare."""
+        return ALIASES.get(self.strategy, self.strategy)
