@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import TINY, losses, run_inline, run_ranks
+from conftest import TINY, losses, run_cli, run_inline, run_ranks
 
 BASE = [
     *TINY, "model.n_layer=4", "train.max_steps=3", "train.eval_every=null", "checkpoint.every=2",
@@ -47,3 +47,13 @@ def test_pipeline_axis_matches_one_process_and_resumes_bitwise(reference, tmp_pa
     step_2 = tmp_path / "straight" / "checkpoints" / "step_2"
     resumed = _four_ranks([*LAYOUTS[layout], f"resume={step_2}"], tmp_path / "resumed")
     assert resumed == {3: straight[3]}
+
+
+def test_deepspeed_with_a_pipeline_is_refused_before_launch(tmp_path) -> None:
+    """DeepSpeed's engine owns the backward pass: pp_size > 1 exits 2, naming both keys, nothing started."""
+    args = ["parallel=zero1", "parallel.pp_size=2", "launcher=local", "launcher.nproc=2", *TINY]
+    result = run_cli(args, cwd=tmp_path)
+    assert result.returncode == 2, result.stderr[-2000:]
+    out = " ".join((result.stdout + result.stderr).split())
+    assert "parallel.strategy, parallel.pp_size" in out and "parallel.pp_size=1" in out, out[-2000:]
+    assert not (tmp_path / "runs").exists()
