@@ -34,7 +34,8 @@ from torch import nn
 from launcher.groups import device as devices
 from launcher.groups import memory, prune, qat, quantization
 from launcher.groups.batch_split import BatchSplit
-from launcher.groups.batching import build_stream
+from launcher.groups.batching import Batches, build_stream
+from launcher.groups.data.interleave import HeldOut, MixtureStream
 from launcher.groups.data.loader import BackgroundBatches, PrefetchedBatches
 from launcher.groups.data.sequences import PackedSequences, check_held_out
 from launcher.groups.data.tokens import Corpus, build_cache, load_corpus, uses_cache
@@ -80,6 +81,42 @@ def _parts(model: nn.Module, spec: RunSpec, dist: DistContext) -> list[nn.Module
     return split_model(model, plan)
 
 
+def _data(
+    spec: RunSpec, dist: DistContext, batch: BatchSplit
+) -> tuple[Batches, PackedSequences, tuple[HeldOut, ...], MixtureStream | None]:
+    """Step 7: this rank's training stream, held-out sequences (per source for a mixture) and the mixture."""
+    d, device = spec.data, dist.device
+    if d.sources:  # a mixture: each source's cached corpus, interleaved by weight
+        mixed, held_out = build_mixture(spec, dist, batch)
+        stream, val = mixed, held_out[0].sequences
+    else:
+        corpus = _corpus(spec, dist)
+        stream = build_stream(
+            corpus,
+            seq_len=d.seq_len,
+            packing=d.packing,
+            document_mask=d.document_mask,
+            batching=d.batching,
+            max_tokens_per_batch=d.max_tokens_per_batch,
+            micro_batch_size=batch.micro_batch_size,
+            seed=spec.train.seed,
+            grad_accum_steps=batch.grad_accum_steps,
+            rank=dist.dp_rank,
+            world_size=dist.dp_size,
+        )
+        mixed, held_out = None, ()
+        val = PackedSequences(corpus.val, d.seq_len, document_mask=d.packing and d.document_mask)
+        if (
+            spec.train.eval_every
+        ):  # fail here, not at the first evaluation (the launching process refuses it first)
+            check_held_out(val, dist.dp_size)
+    if d.num_workers > 0:
+        stream = PrefetchedBatches(stream, num_workers=d.num_workers, pin_memory=device.type == "cuda")
+    elif device.type == "cuda":  # pinned batches built ahead by a thread; on CPU it would compete for cores
+        stream = BackgroundBatches(stream, pin_memory=True)
+    return stream, val, held_out, mixed
+
+
 def _runner(strategy: Strategy, setup: Setup, objective: Objective) -> Runner:
     """What the loop calls for a step: the pipeline's schedule over the stages, or the whole model."""
     dist, spec = setup.dist, setup.spec
@@ -118,41 +155,15 @@ def build(spec: RunSpec, dist: DistContext, run_dir: Path | None = None) -> Comp
             part, spec, device, run_dir=run_dir, is_main=dist.is_main, objective=objective
         )
 
-    hook = measure if spec.memory.auto_micro_batch else None
-    parts = [parallelize(part, spec=spec, dist=dist, mesh=mesh, empty=empty, measure=hook) for part in parts]
+    search = measure if spec.memory.auto_micro_batch else None
+    parts = [
+        parallelize(part, spec=spec, dist=dist, mesh=mesh, empty=empty, measure=search) for part in parts
+    ]
     setup = Setup(spec=spec, dist=dist, batch=batch, mesh=mesh)
     strategy = build_strategy(parts, setup)
     runner = _runner(strategy, setup, objective)
     scheduler = build_scheduler(strategy.optimizer, spec.scheduler, spec.train.max_steps)
-    d = spec.data
-    if d.sources:  # a mixture: each source's cached corpus, interleaved by weight
-        mixed, held_out = build_mixture(spec, dist, batch)
-        stream, val = mixed, held_out[0].sequences
-    else:
-        corpus = _corpus(spec, dist)
-        stream = build_stream(
-            corpus,
-            seq_len=d.seq_len,
-            packing=d.packing,
-            document_mask=d.document_mask,
-            batching=d.batching,
-            max_tokens_per_batch=d.max_tokens_per_batch,
-            micro_batch_size=batch.micro_batch_size,
-            seed=spec.train.seed,
-            grad_accum_steps=batch.grad_accum_steps,
-            rank=dist.dp_rank,
-            world_size=dist.dp_size,
-        )
-        mixed, held_out = None, ()
-        val = PackedSequences(corpus.val, d.seq_len, document_mask=d.packing and d.document_mask)
-        if (
-            spec.train.eval_every
-        ):  # fail here, not at the first evaluation (the launching process refuses it first)
-            check_held_out(val, dist.dp_size)
-    if d.num_workers > 0:
-        stream = PrefetchedBatches(stream, num_workers=d.num_workers, pin_memory=device.type == "cuda")
-    elif device.type == "cuda":  # pinned batches built ahead by a thread; on CPU it would compete for cores
-        stream = BackgroundBatches(stream, pin_memory=True)
+    stream, val, held_out, mixed = _data(spec, dist, batch)
     return Components(
         spec=spec,
         batch=batch,
