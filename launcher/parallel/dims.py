@@ -95,8 +95,12 @@ class ParallelDims:
         shape = (self.pp, self.dp_replicate, self.dp_shard, self.tp)
         return init_device_mesh(device_type, shape, mesh_dim_names=MESH_DIMS)
 
-    def stage_plan(self, parallel: ParallelConfig, model: ModelConfig, seq_len: int, rank: int) -> StagePlan:
-        """The pipeline's stages and the ones `rank` holds (the one place a rank asks; pp > 1)."""
+    def stage_plan(
+        self, parallel: ParallelConfig, model: ModelConfig, seq_len: int, rank: int
+    ) -> StagePlan | None:
+        """The pipeline's stages and the ones `rank` holds (the one place a rank asks); None without a pipeline."""
+        if self.pp == 1:
+            return None
         from launcher.parallel.pipeline_stage import plan_stages
 
         return plan_stages(model, parallel, seq_len, self.pp_rank(rank))

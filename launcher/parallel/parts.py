@@ -101,13 +101,10 @@ class PartsStrategy:
         self.state = PartState(self.model, self.optimizer, layout=layout, rank=self.dist.rank)
         self.pp_group = setup.mesh.get_group("pp") if self.pipelined else None
         names = tied_pair(spec.model) if self.pipelined else None
-        block = dims.world_size // dims.pp
-        tied = (
-            TiedCopies(modules, names, pp_last=dims.pp_last, block=block, rank=self.dist.rank)
-            if names
-            else None
-        )
-        self.tied = tied
+        self.tied = None  # the first stage's embedding and the last stage's head: one tied matrix
+        if names:
+            block = dims.world_size // dims.pp
+            self.tied = TiedCopies(modules, names, pp_last=dims.pp_last, block=block, rank=self.dist.rank)
         uncounted = self.tied.copies[len(self.tied.counted) :] if self.tied else []
         self._uncounted = {id(t) for t in uncounted}
 

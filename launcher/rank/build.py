@@ -46,7 +46,7 @@ from launcher.groups.scheduler import build_scheduler
 from launcher.parallel import pretrained
 from launcher.parallel.dims import DistContext
 from launcher.parallel.parallelize import parallelize, run_mesh
-from launcher.parallel.pipeline_stage import split_model
+from launcher.parallel.pipeline_stage import StagePlan, split_model
 from launcher.parallel.registry import build_strategy
 from launcher.parallel.runner import ModelRunner, Runner
 from launcher.parallel.strategy import Setup, Strategy
@@ -71,14 +71,6 @@ def _corpus(spec: RunSpec, dist: DistContext) -> Corpus:
             build_cache(spec.data, spec.tokenizer)
         dist.barrier()
     return load_corpus(spec.data, spec.tokenizer)
-
-
-def _parts(model: nn.Module, spec: RunSpec, dist: DistContext) -> list[nn.Module]:
-    """Step 3: the whole model, or this rank's pipeline stages."""
-    if dist.dims.pp == 1:
-        return [model]
-    plan = dist.dims.stage_plan(spec.parallel, spec.model, spec.data.seq_len, dist.rank)
-    return split_model(model, plan)
 
 
 def _data(
@@ -117,14 +109,12 @@ def _data(
     return stream, val, held_out, mixed
 
 
-def _runner(strategy: Strategy, setup: Setup, objective: Objective) -> Runner:
+def _runner(strategy: Strategy, setup: Setup, objective: Objective, plan: StagePlan | None) -> Runner:
     """What the loop calls for a step: the pipeline's schedule over the stages, or the whole model."""
-    dist, spec = setup.dist, setup.spec
-    if dist.dims.pp == 1:
+    if plan is None:
         return ModelRunner(strategy, objective)
     from launcher.parallel.pipeline import PipelineRunner
 
-    plan = dist.dims.stage_plan(spec.parallel, spec.model, spec.data.seq_len, dist.rank)
     return PipelineRunner(strategy, plan, setup, objective)
 
 
@@ -143,7 +133,9 @@ def build(spec: RunSpec, dist: DistContext, run_dir: Path | None = None) -> Comp
     qat_switch = qat.switch_hook(model, spec.qat)
     model = apply_fp8(model, spec.precision)  # float8 linears before TP, compile and FSDP see them
     pruner = prune.apply(model, spec.prune)  # mask buffers before any wrap: every checkpoint holds them
-    parts = _parts(model, spec, dist)
+    # the whole model, or this rank's pipeline stages (the stage plan, asked once)
+    plan = dist.dims.stage_plan(spec.parallel, spec.model, spec.data.seq_len, dist.rank)
+    parts = [model] if plan is None else split_model(model, plan)
     objective = build_objective(spec, dist, mesh)  # a teacher is placed like the student
     batch = BatchSplit(
         micro_batch_size=spec.train.micro_batch_size, grad_accum_steps=spec.train.grad_accum_steps
@@ -161,7 +153,7 @@ def build(spec: RunSpec, dist: DistContext, run_dir: Path | None = None) -> Comp
     ]
     setup = Setup(spec=spec, dist=dist, batch=batch, mesh=mesh)
     strategy = build_strategy(parts, setup)
-    runner = _runner(strategy, setup, objective)
+    runner = _runner(strategy, setup, objective, plan)
     scheduler = build_scheduler(strategy.optimizer, spec.scheduler, spec.train.max_steps)
     stream, val, held_out, mixed = _data(spec, dist, batch)
     return Components(
