@@ -1,7 +1,8 @@
-"""The parallel group's schema: which strategy spreads model and state over the ranks, and its settings.
+"""The parallel group's schema: the data-parallel strategy, the mesh axes beside it (pp_size, tp_size,
+replicate_degree), and every setting.
 
-The strategies themselves are launcher/parallel/ (one module each); the mesh degrees are checked
-and laid out by launcher/parallel/dims.py.
+The strategies' capabilities are launcher/parallel/registry.py; the mesh degrees are checked and
+laid out by launcher/parallel/dims.py.
 """
 
 from __future__ import annotations
