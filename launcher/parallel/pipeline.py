@@ -26,12 +26,14 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from launcher.groups.metrics import PhaseTimer
 from launcher.groups.model.shape import model_shape
 from launcher.groups.objective import Objective
 from launcher.groups.precision import autocast, train_dtype
 from launcher.parallel.parts import PartsStrategy
 from launcher.parallel.pipeline_split import rank_of_stage
 from launcher.parallel.pipeline_stage import StagePlan
+from launcher.parallel.runner import Batch
 from launcher.parallel.strategy import Setup
 
 __all__ = ["PipelineRunner"]
@@ -135,7 +137,7 @@ class PipelineRunner:
         return self.scaler.scale(loss) if self.scaler is not None else loss
 
     def forward_backward(
-        self, batch: dict[str, torch.Tensor], normalizer: torch.Tensor | float, dtype: torch.dtype, timer
+        self, batch: Batch, normalizer: torch.Tensor | float, dtype: torch.dtype, timer: PhaseTimer
     ) -> torch.Tensor:
         """One pipeline step over `batch`; the summed token loss on the last stage, zero elsewhere.
 
@@ -156,9 +158,7 @@ class PipelineRunner:
         return pp_rank * self.block + self.dist.rank % self.block
 
     @torch.no_grad()
-    def eval_loss(
-        self, batch: dict[str, torch.Tensor], dtype: torch.dtype
-    ) -> tuple[torch.Tensor, torch.Tensor]:
+    def eval_loss(self, batch: Batch, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         """(summed token loss, tokens) of `batch`, passed stage by stage (whole, not in micro batches)."""
         self._precision.dtype = dtype
         kwargs = {"position_ids": batch["position_ids"]} if "position_ids" in batch else {}

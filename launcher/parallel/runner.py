@@ -14,6 +14,9 @@ import torch
 from launcher.groups.model.loss import model_inputs
 from launcher.groups.precision import autocast
 
+Batch = dict[str, torch.Tensor]
+"""A micro batch on the device: input_ids, labels, and whatever else its data carries (position_ids, ...)."""
+
 if TYPE_CHECKING:
     from launcher.groups.metrics import PhaseTimer
     from launcher.groups.objective import Objective
@@ -24,18 +27,12 @@ class Runner(Protocol):
     """Forward and backward of one micro batch, and the loss of a held-out batch."""
 
     def forward_backward(
-        self,
-        batch: dict[str, torch.Tensor],
-        normalizer: torch.Tensor | float,
-        dtype: torch.dtype,
-        timer: PhaseTimer,
+        self, batch: Batch, normalizer: torch.Tensor | float, dtype: torch.dtype, timer: PhaseTimer
     ) -> torch.Tensor:
         """Forward and backward of one micro batch, its loss divided by `normalizer`; returns the summed loss."""
         ...
 
-    def eval_loss(
-        self, batch: dict[str, torch.Tensor], dtype: torch.dtype
-    ) -> tuple[torch.Tensor, torch.Tensor]:
+    def eval_loss(self, batch: Batch, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         """(summed loss, counted terms) of a held-out batch (the caller disables gradients)."""
         ...
 
@@ -47,11 +44,7 @@ class ModelRunner:
         self.strategy, self.objective = strategy, objective
 
     def forward_backward(
-        self,
-        batch: dict[str, torch.Tensor],
-        normalizer: torch.Tensor | float,
-        dtype: torch.dtype,
-        timer: PhaseTimer,
+        self, batch: Batch, normalizer: torch.Tensor | float, dtype: torch.dtype, timer: PhaseTimer
     ) -> torch.Tensor:
         """Forward under autocast, backward of the objective's summed loss / `normalizer`; returns the summed loss."""
         timer.start("forward")
@@ -63,9 +56,7 @@ class ModelRunner:
         self.strategy.backward(loss_sum / normalizer)
         return loss_sum.detach()
 
-    def eval_loss(
-        self, batch: dict[str, torch.Tensor], dtype: torch.dtype
-    ) -> tuple[torch.Tensor, torch.Tensor]:
+    def eval_loss(self, batch: Batch, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         """(summed loss, counted terms) of a held-out batch, the objective's held-out form."""
         with autocast(dtype, batch["input_ids"].device.type):
             return self.objective.loss_sum(self.strategy.model(**model_inputs(batch)), batch, train=False)
