@@ -27,6 +27,7 @@ from launcher.groups.launcher import torchrun_world
 from launcher.parallel.accelerate_config import AccelerateFile, looks_like_accelerate, read_accelerate
 from launcher.parallel.deepspeed_settings import stated
 from launcher.parallel.deepspeed_user_config import read_user_config
+from launcher.parallel.registry import STRATEGIES
 from launcher.spec import SpecError
 
 
@@ -61,7 +62,8 @@ def taken(cfg: DictConfig) -> list[Taken]:
     if path is None:
         return []
     set_by = explicit(cfg)
-    if "parallel.strategy" in set_by and cfg.parallel.strategy != "deepspeed":
+    engine = getattr(STRATEGIES.get(cfg.parallel.strategy), "wrap", None) == "engine"  # DeepSpeed's
+    if "parallel.strategy" in set_by and not engine:
         return []  # the rules refuse a DeepSpeed file under another strategy
     name = Path(path).name
     out = []

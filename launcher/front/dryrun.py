@@ -85,7 +85,7 @@ def print_pipeline_plan(console: Console, spec: RunSpec) -> None:
 
 def print_plan(console: Console, spec: RunSpec) -> None:
     """Print the memory plan of a valid spec."""
-    if spec.parallel.strategy == "pp":
+    if spec.parallel.pp_size > 1:
         print_pipeline_plan(console, spec)
         return
     _print_memory(console, plan(spec))

@@ -82,32 +82,40 @@ def kd_loss_sum(
 
 
 class Distiller:
-    """The frozen teacher and the KD term of the training loss; keeps the interval's CE, KD and token sums for metrics."""
+    """The distillation objective: cross-entropy mixed with the frozen teacher's KD term (the Objective protocol).
+
+    Keeps the interval's CE, KD and token sums for `metrics`.
+    """
 
     def __init__(self, teacher: nn.Module, cfg: DistillConfig) -> None:
         self.teacher, self.cfg = teacher, cfg
         self._sums: list[torch.Tensor] | None = None
 
     def loss_sum(
-        self,
-        ce_sum: torch.Tensor,
-        student_logits: torch.Tensor,
-        inputs: dict[str, torch.Tensor],
-        labels: torch.Tensor,
-    ) -> torch.Tensor:
-        """(1 - kd_ratio) * ce_sum + kd_ratio * KD sum of one micro batch (call it under the run's autocast)."""
+        self, outputs: torch.Tensor, batch: dict[str, torch.Tensor], *, train: bool = True
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """((1 - kd_ratio) * CE sum + kd_ratio * KD sum, trained tokens) of one micro batch (under the run's autocast).
+
+        Held-out batches (`train` False) report the plain cross-entropy, the loss every run compares.
+        """
         import torch
 
+        from launcher.groups.model.loss import lm_loss, model_inputs
+
+        labels = batch["labels"]
+        ce_sum, counted = lm_loss(outputs, labels)
+        if not train:
+            return ce_sum, counted
         with torch.no_grad():
-            teacher_logits = self.teacher(**inputs)
+            teacher_logits = self.teacher(**model_inputs(batch))
         kd_sum = kd_loss_sum(
-            student_logits, teacher_logits, labels, temperature=self.cfg.temperature, loss=self.cfg.loss
+            outputs, teacher_logits, labels, temperature=self.cfg.temperature, loss=self.cfg.loss
         )
         del teacher_logits
-        sums = [ce_sum.detach().float(), kd_sum.detach(), (labels != -100).sum().float()]
+        sums = [ce_sum.detach().float(), kd_sum.detach(), counted.float()]
         self._sums = sums if self._sums is None else [a + b for a, b in zip(self._sums, sums, strict=True)]
         ratio = self.cfg.kd_ratio
-        return (1.0 - ratio) * ce_sum + ratio * kd_sum
+        return (1.0 - ratio) * ce_sum + ratio * kd_sum, counted
 
     def metrics(self, data_sum: Callable[[list[float]], list[float]]) -> dict[str, float]:
         """ce_loss and kd_loss per trained token since the last call, summed over data-parallel ranks by `data_sum`.

@@ -1,12 +1,16 @@
-"""The parallel group's schema: which strategy spreads model and state over the ranks, and its settings.
+"""The parallel group's schema: the data-parallel strategy, the mesh axes beside it (pp_size, tp_size,
+replicate_degree), and every setting.
 
-The strategies themselves are launcher/parallel/ (one module each); the mesh degrees are checked
-and laid out by launcher/parallel/dims.py.
+The strategies' capabilities are launcher/parallel/registry.py; the mesh degrees are checked and
+laid out by launcher/parallel/dims.py.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+
+ALIASES = {"pp": "fsdp"}
+"""Strategy names that stand for a data-parallel method inside pipeline stages (pp: FSDP2 where dp > 1)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -14,7 +18,8 @@ class ParallelConfig:
     """Strategy choice and every strategy's settings (each strategy reads only its own)."""
 
     strategy: str = "single"
-    """single, ddp, fsdp, deepspeed, tp or pp (see launcher.parallel.registry.STRATEGIES)."""
+    """The data-parallel method single, ddp, fsdp or deepspeed, tp (tensor parallel alone), or pp (the alias of
+    fsdp with pipeline stages); see launcher.parallel.registry.STRATEGIES. pp_size and tp_size are axes beside it."""
     # --- DDP ---
     bucket_mb: float = 25.0
     """DDP gradient bucket size in MiB."""
@@ -64,3 +69,8 @@ class ParallelConfig:
     """Stages each rank holds; interleaved_1f1b and zero_bubble need 2 or more (zero_bubble: exactly 2, V-shaped)."""
     pp_split: list[int] | None = None
     """null: balanced automatically (parameters and FLOPs, embedding and head counted); or the first layer of each stage after the first, e.g. [3, 6]."""
+
+    @property
+    def data_parallel(self) -> str:
+        """The data-parallel method, aliases resolved (pp -> fsdp): what the planner and the backends compare."""
+        return ALIASES.get(self.strategy, self.strategy)

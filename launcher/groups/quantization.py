@@ -157,11 +157,11 @@ def is_quantized(module: nn.Module) -> bool:
     return isinstance(module, nn.Linear) and nf4.is_nf4(module.weight)
 
 
-def nf4_backend(cfg: QuantizationConfig, strategy: str) -> str:
-    """Which library stores nf4 weights for a run under `strategy` (parallel.strategy)."""
+def nf4_backend(cfg: QuantizationConfig, data_parallel: str) -> str:
+    """Which library stores nf4 weights for a run whose data-parallel method is `data_parallel` (FSDP2 shards torchao's)."""
     if cfg.nf4_backend != "auto":
         return cfg.nf4_backend
-    return "torchao" if strategy == "fsdp" else "bitsandbytes"
+    return "torchao" if data_parallel == "fsdp" else "bitsandbytes"
 
 
 def apply(
@@ -174,7 +174,7 @@ def apply(
 ) -> nn.Module:
     """Quantize the blocks' linear layers, then add peft LoRA adapters and freeze the rest (QLoRA).
 
-    `strategy` is the run's parallel.strategy (nf4_backend=auto reads it). Pure in the sense that
+    `strategy` is the run's data-parallel method (parallel.data_parallel; nf4_backend=auto reads it). Pure in the sense that
     matters for resume: the result depends only on `model` and the configs, and on torch's global
     RNG for the adapters' initial A matrices.
     """

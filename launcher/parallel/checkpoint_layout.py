@@ -1,7 +1,7 @@
 """Where the sharded strategies keep their files inside a checkpoint directory: names only, no torch.
 
 The resume rules read these in the launching process; the strategies (launcher.parallel.deepspeed,
-launcher.parallel.dtensor) write and read the files on the ranks.
+launcher.parallel.part_state) write and read the files on the ranks.
 """
 
 from __future__ import annotations

@@ -29,7 +29,7 @@ from launcher.groups.optimizer import build_optimizer, param_groups
 from launcher.parallel import deepspeed_user_config
 from launcher.parallel.checkpoint_layout import TAG
 from launcher.parallel.state_bytes import optimizer_state_bytes
-from launcher.parallel.strategy import Setup, StepResult, WholeModelVerbs
+from launcher.parallel.strategy import Setup, StepResult
 
 MODULE_FILE = "mp_rank_00_model_states.pt"
 """DeepSpeed's file of the module state (and, at stage 0, the whole fp32 model); ZeRO-3 prefixes it per rank."""
@@ -105,8 +105,8 @@ def weights_only_loads() -> Iterator[None]:
             os.environ["TORCH_FORCE_WEIGHTS_ONLY_LOAD"] = previous
 
 
-class DeepSpeedStrategy(WholeModelVerbs):
-    """ZeRO 0-3 through a DeepSpeed engine, driven by the launcher's loop."""
+class DeepSpeedStrategy:
+    """ZeRO 0-3 through a DeepSpeed engine, driven by the launcher's loop (the one backend owning its engine)."""
 
     def __init__(self, model: nn.Module, setup: Setup) -> None:
         device, spec = setup.dist.device, setup.spec
@@ -279,8 +279,9 @@ def module_states_file(directory: Path) -> Path:
     return files[0]
 
 
-def build(model: nn.Module, setup: Setup) -> DeepSpeedStrategy:
-    """Registry entry point."""
+def build(parts: list[nn.Module], setup: Setup) -> DeepSpeedStrategy:
+    """Registry entry point: the engine wraps the one whole model (a pipeline is refused by the rules)."""
+    (model,) = parts
     return DeepSpeedStrategy(model, setup)
 
 

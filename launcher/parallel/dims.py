@@ -1,10 +1,12 @@
 """The parallel topology of a run, with one owner: degrees -> device mesh -> ranks, and the process group.
 
-Every fact of the layout lives here: the degrees (replicate x shard x tp) are checked against the
-world size by `degree_errors` (the rules call it before launch, and a rank's `ParallelDims.of`
-refuses what it refuses), the device mesh is built by `ParallelDims.build_mesh` (row-major, tensor
-parallel innermost, so consecutive ranks form a tensor-parallel group), and a rank's data- and
-tensor-parallel ranks are read from the same layout. `init_process_group` is the one place a process
+Every fact of the layout lives here: the degrees (pp x dp_replicate x dp_shard x tp, room for a
+context-parallel axis between dp_shard and tp) are checked against the world size by
+`degree_errors` (the rules call it before launch, and a rank's `ParallelDims.of` refuses what it
+refuses), the one device mesh with every axis is built by `ParallelDims.build_mesh` (row-major:
+pipeline outermost, tensor parallel innermost, so consecutive ranks form a tensor-parallel group),
+and a rank's pipeline, data- and tensor-parallel ranks are read from the same layout. Which stages a
+pipeline rank holds is `stage_plan`'s answer, the one place a rank asks it. `init_process_group` is the one place a process
 group is created, a one-rank group for a single-process job included.
 """
 
@@ -24,10 +26,12 @@ if TYPE_CHECKING:  # torch.distributed only on a rank: the rules check degrees w
     import torch.distributed as dist
     from torch.distributed.device_mesh import DeviceMesh
 
+    from launcher.groups.model.config import ModelConfig
     from launcher.groups.parallel import ParallelConfig
+    from launcher.parallel.pipeline_stage import StagePlan
 
-MESH_DIMS = ("replicate", "shard", "tp")
-"""Names of the mesh dimensions, outermost first; a pipeline-parallel run adds "pp" outside them."""
+MESH_DIMS = ("pp", "dp_replicate", "dp_shard", "tp")
+"""Names of the mesh dimensions, outermost first (a degree of 1 keeps its dimension)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -38,9 +42,9 @@ class ParallelDims:
     """Pipeline-parallel degree (outermost: each pipeline stage's ranks form one data x tensor-parallel block)."""
     pp_last: int = 0
     """Pipeline rank holding the last stage, which computes the loss (pp - 1; 0 for the V-shaped zero_bubble)."""
-    replicate: int = 1
+    dp_replicate: int = 1
     """Replicas of the sharded group (FSDP2 hybrid sharding); 1 without."""
-    shard: int = 1
+    dp_shard: int = 1
     """Ranks one data-parallel group spans: FSDP2 shards over them, DDP and ZeRO replicate or partition over them."""
     tp: int = 1
     """Tensor-parallel degree (innermost: consecutive ranks form a tensor-parallel group)."""
@@ -53,17 +57,19 @@ class ParallelDims:
             raise ValueError("; ".join(str(e) for e in errors))
         tp, replicate, pp = parallel.tp_size, parallel.replicate_degree, parallel.pp_size
         last = rank_of_stage(pp * parallel.pp_stages_per_rank - 1, pp, parallel.pp_schedule)
-        return cls(pp=pp, pp_last=last, replicate=replicate, shard=world_size // (tp * replicate * pp), tp=tp)
+        return cls(
+            pp=pp, pp_last=last, dp_replicate=replicate, dp_shard=world_size // (tp * replicate * pp), tp=tp
+        )
 
     @property
     def world_size(self) -> int:
         """Ranks of the mesh."""
-        return self.pp * self.replicate * self.shard * self.tp
+        return self.pp * self.dp_replicate * self.dp_shard * self.tp
 
     @property
     def dp_size(self) -> int:
         """Data-parallel degree: how many different batches one step reads."""
-        return self.replicate * self.shard
+        return self.dp_replicate * self.dp_shard
 
     def dp_rank(self, rank: int) -> int:
         """Which data shard the tensor-parallel group of `rank` reads."""
@@ -83,14 +89,21 @@ class ParallelDims:
         return rank % self.tp
 
     def build_mesh(self, device_type: str) -> DeviceMesh:
-        """The named mesh ("replicate", "shard", "tp"; "pp" outermost with a pipeline) over the process group, row-major."""
+        """The one named mesh ("pp", "dp_replicate", "dp_shard", "tp") over the process group, row-major."""
         from torch.distributed.device_mesh import init_device_mesh
 
-        if self.pp > 1:
-            return init_device_mesh(
-                device_type, (self.pp, self.replicate, self.shard, self.tp), mesh_dim_names=("pp", *MESH_DIMS)
-            )
-        return init_device_mesh(device_type, (self.replicate, self.shard, self.tp), mesh_dim_names=MESH_DIMS)
+        shape = (self.pp, self.dp_replicate, self.dp_shard, self.tp)
+        return init_device_mesh(device_type, shape, mesh_dim_names=MESH_DIMS)
+
+    def stage_plan(
+        self, parallel: ParallelConfig, model: ModelConfig, seq_len: int, rank: int
+    ) -> StagePlan | None:
+        """The pipeline's stages and the ones `rank` holds (the one place a rank asks); None without a pipeline."""
+        if self.pp == 1:
+            return None
+        from launcher.parallel.pipeline_stage import plan_stages
+
+        return plan_stages(model, parallel, seq_len, self.pp_rank(rank))
 
 
 def degree_errors(parallel: ParallelConfig, world_size: int) -> list[SpecError]:
@@ -129,29 +142,6 @@ def degree_errors(parallel: ParallelConfig, world_size: int) -> list[SpecError]:
                 f"parallel.pp_size x parallel.tp_size x parallel.replicate_degree ({p.pp_size} x {p.tp_size} x "
                 f"{p.replicate_degree} = {group}); the data-parallel degree is the world size divided by it. "
                 "Change launcher.nproc or the degrees.",
-            )
-        )
-    if p.strategy == "pp" and p.pp_size < 2:
-        errors.append(
-            SpecError(
-                ("parallel.strategy", "parallel.pp_size"),
-                f"strategy pp splits the layers into pipeline stages on different ranks, so it needs pp_size >= 2 "
-                f"(got {p.pp_size}). Set `parallel.pp_size=2` (and launcher.nproc to a multiple of it), or use "
-                "`parallel=fsdp` to shard without a pipeline.",
-            )
-        )
-    if p.strategy == "tp" and (p.tp_size < 2 or world_size != p.tp_size):
-        fix = (
-            f"Set `parallel.tp_size={world_size}`"
-            if world_size >= 2
-            else "Run it on several ranks (`launcher=local launcher.nproc=2`)"
-        )
-        errors.append(
-            SpecError(
-                ("parallel.strategy", "parallel.tp_size", "launcher.nproc"),
-                f"strategy tp splits every layer over all ranks, so it needs tp_size = world size >= 2 (got "
-                f"tp_size {p.tp_size}, world size {world_size}). {fix}, or use `parallel=tp_fsdp` to add "
-                "data parallelism on top.",
             )
         )
     return errors
@@ -290,7 +280,7 @@ def init_process_group(
         world_size=world_size,
         local_rank=local_rank,
         device=device,
-        dims=dims or ParallelDims(shard=world_size),
+        dims=dims or ParallelDims(dp_shard=world_size),
     )
 
 

@@ -1,4 +1,4 @@
-"""The `fsdp` strategy: FSDP2 (`fully_shard`) per transformer block, then the root.
+"""The FSDP2 wrap of a model part (strategy fsdp, and fsdp inside pipeline stages): `fully_shard` per block, then the root.
 
 Each decoder layer (the GPT's blocks, a transformers model's layers) is one communication group: its parameters are all-gathered just before its forward
 (and again for backward after a reshard) and its gradients reduce-scattered right after its
@@ -12,8 +12,8 @@ final norm and the tied LM head. Options:
 - cpu_offload: sharded parameters, gradients and optimizer state live on the CPU (pinned memory on
   CUDA); the optimizer steps there.
 - prefetch_layers: blocks whose all-gather is issued ahead of use, forward and backward.
-- tp_size > 1: tensor parallel inside each data-parallel group (a 2-D mesh dp x tp), applied before
-  activation checkpointing, compile and this wrap by launcher.rank.build.
+- tp_size > 1: tensor parallel inside each data-parallel group (the mesh's tp axis), applied before
+  activation checkpointing, compile and this wrap by launcher.parallel.parallelize.
 
 Precision comes from the precision group: bf16 gathers parameters in bf16 and reduces gradients in
 fp32; fp16 likewise with fp16 parameters and a loss scaler whose overflow flag is all-reduced.
@@ -38,10 +38,8 @@ from torch.distributed.fsdp import (
 from launcher.groups.model.hf import decoder_layers
 from launcher.groups.parallel import ParallelConfig
 from launcher.groups.precision import PrecisionConfig
-from launcher.parallel.dtensor import DTensorStrategy, consolidate, make_sharded_scaler
-from launcher.parallel.strategy import Setup
 
-__all__ = ["apply_fsdp", "build", "consolidate", "data_mesh", "mixed_precision_policy"]
+__all__ = ["apply_fsdp", "data_mesh", "deferred_reduction", "mixed_precision_policy"]
 
 
 def mixed_precision_policy(precision: PrecisionConfig) -> MixedPrecisionPolicy | None:
@@ -54,8 +52,8 @@ def mixed_precision_policy(precision: PrecisionConfig) -> MixedPrecisionPolicy |
 
 
 def data_mesh(mesh: DeviceMesh, replicate: int) -> DeviceMesh:
-    """The mesh FSDP2 shards over: 1-D (shard) or 2-D (replicate, shard) for hybrid sharding."""
-    return mesh["replicate", "shard"] if replicate > 1 else mesh["shard"]
+    """The mesh FSDP2 shards over: 1-D (dp_shard) or 2-D (dp_replicate, dp_shard) for hybrid sharding."""
+    return mesh["dp_replicate", "dp_shard"] if replicate > 1 else mesh["dp_shard"]
 
 
 def _set_prefetch(blocks: list[FSDPModule], num_layers: int) -> None:
@@ -98,38 +96,10 @@ def apply_fsdp(
 
 
 @contextlib.contextmanager
-def _deferred_reduction(model: FSDPModule) -> Iterator[None]:
+def deferred_reduction(model: FSDPModule) -> Iterator[None]:
     """Accumulate unsharded gradients locally; the final micro batch reduce-scatters the sum."""
     model.set_requires_gradient_sync(False)
     try:
         yield
     finally:
         model.set_requires_gradient_sync(True)
-
-
-def build(model: nn.Module, setup: Setup) -> DTensorStrategy:
-    """Registry entry point: FSDP2 over the data-parallel ranks of the run's mesh.
-
-    With tp_size > 1 the blocks arrive already split by tensor parallelism (launcher.rank.build
-    applies it first, then checkpointing and compile), so FSDP2 shards DTensors on a 2-D mesh.
-    """
-    dist, spec = setup.dist, setup.spec
-    if setup.mesh is None:
-        raise ValueError("strategy fsdp needs the run's device mesh (launcher.parallel.dims builds it).")
-    on_cuda = dist.device.type == "cuda"
-    model = apply_fsdp(
-        model if setup.load_weights is not None else model.to(dist.device),
-        data_mesh(setup.mesh, dist.dims.replicate),
-        parallel=spec.parallel,
-        precision=spec.precision,
-        pin_memory=on_cuda,
-    )
-    if setup.load_weights is not None:  # built empty: the shards receive the pretrained weights now
-        setup.load_weights(model)
-    return DTensorStrategy(
-        model,
-        setup,
-        no_sync=lambda: _deferred_reduction(model),
-        scaler=make_sharded_scaler(spec.precision, dist.device.type),
-        optimizer_device="cpu" if spec.parallel.cpu_offload else dist.device.type,
-    )

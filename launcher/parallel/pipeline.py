@@ -1,61 +1,42 @@
-"""The `pp` strategy: pipeline stages on the outermost mesh dimension, FSDP2 and tensor parallel inside a stage.
+"""The pipeline runner: this rank's stages under a torch.distributed.pipelining schedule, called by the loop per step.
 
-Each rank holds one stage (gpipe, 1f1b) or several (interleaved_1f1b; zero_bubble, V-shaped) of
-the model cut by launcher.parallel.pipeline_stage, and torch.distributed.pipelining's schedule runs
-forward and backward over `pp_microbatches` pieces of every micro batch. Within a stage the data-
-parallel ranks shard it with FSDP2 (parallel=pp_fsdp) and tensor parallelism splits its layers
-(pp_tp_fsdp), both applied exactly as the fsdp and tp strategies apply them.
+Pipeline parallel is an axis (parallel.pp_size), not a strategy: the stages are cut by
+launcher.parallel.pipeline_stage (the one plan, from launcher.parallel.dims), each is parallelized
+like a whole model (tensor parallel, checkpointing, compile, then the data-parallel wrap: FSDP2,
+DDP over the ranks holding the same stage, or none), and launcher.parallel.parts steps, clips and
+saves them. This runner only runs forward and backward: each rank holds one stage (gpipe, 1f1b) or
+several (interleaved_1f1b; zero_bubble, V-shaped), and the schedule runs them over
+`pp_microbatches` pieces of every micro batch.
 
 How the loop's contracts hold across stages:
 
-- loss: the last stage sums token cross-entropy and divides by the step's trained tokens (the
-  loop's normalizer), so pipeline micro batches and accumulation add up token-exactly; the
-  schedule's own gradient scaling is off. Accumulation runs whole pipeline steps; FSDP2 reduces
-  gradients at the end of each (torch's stage drives its sync flags).
-- clipping: the norm is the global one, each stage's squared norm summed over the pipeline group
-  (the tied embedding counted once), so every rank clips by the same factor.
-- non-finite guard and fp16: the loss flag is agreed over the pipeline group; the sharded loss
-  scaler all-reduces its overflow flag over every rank, so all stages skip together.
-- checkpoints: DCP under the unwrapped model's names (stages keep them), so any stage split of
-  the same model resumes it and `train-export` consolidates it like an fsdp checkpoint.
+- loss: the last stage asks the run's objective for the summed loss and divides by the step's
+  trained tokens (the loop's normalizer), so pipeline micro batches and accumulation add up
+  token-exactly; the schedule's own gradient scaling is off. Accumulation runs whole pipeline steps;
+  FSDP2 and DDP reduce gradients at the end of each (torch's stage drives their sync flags).
+- clipping, the non-finite guard, fp16 and checkpoints: launcher.parallel.parts (the global norm
+  over the pipeline group, the tied embedding once; DCP under the whole model's names).
 """
 
 from __future__ import annotations
 
-import contextlib
 import functools
-from pathlib import Path
 
 import torch
 import torch.distributed as dist
-import torch.distributed.checkpoint as dcp
 from torch import nn
-from torch.distributed.checkpoint.state_dict import (
-    StateDictOptions,
-    get_model_state_dict,
-    get_state_dict,
-    set_state_dict,
-)
-from torch.distributed.tensor import DTensor
 
-from launcher.groups.checkpoint import load_tensor_file
-from launcher.groups.checkpoint_files import CheckpointFiles
-from launcher.groups.model.loss import lm_loss
+from launcher.groups.metrics import PhaseTimer
 from launcher.groups.model.shape import model_shape
-from launcher.groups.optimizer import build_optimizer
+from launcher.groups.objective import Objective
 from launcher.groups.precision import autocast, train_dtype
-from launcher.parallel.dtensor import DCP_DIR, SCALER_FILE, make_sharded_scaler, sharded_optimizer_config
-from launcher.parallel.dtensor import consolidate as consolidate
-from launcher.parallel.fsdp import apply_fsdp, data_mesh
-from launcher.parallel.guarded_step import guarded_step
+from launcher.parallel.parts import PartsStrategy
 from launcher.parallel.pipeline_split import rank_of_stage
-from launcher.parallel.pipeline_stage import StagePlan, TiedCopies, local_tensor, plan_stages, tied_pair
-from launcher.parallel.state_bytes import state_bytes
-from launcher.parallel.strategy import Setup, StepResult
+from launcher.parallel.pipeline_stage import StagePlan
+from launcher.parallel.runner import Batch
+from launcher.parallel.strategy import Setup
 
-__all__ = ["PipelineStrategy", "build", "consolidate"]
-
-_OPTIONS = StateDictOptions(flatten_optimizer_state_dict=True)
+__all__ = ["PipelineRunner"]
 
 
 def _schedule_class(name: str) -> type:
@@ -100,45 +81,27 @@ class _NoTimer:
         """Ignore the phase."""
 
 
-def _drop_part(key: str) -> str:
-    """'0.blocks.1.w' -> 'blocks.1.w'; 'state.0.blocks.1.w.exp_avg' -> 'state.blocks.1.w.exp_avg'."""
-    head, rest = key.split(".", 1)
-    if head in ("state", "param_groups"):
-        return f"{head}.{rest.split('.', 1)[1]}"
-    return rest
+class PipelineRunner:
+    """forward_backward and eval_loss over this rank's stages (the strategy's parts), through the schedule."""
 
-
-class PipelineStrategy:
-    """The loop's verbs over this rank's pipeline stages (`model` is the ModuleList of them)."""
-
-    def __init__(self, parts: list[nn.Module], plan: StagePlan, setup: Setup, precision: _Precision) -> None:
+    def __init__(self, strategy: PartsStrategy, plan: StagePlan, setup: Setup, objective: Objective) -> None:
         from torch.distributed.pipelining import PipelineStage
 
         spec, self.dist = setup.spec, setup.dist
         p = spec.parallel
-        self.plan = plan
-        self._precision = precision
-        self.model = nn.ModuleList(parts)
-        self.parts = parts
+        self.plan, self.objective, self.scaler = plan, objective, strategy.scaler
+        self.parts = strategy.parts
+        self.model = strategy.model
+        self._precision = _Precision(self.dist.device.type)
+        for part in self.parts:
+            self._precision.wrap(part)
         device = self.dist.device
-        self.pp_group = setup.mesh.get_group("pp")
         self.schedule_name = p.pp_schedule
         self.block = self.dist.world_size // self.dist.dims.pp
         self.hidden_size = model_shape(spec.model).equivalent.d_model
-        self.scaler = make_sharded_scaler(spec.precision, device.type)
-        if self.scaler is not None:  # only the last stage scales a loss: start every rank's scale alike
-            self.scaler.scale(torch.zeros((), device=device))
-        self.optimizer = build_optimizer(
-            self.model, sharded_optimizer_config(setup, self.scaler), device.type
-        )
-        self.max_grad_norm = spec.train.max_grad_norm
-        names = tied_pair(spec.model)
-        self.tied = TiedCopies(parts, names, self.dist.dims, self.dist.rank) if names else None
-        uncounted = self.tied.copies[len(self.tied.counted) :] if self.tied else []
-        self._uncounted = {id(t) for t in uncounted}
         stages = [
-            PipelineStage(part, index, plan.num_stages, device, group=self.pp_group)
-            for part, index in zip(parts, plan.local, strict=True)
+            PipelineStage(part, index, plan.num_stages, device, group=strategy.pp_group)
+            for part, index in zip(self.parts, plan.local, strict=True)
         ]
         kwargs = {"n_microbatches": p.pp_microbatches, "loss_fn": self._loss, "scale_grads": False}
         cls = _schedule_class(p.pp_schedule)
@@ -168,13 +131,13 @@ class PipelineStrategy:
 
     # ----- forward and backward -------------------------------------------------------------------
     def _loss(self, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-        token_loss_sum, _ = lm_loss(logits, labels)
+        token_loss_sum, _ = self.objective.loss_sum(logits, {"labels": labels})
         self._sums.append(token_loss_sum.detach())
         loss = token_loss_sum / self._normalizer
         return self.scaler.scale(loss) if self.scaler is not None else loss
 
     def forward_backward(
-        self, batch: dict[str, torch.Tensor], normalizer: torch.Tensor | float, dtype: torch.dtype, timer
+        self, batch: Batch, normalizer: torch.Tensor | float, dtype: torch.dtype, timer: PhaseTimer
     ) -> torch.Tensor:
         """One pipeline step over `batch`; the summed token loss on the last stage, zero elsewhere.
 
@@ -195,9 +158,7 @@ class PipelineStrategy:
         return pp_rank * self.block + self.dist.rank % self.block
 
     @torch.no_grad()
-    def eval_loss(
-        self, batch: dict[str, torch.Tensor], dtype: torch.dtype
-    ) -> tuple[torch.Tensor, torch.Tensor]:
+    def eval_loss(self, batch: Batch, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         """(summed token loss, tokens) of `batch`, passed stage by stage (whole, not in micro batches)."""
         self._precision.dtype = dtype
         kwargs = {"position_ids": batch["position_ids"]} if "position_ids" in batch else {}
@@ -212,135 +173,9 @@ class PipelineStrategy:
                 dist.recv(hidden, src=self._stage_rank(stage - 1))
             out = part(ids if stage == 0 else hidden, **kwargs)
             if stage == last:
-                return lm_loss(out, batch["labels"])
+                return self.objective.loss_sum(out, {"labels": batch["labels"]}, train=False)
             hidden = out.float().contiguous()
             if self._stage_rank(stage + 1) != self.dist.rank:
                 dist.send(hidden, dst=self._stage_rank(stage + 1))
         zero = torch.zeros((), device=ids.device)
         return zero, zero
-
-    # ----- the optimizer step ---------------------------------------------------------------------
-    def no_sync(self) -> contextlib.AbstractContextManager:
-        """Nothing to defer: the schedule reduces a stage's gradients at the end of each pipeline step."""
-        return contextlib.nullcontext()
-
-    def _clip(self, params: list[torch.Tensor], max_norm: float | None) -> torch.Tensor:
-        """Clip by the norm of every stage's gradients together (the tied matrix once); returns that norm."""
-        grads = [p.grad for p in params]
-        counted = [p.grad for p in params if id(p) not in self._uncounted]
-        norm = torch.nn.utils.get_total_norm(counted, foreach=True)
-        if isinstance(norm, DTensor):
-            norm = norm.full_tensor()
-        squared = norm.to(torch.float32) ** 2
-        dist.all_reduce(squared, group=self.pp_group)
-        total = squared.sqrt()
-        if max_norm is not None:
-            coef = (max_norm / (total + 1e-6)).clamp(max=1.0)
-            for grad in grads:
-                local_tensor(grad).mul_(coef.to(grad.dtype))
-        return total
-
-    def step(self, *, loss_ok: torch.Tensor) -> StepResult:
-        """Add the tied copies' gradients, agree on the loss flag, clip globally and step, never with non-finite values."""
-        if self.tied is not None:
-            self.tied.sync_grads()
-        agreed = loss_ok.to(torch.int32)
-        dist.all_reduce(agreed, op=dist.ReduceOp.MIN, group=self.pp_group)
-        return guarded_step(
-            self.model.parameters(),
-            self.optimizer,
-            self.scaler,
-            max_grad_norm=self.max_grad_norm,
-            loss_ok=agreed.bool(),
-            clip=self._clip,
-        )
-
-    def loss_scale(self) -> float | None:
-        """The fp16 loss scale (the same on every rank: overflow flags are all-reduced)."""
-        return float(self.scaler.get_scale()) if self.scaler else None
-
-    def state_bytes(self) -> dict[str, int]:
-        """This rank's stages: parameters, gradients and optimizer state (local shards under FSDP2)."""
-        return state_bytes(self.model, self.optimizer)
-
-    # ----- checkpoints ----------------------------------------------------------------------------
-    def _state(self) -> tuple[dict, dict, dict[str, str]]:
-        """Model and optimizer state under the unwrapped model's names, and those names' part-prefixed originals."""
-        model_state, optim_state = get_state_dict(self.model, self.optimizer, options=_OPTIONS)
-        names = {_drop_part(k): k for k in (*model_state, *optim_state)}
-        return (
-            {_drop_part(k): v for k, v in model_state.items()},
-            {_drop_part(k): v for k, v in optim_state.items()},
-            names,
-        )
-
-    def save(self, out: CheckpointFiles) -> None:
-        """Every rank writes its stages' shards into `dcp/` under the whole model's names."""
-        model_state, optim_state, _ = self._state()
-        dcp_dir = out.directory / DCP_DIR
-        dcp.save({"model": model_state, "optim": optim_state}, checkpoint_id=dcp_dir)
-        out.adopt(dcp_dir.glob(f"__{self.dist.rank}_*.distcp"))
-        if self.scaler is not None and self.dist.is_main:
-            out.save(self.scaler.state_dict(), SCALER_FILE)
-
-    def load(self, directory: Path) -> None:
-        """Restore what `save` wrote; any stage split of the same model reads it (names are the model's)."""
-        model_state, optim_state, names = self._state()
-        state = {"model": model_state, "optim": optim_state}
-        dcp.load(state, checkpoint_id=directory / DCP_DIR)
-        set_state_dict(
-            self.model,
-            self.optimizer,
-            model_state_dict={names[k]: v for k, v in state["model"].items()},
-            optim_state_dict={names[k]: v for k, v in state["optim"].items()},
-            options=_OPTIONS,
-        )
-        if self.scaler is not None:
-            self.scaler.load_state_dict(load_tensor_file(directory / SCALER_FILE))
-
-    def export_state_dict(self) -> dict[str, torch.Tensor]:
-        """The full model state dict on rank 0 (every stage's, gathered; CPU tensors); empty elsewhere. Collective."""
-        own = {
-            _drop_part(k): v.cpu()
-            for k, v in get_model_state_dict(
-                self.model, options=StateDictOptions(full_state_dict=True)
-            ).items()
-        }
-        gathered: list[dict | None] = [None] * self.dist.world_size if self.dist.is_main else []
-        dist.gather_object(own, gathered if self.dist.is_main else None, dst=0)
-        full: dict[str, torch.Tensor] = {}
-        for part in gathered:
-            full.update(part or {})
-        return full
-
-
-def _prepare(parts: list[nn.Module], setup: Setup) -> list[nn.Module]:
-    """Move the stages to the device and shard each with FSDP2 over the data-parallel ranks (dp > 1)."""
-    dist, spec = setup.dist, setup.spec
-    parts = [part.to(dist.device) for part in parts]
-    if dist.dims.dp_size > 1:
-        mesh = data_mesh(setup.mesh, dist.dims.replicate)
-        parts = [
-            apply_fsdp(
-                part,
-                mesh,
-                parallel=spec.parallel,
-                precision=spec.precision,
-                pin_memory=dist.device.type == "cuda",
-            )
-            for part in parts
-        ]
-    return parts
-
-
-def build(model: nn.Module, setup: Setup) -> PipelineStrategy:
-    """Registry entry point: `model` is the ModuleList of this rank's stages (launcher.rank.build cut them)."""
-    if setup.mesh is None:
-        raise ValueError("strategy pp needs the run's device mesh (launcher.parallel.dims builds it).")
-    dist, spec = setup.dist, setup.spec
-    plan = plan_stages(spec.model, spec.parallel, spec.data.seq_len, dist.dims.pp_rank(dist.rank))
-    precision = _Precision(dist.device.type)
-    parts = _prepare(list(model), setup)
-    for part in parts:
-        precision.wrap(part)
-    return PipelineStrategy(parts, plan, setup, precision)

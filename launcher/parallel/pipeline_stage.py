@@ -27,7 +27,6 @@ if TYPE_CHECKING:  # torch only where a rank cuts its stages: the dry run plans 
     from torch import nn
 
     from launcher.groups.parallel import ParallelConfig
-    from launcher.parallel.dims import ParallelDims
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -115,19 +114,19 @@ class TiedCopies:
 
     Every rank builds the same pair groups (dist.new_group is collective); a rank joins the group
     of its data x tensor coordinate when it holds the first or the last stage on another rank than
-    its partner. A rank holding both (the V-shaped schedule) sums locally.
+    its partner. A rank holding both (the V-shaped schedule) sums locally. `pp_last` is the pipeline
+    rank of the last stage, `block` the ranks of one pipeline rank (data x tensor parallel).
     """
 
     def __init__(
-        self, stages: list[nn.Module], names: tuple[str, str], dims: ParallelDims, rank: int
+        self, stages: list[nn.Module], names: tuple[str, str], *, pp_last: int, block: int, rank: int
     ) -> None:
         import torch.distributed as dist
 
         params = {name: p for stage in stages for name, p in stage.named_parameters()}
         self.copies = [params[n] for n in names if n in params]
         """This rank's copies (the embedding first where it holds it)."""
-        first_rank, last_rank = 0, dims.pp_last
-        block = dims.world_size // dims.pp
+        first_rank, last_rank = 0, pp_last
         self.group = None
         if first_rank != last_rank:
             for coordinate in range(block):

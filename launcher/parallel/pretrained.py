@@ -31,7 +31,7 @@ def deferred(spec: RunSpec) -> bool:
         m.kind == "hf"
         and m.path is not None
         and STRATEGIES[spec.parallel.strategy].device_mesh
-        and spec.parallel.strategy != "pp"  # each stage rank reads the folder and keeps its layers
+        and spec.parallel.pp_size == 1  # each stage rank reads the folder and keeps its layers
         and q.method == "none"
         and q.lora.rank == 0
         and not m.resize_embeddings

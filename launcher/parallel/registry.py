@@ -1,4 +1,10 @@
-"""Strategies are peers in a plain registry, each module imported only when chosen (DeepSpeed is heavy)."""
+"""Strategies are peers in a plain registry of capabilities, each module imported only when chosen (DeepSpeed is heavy).
+
+parallel.strategy names the data-parallel method (single, ddp, fsdp, deepspeed) or tensor parallel
+alone (tp); pipeline parallel is an axis (parallel.pp_size) that composes with single, ddp and fsdp.
+`pp` stays an alias: fsdp inside pipeline stages, plain stages where one rank holds a stage. Code
+outside launcher.rules asks an entry's capabilities, never a strategy's name.
+"""
 
 from __future__ import annotations
 
@@ -11,26 +17,38 @@ if TYPE_CHECKING:
 
     from launcher.parallel.strategy import Setup, Strategy, StrategyModule
 
+PARTS = "launcher.parallel.parts"
+"""The one Strategy implementation over model parts, parameterised by the data-parallel wrap."""
+
 
 @dataclass(frozen=True, kw_only=True)
 class StrategyEntry:
-    """One strategy: where it lives and what the build must prepare for it."""
+    """One strategy: where it lives, what the build prepares for it and how each model part is wrapped."""
 
     module: str
-    """Module offering `build(model, setup)` and `consolidate(directory)` (the StrategyModule protocol)."""
+    """Module offering `build(parts, setup)` and `consolidate(directory)` (the StrategyModule protocol)."""
     process_group: bool
     """Needs a process group even when the job has one rank (DDP, DeepSpeed and the DTensor strategies)."""
     device_mesh: bool
-    """Shards with DTensors over the run's device mesh, which the topology owner builds once."""
+    """Shards with DTensors over the run's device mesh (checkpoints are DCP shards)."""
+    wrap: str
+    """The data-parallel wrap launcher.parallel.parallelize applies last to each part: none, ddp, fsdp, or
+    engine (DeepSpeed wraps the model in its own engine when the strategy is built)."""
+    wrap_one_rank: bool = True
+    """Wrap even where one rank holds each part (False: the pp alias runs plain stages without data parallelism)."""
+    fsdp_teacher: bool = False
+    """A distillation teacher is sharded with FSDP2 like the student (else a whole copy per rank)."""
 
 
 STRATEGIES: dict[str, StrategyEntry] = {
-    "single": StrategyEntry(module="launcher.parallel.single", process_group=False, device_mesh=False),
-    "ddp": StrategyEntry(module="launcher.parallel.ddp", process_group=True, device_mesh=False),
-    "deepspeed": StrategyEntry(module="launcher.parallel.deepspeed", process_group=True, device_mesh=False),
-    "fsdp": StrategyEntry(module="launcher.parallel.fsdp", process_group=True, device_mesh=True),
-    "tp": StrategyEntry(module="launcher.parallel.tensor_parallel", process_group=True, device_mesh=True),
-    "pp": StrategyEntry(module="launcher.parallel.pipeline", process_group=True, device_mesh=True),
+    "single": StrategyEntry(module=PARTS, process_group=False, device_mesh=False, wrap="none"),
+    "ddp": StrategyEntry(module=PARTS, process_group=True, device_mesh=False, wrap="ddp"),
+    "deepspeed": StrategyEntry(
+        module="launcher.parallel.deepspeed", process_group=True, device_mesh=False, wrap="engine"
+    ),
+    "fsdp": StrategyEntry(module=PARTS, process_group=True, device_mesh=True, wrap="fsdp", fsdp_teacher=True),
+    "tp": StrategyEntry(module=PARTS, process_group=True, device_mesh=True, wrap="none"),
+    "pp": StrategyEntry(module=PARTS, process_group=True, device_mesh=True, wrap="fsdp", wrap_one_rank=False),
 }
 """Every option of parallel.strategy."""
 
@@ -40,6 +58,6 @@ def strategy_module(name: str) -> StrategyModule:
     return cast("StrategyModule", importlib.import_module(STRATEGIES[name].module))
 
 
-def build_strategy(model: nn.Module, setup: Setup) -> Strategy:
-    """Wrap `model` with the strategy the spec names."""
-    return strategy_module(setup.spec.parallel.strategy).build(model, setup)
+def build_strategy(parts: list[nn.Module], setup: Setup) -> Strategy:
+    """The loop's strategy over this rank's model parts (already parallelized), as the spec names it."""
+    return strategy_module(setup.spec.parallel.strategy).build(parts, setup)

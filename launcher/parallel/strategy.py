@@ -1,14 +1,16 @@
 """The seam between the loop and a parallel backend: the Strategy protocol and what it is built from.
 
-The loop drives every strategy through the same few verbs; a strategy adapts them to its backend
-and never forks the loop. Each strategy module offers `build(model, setup)` and, for offline
-tools (export, merge), `consolidate(directory)`: the `StrategyModule` protocol the registry hands out.
+The loop asks a runner (launcher.parallel.runner: the whole model, or the pipeline's schedule) for a
+micro batch's forward and backward, and the strategy for the rest: no_sync, step, save, load. A
+strategy holds the optimizer over this rank's model parts (the whole model, or its pipeline stages)
+and knows nothing about objectives. Each strategy module offers `build(parts, setup)` and, for
+offline tools (export, merge), `consolidate(directory)`: the `StrategyModule` protocol the registry
+hands out.
 """
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
@@ -16,16 +18,11 @@ from typing import TYPE_CHECKING, Protocol
 import torch
 from torch import nn
 
-from launcher.groups.model.loss import lm_loss, model_inputs
-from launcher.groups.precision import autocast
-
 if TYPE_CHECKING:
     from torch.distributed.device_mesh import DeviceMesh
 
     from launcher.groups.batch_split import BatchSplit
     from launcher.groups.checkpoint_files import CheckpointFiles
-    from launcher.groups.distill import Distiller
-    from launcher.groups.metrics import PhaseTimer
     from launcher.parallel.dims import DistContext
     from launcher.spec import RunSpec
 
@@ -44,7 +41,7 @@ class StepResult:
 
 @dataclass(frozen=True, kw_only=True)
 class Setup:
-    """What a strategy needs to wrap a model: the spec, where this rank sits, the batch split, the mesh."""
+    """What a strategy needs over its model parts: the spec, where this rank sits, the batch split, the mesh."""
 
     spec: RunSpec
     """The run's frozen spec."""
@@ -53,56 +50,14 @@ class Setup:
     batch: BatchSplit
     """Micro batch and accumulation steps the loop runs (the micro-batch search may have chosen them)."""
     mesh: DeviceMesh | None = None
-    """The run's device mesh, built once by the topology owner for strategies that shard with DTensors."""
-    load_weights: Callable[[nn.Module], None] | None = None
-    """Set when the model was built empty: fills the wrapped (sharded) model with its pretrained weights."""
-
-
-class WholeModelVerbs:
-    """forward_backward and eval_loss of a strategy whose `model` maps token ids to logits on every rank.
-
-    Only the pipeline strategy differs: its stages pass hidden states between ranks.
-    """
-
-    model: nn.Module
-    backward: Callable[[torch.Tensor], None]
-    """Backward through the (loss-scaled) normalized loss: each strategy's own."""
-    distiller: Distiller | None = None
-    """Set by launcher.rank.build under distill.teacher: adds the teacher's KD term to the training loss."""
-
-    def forward_backward(
-        self,
-        batch: dict[str, torch.Tensor],
-        normalizer: torch.Tensor | float,
-        dtype: torch.dtype,
-        timer: PhaseTimer,
-    ) -> torch.Tensor:
-        """Forward under autocast, backward of the summed token loss / `normalizer`; returns the summed loss."""
-        timer.start("forward")
-        with autocast(dtype, batch["input_ids"].device.type):
-            inputs = model_inputs(batch)
-            logits = self.model(**inputs)
-            token_loss_sum, _ = lm_loss(logits, batch["labels"])
-            if self.distiller is not None:
-                token_loss_sum = self.distiller.loss_sum(token_loss_sum, logits, inputs, batch["labels"])
-            del logits
-        timer.start("backward")
-        self.backward(token_loss_sum / normalizer)
-        return token_loss_sum.detach()
-
-    def eval_loss(
-        self, batch: dict[str, torch.Tensor], dtype: torch.dtype
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """(summed token loss, counted tokens) of a held-out batch (the caller disables gradients)."""
-        with autocast(dtype, batch["input_ids"].device.type):
-            return lm_loss(self.model(**model_inputs(batch)), batch["labels"])
+    """The run's one device mesh (launcher.parallel.dims), where the run has one."""
 
 
 class Strategy(Protocol):
-    """The loop's verbs, adapted to one parallel backend. The loop never forks per strategy."""
+    """The loop's verbs over this rank's model parts, adapted to one parallel backend. The loop never forks."""
 
     model: nn.Module
-    """The wrapped model the loop calls (token ids -> logits)."""
+    """The wrapped model the loop evaluates and checks (the whole model, or a ModuleList of this rank's stages)."""
     optimizer: torch.optim.Optimizer
     """The optimizer over the parameters this strategy owns (the LR schedule steps it)."""
 
@@ -110,20 +65,8 @@ class Strategy(Protocol):
         """Accumulate this micro batch's gradients without communicating them."""
         ...
 
-    def forward_backward(
-        self,
-        batch: dict[str, torch.Tensor],
-        normalizer: torch.Tensor | float,
-        dtype: torch.dtype,
-        timer: PhaseTimer,
-    ) -> torch.Tensor:
-        """Forward and backward of one micro batch, its loss divided by `normalizer`; returns the summed token loss."""
-        ...
-
-    def eval_loss(
-        self, batch: dict[str, torch.Tensor], dtype: torch.dtype
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """(summed token loss, counted tokens) of a held-out batch, without gradients."""
+    def backward(self, loss: torch.Tensor) -> None:
+        """Backward through `loss` (already normalized), loss-scaled where fp16 asks."""
         ...
 
     def step(self, *, loss_ok: torch.Tensor) -> StepResult:
@@ -154,8 +97,8 @@ class Strategy(Protocol):
 class StrategyModule(Protocol):
     """What each strategy module offers the registry."""
 
-    def build(self, model: nn.Module, setup: Setup) -> Strategy:
-        """Wrap `model` for data parallelism (tensor parallelism is applied before) and build the optimizer."""
+    def build(self, parts: list[nn.Module], setup: Setup) -> Strategy:
+        """The strategy over this rank's model parts (launcher.parallel.parallelize wrapped them) and its optimizer."""
         ...
 
     def consolidate(self, directory: Path) -> dict[str, torch.Tensor]:

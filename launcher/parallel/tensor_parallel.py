@@ -1,4 +1,4 @@
-"""The `tp` strategy: tensor parallelism with DTensor `parallelize_module` over a 1-D mesh.
+"""Tensor parallelism of a model part (parallel.tp_size > 1): DTensor `parallelize_module` over the mesh's tp axis.
 
 Per block, q/k/v and the MLP up projection are split column-wise (each rank holds whole heads and
 a slice of the hidden width) and o_proj and the MLP down projection row-wise, so one all-reduce
@@ -9,13 +9,12 @@ norms run on a sequence shard, the residual stream between branches is split alo
 
 Token and position embeddings, the final norm and the (tied) LM head stay replicated: they are
 made replicated DTensors so that optimizer and clipping see one kind of parameter. Every rank of
-a tensor-parallel group reads the same batch; with `tp` alone the world size equals tp_size (for
-data parallelism on top, use strategy fsdp with parallel.tp_size, a 2-D mesh).
+a tensor-parallel group reads the same batch; strategy `tp` is this alone (the world size equals
+tp_size); strategy fsdp with parallel.tp_size adds FSDP2 over the data-parallel axes.
 """
 
 from __future__ import annotations
 
-import contextlib
 from typing import Any
 
 import torch
@@ -33,10 +32,8 @@ from torch.distributed.tensor.parallel import (
 
 from launcher.groups.model.hf import HFCausalLM, decoder_layers
 from launcher.groups.model.hf_files import layer_tp_plan
-from launcher.parallel.dtensor import DTensorStrategy, consolidate, make_sharded_scaler
-from launcher.parallel.strategy import Setup
 
-__all__ = ["apply_tensor_parallel", "build", "consolidate"]
+__all__ = ["apply_tensor_parallel"]
 
 
 class ReplicateParallel(ParallelStyle):
@@ -150,15 +147,3 @@ def apply_tensor_parallel(model: nn.Module, tp_mesh: DeviceMesh, *, sequence_par
                 {"norm_attn": ReplicateParallel(converted), "norm_mlp": ReplicateParallel(converted)},
             )
     return model
-
-
-def build(model: nn.Module, setup: Setup) -> DTensorStrategy:
-    """Registry entry point of strategy tp: the model is already split (launcher.rank.build applies
-    `apply_tensor_parallel` before checkpointing and compile); no data-parallel wrap follows."""
-    dist, spec = setup.dist, setup.spec
-    if setup.load_weights is not None:
-        setup.load_weights(model)
-    scaler = make_sharded_scaler(spec.precision, dist.device.type)
-    return DTensorStrategy(
-        model, setup, no_sync=contextlib.nullcontext, scaler=scaler, optimizer_device=dist.device.type
-    )

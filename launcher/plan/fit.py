@@ -79,9 +79,9 @@ def _candidates(spec: RunSpec) -> list[Change]:
         out.append(("memory.activation_checkpointing=blocks", _checkpointing))
     if spec.optimizer.name in EIGHT_BIT:
         out.append((f"optimizer={EIGHT_BIT[spec.optimizer.name]}", _eight_bit))
-    if p.strategy in REPLICATING and spec.launcher.world_size > 1:
+    if p.data_parallel in REPLICATING and spec.launcher.world_size > 1:
         out.append(("parallel=fsdp", _fsdp))
-    if p.strategy in (*REPLICATING, "deepspeed") and not (p.offload_optimizer and p.offload_params):
+    if p.data_parallel in (*REPLICATING, "deepspeed") and not (p.offload_optimizer and p.offload_params):
         out.append(("parallel=zero3_offload", _zero3_offload))
     if not m.offload_activations:
         out.append(("memory.offload_activations=true", _offload_activations))

@@ -1,4 +1,4 @@
-"""The plan of a pipeline-parallel run (strategy pp): what each pipeline rank holds and needs, and the bubble.
+"""The plan of a pipeline-parallel run (parallel.pp_size > 1): what each pipeline rank holds and needs, and the bubble.
 
 A run has pp_size x pp_stages_per_rank stages of consecutive decoder layers; stage 0 also holds
 the embeddings, the last stage the final norm and LM head (a tied head as a second copy, even on

@@ -306,7 +306,12 @@ def model_states(spec: RunSpec, n: int, counts: ParamCounts | None = None) -> Mo
             trainable=round(counts.trainable * share),
             head=counts.head,
         )
-    return MODEL_STATES[spec.parallel.strategy](gpt_view(spec), counts, n)
+    formula, pp = MODEL_STATES[spec.parallel.strategy], max(spec.parallel.pp_size, 1)
+    if pp == 1 or formula is _pipeline:
+        return formula(gpt_view(spec), counts, n)
+    # a pipeline axis: one pipeline rank's stages, wrapped over the n / pp ranks that hold them
+    states = formula(gpt_view(spec), counts, max(n // pp, 1))
+    return dataclasses.replace(states, note=f"this pipeline rank's stages only; {states.note}")
 
 
 def activation_shape(spec: RunSpec, micro_batch: int | None = None) -> acts.ActivationShape:
@@ -362,8 +367,8 @@ def plan(spec: RunSpec, world: int | None = None, device_type: str | None = None
     """
     from launcher.groups.device import resolve_device
 
-    if spec.parallel.strategy == "pp":
-        raise ValueError("strategy pp is planned per pipeline rank: launcher.plan.pipeline.pipeline_plan")
+    if spec.parallel.pp_size > 1:
+        raise ValueError("a pipeline is planned per pipeline rank: launcher.plan.pipeline.pipeline_plan")
     n = world or max(spec.launcher.world_size, 1)
     kind = device_type or resolve_device(spec.launcher.device)
     states = model_states(spec, n)

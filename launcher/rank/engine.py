@@ -1,7 +1,9 @@
 """The one training loop: forward under the precision policy, accumulate, guarded step, log, eval, save.
 
-It takes built components and never reads raw config. A strategy adapts the few verbs (backward,
-no_sync, step, save, load) to its backend; the loop itself is the same for every spec.
+It takes built components and never reads raw config. The runner (the whole model, or a pipeline's
+schedule) runs each micro batch's forward and backward and asks the objective for its loss; the
+strategy adapts the other verbs (no_sync, step, save, load) to its backend; the loop itself is the
+same for every spec.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from launcher.groups.data.interleave import HeldOut
 from launcher.groups.data.sequences import PackedSequences, val_batches
 from launcher.groups.precision import eval_dtype, train_dtype
 from launcher.parallel.dims import DistContext
+from launcher.parallel.runner import Runner
 from launcher.parallel.state_bytes import is_dtensor
 from launcher.parallel.strategy import Strategy
 from launcher.rank.nonfinite import ADVICE, NonFiniteGuard, NonFiniteStop
@@ -47,7 +50,9 @@ class Components:
     batch: BatchSplit
     """Micro batch and accumulation steps (the spec's, or the micro-batch search's choice)."""
     strategy: Strategy
-    """The parallel strategy: wrapped model, optimizer and the loop's verbs."""
+    """The parallel strategy: wrapped model parts, optimizer and the loop's verbs."""
+    runner: Runner
+    """Forward and backward of a micro batch (the whole model, or the pipeline's schedule) with the objective's loss."""
     scheduler: torch.optim.lr_scheduler.LRScheduler
     """The learning-rate schedule over the strategy's optimizer."""
     stream: Batches
@@ -227,7 +232,7 @@ class Engine:
 
     def _train_step(self) -> None:
         """One optimizer step over grad_accum_steps micro batches, normalized by the step's trained tokens on all ranks."""
-        strategy = self.parts.strategy
+        strategy, runner = self.parts.strategy, self.parts.runner
         dtype = train_dtype(self.spec.precision)
         for hook in self.parts.before_step:
             hook(self.step)
@@ -244,7 +249,7 @@ class Engine:
         for i, batch in enumerate(batches):
             sync = i == len(batches) - 1
             with contextlib.nullcontext() if sync else strategy.no_sync():
-                loss_sum += strategy.forward_backward(batch, tokens_per_rank, dtype, self.timer)
+                loss_sum += runner.forward_backward(batch, tokens_per_rank, dtype, self.timer)
         self.timer.start("optimizer")
         result = strategy.step(loss_ok=torch.isfinite(loss_sum))
         with warnings.catch_warnings():  # a skipped step still advances the schedule, on purpose
@@ -315,7 +320,7 @@ class Engine:
         )
         for batch in batches:
             batch = {k: v.to(self.device, non_blocking=True) for k, v in batch.items()}
-            loss_sum, n = self.parts.strategy.eval_loss(batch, eval_dtype(self.spec.precision))
+            loss_sum, n = self.parts.runner.eval_loss(batch, eval_dtype(self.spec.precision))
             total += loss_sum
             count += n
         return total, count

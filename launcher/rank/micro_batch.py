@@ -33,9 +33,8 @@ import torch.distributed as dist
 from torch import nn
 
 from launcher.groups.batch_split import BatchSplit
-from launcher.groups.distill import Distiller
 from launcher.groups.model.config import vocab_size
-from launcher.groups.model.loss import lm_loss
+from launcher.groups.objective import CrossEntropy, Objective
 from launcher.groups.precision import autocast, train_dtype
 from launcher.spec import RunSpec
 
@@ -122,9 +121,10 @@ def _try_size(
     size: int,
     device: torch.device,
     budget: int | None,
-    distiller: Distiller | None = None,
+    objective: Objective | None = None,
 ) -> tuple[bool, int]:
     """(fits, peak bytes) of one forward and backward pass at micro batch `size` (with the teacher's, if any)."""
+    objective = objective or CrossEntropy()
     ids = torch.randint(0, vocab_size(spec.model), (size, spec.data.seq_len + 1), device=device)
     ballast_numel = 2 * sum(p.numel() for p in model.parameters() if p.requires_grad)
     _free(device)
@@ -133,11 +133,10 @@ def _try_size(
     try:
         ballast = torch.zeros(ballast_numel, dtype=torch.float32, device=device)  # zeros: pages touched
         with autocast(train_dtype(spec.precision), device.type):
-            inputs, labels = {"input_ids": ids[:, :-1]}, ids[:, 1:]
-            logits = model(**inputs)
-            loss_sum, count = lm_loss(logits, labels)
-            if distiller is not None:  # teacher logits and the chunked KL, as a training step holds them
-                loss_sum = distiller.loss_sum(loss_sum, logits, inputs, labels)
+            batch = {"input_ids": ids[:, :-1], "labels": ids[:, 1:]}
+            logits = model(input_ids=batch["input_ids"])
+            # the objective's own state counts too (a teacher's logits and KL chunks, a training step's)
+            loss_sum, count = objective.loss_sum(logits, batch)
             del logits
         (loss_sum / count).backward()
         del ballast, loss_sum, count
@@ -169,12 +168,12 @@ def _candidates_between(per_rank: int, low: int, high: int) -> list[int]:
 
 
 def _search(
-    model: nn.Module, spec: RunSpec, device: torch.device, search: Search, distiller: Distiller | None
+    model: nn.Module, spec: RunSpec, device: torch.device, search: Search, objective: Objective
 ) -> None:
     """Fill `search` with tries and the choice."""
 
     def fits(size: int) -> bool:
-        ok, peak = _try_size(model, spec, size, device, search.budget_bytes, distiller)
+        ok, peak = _try_size(model, spec, size, device, search.budget_bytes, objective)
         search.tries.append({"micro_batch_size": size, "peak_bytes": peak, "fits": ok})
         return ok
 
@@ -240,9 +239,10 @@ def fit_micro_batch(
     *,
     run_dir: Path | None = None,
     is_main: bool = True,
-    distiller: Distiller | None = None,
+    objective: Objective | None = None,
 ) -> BatchSplit:
-    """The micro batch and accumulation the search chose for the spec's per-rank batch (`distiller`: its teacher counts)."""
+    """The micro batch and accumulation the search chose for the spec's per-rank batch (the objective's state counts)."""
+    objective = objective or CrossEntropy()
     t = spec.train
     search = Search(
         per_rank_batch=t.micro_batch_size * t.grad_accum_steps,
@@ -259,9 +259,10 @@ def fit_micro_batch(
     else:
         model.to(device)
         rng = torch.get_rng_state(), torch.cuda.get_rng_state_all() if device.type == "cuda" else None
-        _search(model, spec, device, search, distiller)
-        if distiller is not None:
-            distiller.metrics(lambda sums: sums)  # the tries' CE and KD sums are no training step's
+        _search(model, spec, device, search, objective)
+        objective.metrics(
+            lambda sums: sums
+        )  # the tries' sums (a distiller's CE and KD) are no training step's
         torch.set_rng_state(rng[0])  # dropout in the tries must not shift the training run's randomness
         if rng[1] is not None:
             torch.cuda.set_rng_state_all(rng[1])

@@ -1,4 +1,6 @@
-"""The distillation teacher of a rank: read from a run directory or a Hugging Face folder, frozen, placed.
+"""The objective of a rank (launcher.groups.objective): cross-entropy, or distillation from a frozen, placed teacher.
+
+The teacher is read from a run directory or a Hugging Face folder.
 
 A run directory gives its spec.yaml (the teacher's architecture) and its newest complete checkpoint,
 consolidated by the strategy that wrote it, as `train-export` reads it; a Hugging Face folder is
@@ -21,9 +23,10 @@ from launcher.groups import checkpoint
 from launcher.groups.distill import Distiller
 from launcher.groups.model.build import build_model
 from launcher.groups.model.config import ModelConfig
+from launcher.groups.objective import CrossEntropy, Objective
 from launcher.groups.precision import train_dtype
 from launcher.parallel.dims import DistContext
-from launcher.parallel.registry import strategy_module
+from launcher.parallel.registry import STRATEGIES, strategy_module
 from launcher.spec import RunSpec, load_spec
 
 SPEC = "spec.yaml"
@@ -44,24 +47,24 @@ def load_teacher(path: str) -> nn.Module:
 def _place(teacher: nn.Module, spec: RunSpec, dist: DistContext, mesh: DeviceMesh | None) -> nn.Module:
     """On the device, or FSDP2-sharded like the student (gathered per layer in forward, resharded after)."""
     teacher = teacher.to(dist.device)
-    if spec.parallel.strategy != "fsdp":
+    if not STRATEGIES[spec.parallel.strategy].fsdp_teacher:
         return teacher
     from torch.distributed.fsdp import fully_shard
 
     from launcher.groups.model.hf import decoder_layers
     from launcher.parallel.fsdp import data_mesh
 
-    shard_mesh = data_mesh(mesh, dist.dims.replicate)
+    shard_mesh = data_mesh(mesh, dist.dims.dp_replicate)
     for layer in decoder_layers(teacher) or []:
         fully_shard(layer, mesh=shard_mesh, reshard_after_forward=True)
     fully_shard(teacher, mesh=shard_mesh, reshard_after_forward=True)
     return teacher
 
 
-def build_distiller(spec: RunSpec, dist: DistContext, mesh: DeviceMesh | None) -> Distiller | None:
-    """The frozen, placed teacher and its KD term, or None without distill.teacher."""
+def build_objective(spec: RunSpec, dist: DistContext, mesh: DeviceMesh | None) -> Objective:
+    """Cross-entropy, or with distill.teacher the frozen, placed teacher's distillation objective."""
     if spec.distill.teacher is None:
-        return None
+        return CrossEntropy()
     with torch.random.fork_rng(devices=[]):
         teacher = load_teacher(spec.distill.teacher)
     teacher = teacher.to(dtype=train_dtype(spec.precision)).eval().requires_grad_(False)

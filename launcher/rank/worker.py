@@ -117,7 +117,9 @@ def configure_process(spec: RunSpec, device_type: str) -> None:
     accelerator from DS_ACCELERATOR when it is first imported, and reads LOCAL_RANK even in a
     one-process job.
     """
-    if spec.parallel.strategy == "deepspeed":
+    if (
+        STRATEGIES[spec.parallel.strategy].wrap == "engine"
+    ):  # DeepSpeed, which reads its accelerator at import
         os.environ.update(accelerator_env(device_type))
     if "WORLD_SIZE" not in os.environ:  # a single process (inline): the variables torchrun would set
         os.environ.update({"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1"})

@@ -42,7 +42,13 @@ def _settings(spec: RunSpec, hw: Hardware) -> Iterator[SpecError]:
         )
     if d.loss not in LOSSES:
         yield SpecError(("distill.loss",), f"must be one of {', '.join(LOSSES)}, got {d.loss!r}.")
-    if spec.parallel.strategy not in STRATEGIES:
+    if spec.parallel.pp_size > 1 and spec.parallel.strategy in STRATEGIES:
+        yield SpecError(
+            ("distill.teacher", "parallel.pp_size"),
+            f"distillation does not run under a pipeline (parallel.pp_size={spec.parallel.pp_size}): "
+            f"{REFUSED['pp']}. Set parallel.pp_size=1 (`parallel=fsdp` shards the teacher like the student).",
+        )
+    elif spec.parallel.strategy not in STRATEGIES:
         yield SpecError(
             ("distill.teacher", "parallel.strategy"),
             f"distillation runs under {', '.join(STRATEGIES)}; parallel.strategy={spec.parallel.strategy} is refused: "

@@ -31,13 +31,18 @@ def _hardware(spec: RunSpec, hw: Hardware) -> Iterator[SpecError]:
 
 
 def _strategy_fits_world(spec: RunSpec, hw: Hardware) -> Iterator[SpecError]:
-    n = spec.launcher.world_size
-    if spec.parallel.strategy == "single" and n > 1:
+    n, stages = spec.launcher.world_size, max(spec.parallel.pp_size, 1)
+    if spec.parallel.strategy == "single" and n > stages:
+        held = (
+            "the model on one rank"
+            if stages == 1
+            else f"each of the {stages} pipeline ranks' stages on one rank"
+        )
         yield SpecError(
             ("parallel.strategy", "launcher.nproc", "launcher.nnodes"),
-            f"parallel=single keeps one copy of the model on one rank, but the job has {n} ranks "
+            f"parallel=single keeps one copy of {held}, but the job has {n} ranks "
             f"(launcher.nnodes={spec.launcher.nnodes} x launcher.nproc={spec.launcher.nproc}). "
-            f"Pick a multi-rank option: {MULTI_RANK_OPTIONS}; or set launcher.nproc=1.",
+            f"Pick a multi-rank option: {MULTI_RANK_OPTIONS}; or set launcher.nproc={stages}.",
         )
 
 

@@ -88,7 +88,7 @@ def _fits_device(spec: RunSpec, hw: Hardware) -> Iterator[SpecError]:
     if hw.device_type != "cuda" or not hw.gpu_memory_bytes:
         return
     # pp is planned per pipeline stage; the micro-batch search finds what fits on the rank itself
-    if spec.parallel.strategy == "pp" or spec.memory.auto_micro_batch:
+    if spec.parallel.strategy == "pp" or spec.parallel.pp_size > 1 or spec.memory.auto_micro_batch:
         return
     try:
         memory = plan(spec, device_type="cuda")

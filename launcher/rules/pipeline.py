@@ -1,6 +1,8 @@
-"""Rules of the `pp` strategy (pipeline stages over the outermost mesh dimension), checked before launch.
+"""Rules of pipeline parallelism (parallel.pp_size > 1: stages over the outermost mesh axis), checked before launch.
 
-Pipeline keys belong to strategy pp alone; each schedule takes the stages per rank and the micro
+A pipeline composes with the data-parallel strategies single, ddp and fsdp (and strategy pp, the
+alias of fsdp inside stages, plain stages on one data-parallel rank); DeepSpeed and strategy tp
+alone refuse it, and pipeline keys without a pipeline are refused. Each schedule takes the stages per rank and the micro
 batches that torch.distributed.pipelining's schedule class accepts (torch 2.13, read from its
 source: Schedule1F1B needs micro batches >= stages, ScheduleInterleaved1F1B a multiple of its
 rounds, ScheduleZBVZeroBubble exactly two stages per rank, ScheduleGPipe nothing); the model has
@@ -22,12 +24,14 @@ from launcher.spec import RunSpec, SpecError
 PP_KEYS = ("pp_size", "pp_schedule", "pp_microbatches", "pp_stages_per_rank", "pp_split")
 SINGLE_STAGE_SCHEDULES = ("gpipe", "1f1b")
 """Schedules whose torch class takes one stage per rank (ScheduleGPipe, Schedule1F1B)."""
-PRESETS = "`parallel=pp` (or `parallel=pp_fsdp`, `parallel=pp_tp_fsdp`)"
+PRESETS = "`parallel.pp_size=2` with `parallel=single`, `ddp` or `fsdp` (or the presets `parallel=pp`, `pp_fsdp`, `pp_tp_fsdp`)"
+PIPELINED = ("single", "ddp", "fsdp", "pp")
+"""Strategies a pipeline composes with: the data-parallel wrap inside each stage (pp: the fsdp alias)."""
 _DEFAULTS = ParallelConfig()
 _WHY_NOT = {
-    "ddp": (
-        "DDP all-reduces the gradients of one backward pass per step (its static graph and bucket hooks "
-        "assume exactly that), which does not compose with a pipeline's backward per micro batch on each stage"
+    "tp": (
+        "strategy tp is tensor parallelism over all ranks, with no room for stages; tensor parallelism "
+        "inside stages is `parallel=fsdp parallel.tp_size=2 parallel.pp_size=2` (or the preset pp_tp_fsdp)"
     ),
     "deepspeed": (
         "DeepSpeed's engine owns the backward pass, and ZeRO-2/3 partition gradients and parameters once "
@@ -37,23 +41,37 @@ _WHY_NOT = {
 
 
 def _pipeline(spec: RunSpec) -> bool:
-    """Whether the spec runs strategy pp (every rule here but the foreign-key one is about it alone)."""
-    return spec.parallel.strategy == "pp"
+    """Whether the spec runs a pipeline (every rule here but the first two is about one alone)."""
+    return spec.parallel.pp_size > 1 or spec.parallel.strategy == "pp"
 
 
 def _foreign_keys(spec: RunSpec, hw: Hardware) -> Iterator[SpecError]:
     p = spec.parallel
+    if p.strategy == "pp" and p.pp_size < 2:
+        yield SpecError(
+            ("parallel.strategy", "parallel.pp_size"),
+            f"strategy pp splits the layers into pipeline stages on different ranks, so it needs pp_size >= 2 "
+            f"(got {p.pp_size}). Set `parallel.pp_size=2` (and launcher.nproc to a multiple of it), or use "
+            "`parallel=fsdp` to shard without a pipeline.",
+        )
+        return
+    if _pipeline(spec) and p.strategy not in PIPELINED:
+        why = _WHY_NOT.get(p.strategy, f"parallel.strategy={p.strategy} runs every layer on every rank")
+        yield SpecError(
+            ("parallel.strategy", "parallel.pp_size"),
+            f"parallel.pp_size={p.pp_size} asks for a pipeline, but parallel.strategy={p.strategy} does not run "
+            f"inside pipeline stages: {why}. Use {PRESETS}, or parallel.pp_size=1.",
+        )
+        return
     if _pipeline(spec):
         return
     keys = [f"parallel.{n}" for n in PP_KEYS if getattr(p, n) != getattr(_DEFAULTS, n)]
     if not keys:
         return
-    why = _WHY_NOT.get(p.strategy, f"parallel.strategy={p.strategy} runs every layer on every rank")
     yield SpecError(
-        ("parallel.strategy", *keys),
-        f"{', '.join(keys)} configure pipeline parallelism, but parallel.strategy={p.strategy} ignores them: "
-        f"{why}. Pipeline parallelism is strategy pp (stages over ranks, FSDP2 over the data-parallel ranks "
-        f"of each stage): use {PRESETS}, or leave these keys at their defaults.",
+        ("parallel.pp_size", *keys),
+        f"{', '.join(keys)} configure pipeline parallelism, but parallel.pp_size is 1 (no pipeline), so nothing "
+        f"reads them. Set parallel.pp_size=2 or more for a pipeline ({PRESETS}), or leave these keys at their defaults.",
     )
 
 

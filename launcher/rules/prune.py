@@ -80,11 +80,11 @@ def _base(spec: RunSpec, hw: Hardware) -> Iterator[SpecError]:
             "LoRA adds a dense low-rank update to each pruned weight, so the merged weights would not be sparse. "
             "Prune with full training (quantization=none, the default), or drop prune.",
         )
-    if par.strategy not in SUPPORTED_STRATEGIES or par.tp_size > 1:
+    if par.strategy not in SUPPORTED_STRATEGIES or par.tp_size > 1 or par.pp_size > 1:
         yield SpecError(
             ("prune.method", "parallel.strategy"),
             f"pruning is supported under {' and '.join(SUPPORTED_STRATEGIES)}, where every rank holds each pruned "
-            f"weight whole. parallel.strategy={par.strategy} shards, splits or partitions them (a global "
+            f"weight whole (no pipeline stages). parallel.strategy={par.strategy} (pp_size {par.pp_size}) shards, splits or partitions them (a global "
             "magnitude threshold would need the full tensors on every update, and DeepSpeed's fp32 master "
             "weights would bring pruned weights back). Use parallel=ddp (the model fits on one device), or "
             "train dense and prune later.",

@@ -72,12 +72,12 @@ def _base(spec: RunSpec, hw: Hardware) -> Iterator[SpecError]:
             "Float8Linear); one layer cannot be both. Train with one of them: drop precision.fp8 or use `qat=none`.",
         )
     p = spec.parallel
-    if p.strategy not in QAT_STRATEGIES or p.tp_size > 1:
+    if p.strategy not in QAT_STRATEGIES or p.tp_size > 1 or p.pp_size > 1:
         yield SpecError(
             ("qat.scheme", "parallel.strategy"),
             f"QAT runs under parallel={', '.join(QAT_STRATEGIES)} (tensor parallelism, pipelines and DeepSpeed "
             "would split or wrap the fake-quantized layers in untested ways). Use `parallel=ddp` or "
-            "`parallel=fsdp` with tp_size=1, or `qat=none`.",
+            "`parallel=fsdp` with tp_size=1 and pp_size=1, or `qat=none`.",
         )
 
 

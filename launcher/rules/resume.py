@@ -1,8 +1,9 @@
 """Rules of resuming: a fresh start never mixes runs, the checkpoint exists and its layout fits this spec.
 
 Which strategy wrote a checkpoint is read from its run directory's spec.yaml (as train-export does,
-but as plain YAML: one key, no interpolation, whatever schema wrote it); a pipeline's (strategy pp)
-checkpoint is resumed only by strategy pp, and strategy pp resumes only a pipeline's checkpoints."""
+but as plain YAML: two keys, no interpolation, whatever schema wrote it); a pipeline's (pp_size > 1,
+or strategy pp) checkpoint is resumed only by a pipeline, and a pipeline resumes only a pipeline's
+checkpoints (DCP under the whole model's names, whichever data-parallel wrap its stages had)."""
 
 from __future__ import annotations
 
@@ -69,21 +70,36 @@ def _checkpoint_to_resume(spec: RunSpec) -> Path | None:
 
 def written_by(step_dir: Path) -> str | None:
     """The parallel.strategy of the run that wrote a checkpoint, from its run directory's spec.yaml (None: unknown)."""
-    try:
-        raw = yaml.safe_load((Path(step_dir).parent.parent / "spec.yaml").read_text())
-        strategy = raw["parallel"]["strategy"]
-    except (OSError, yaml.YAMLError, TypeError, KeyError):
-        return None
+    parallel = _written_parallel(step_dir)
+    strategy = parallel.get("strategy") if parallel else None
     return strategy if isinstance(strategy, str) else None
 
 
-def _pipeline_boundary(newest: Path, strategy: str, sharded: bool) -> Iterator[SpecError]:
-    """A checkpoint crosses between strategy pp and the others only through exported weights."""
+def _written_parallel(step_dir: Path) -> dict | None:
+    """The parallel section of the spec.yaml beside a checkpoint (None: none readable)."""
+    try:
+        raw = yaml.safe_load((Path(step_dir).parent.parent / "spec.yaml").read_text())
+        parallel = raw["parallel"]
+    except (OSError, yaml.YAMLError, TypeError, KeyError):
+        return None
+    return parallel if isinstance(parallel, dict) else None
+
+
+def _pipelined(strategy: str | None, pp_size: object) -> bool:
+    """Whether a run of `strategy` with `pp_size` cuts the model into pipeline stages."""
+    return strategy == "pp" or (isinstance(pp_size, int) and pp_size > 1)
+
+
+def _pipeline_boundary(newest: Path, spec: RunSpec, sharded: bool) -> Iterator[SpecError]:
+    """A checkpoint crosses between a pipeline and the other layouts only through exported weights."""
+    strategy = spec.parallel.strategy
+    written = _written_parallel(newest)
     writer = written_by(newest)
     if writer is None and sharded:
-        return  # no spec.yaml beside it: fsdp, tp and pp all write DCP shards, so it cannot be told
-    by_pipeline = writer == "pp"  # without a spec.yaml, a full (non-DCP) checkpoint is not a pipeline's
-    if by_pipeline == (strategy == "pp"):
+        return  # no spec.yaml beside it: fsdp, tp and pipelines all write DCP shards, so it cannot be told
+    # without a spec.yaml, a full (non-DCP) checkpoint is not a pipeline's
+    by_pipeline = _pipelined(writer, (written or {}).get("pp_size", 1))
+    if by_pipeline == _pipelined(strategy, spec.parallel.pp_size):
         return
     run_dir = newest.parent.parent
     export = (
@@ -93,16 +109,16 @@ def _pipeline_boundary(newest: Path, strategy: str, sharded: bool) -> Iterator[S
     if by_pipeline:
         yield SpecError(
             ("resume", "parallel.strategy"),
-            f"{newest} was written by strategy pp (a pipeline, says {run_dir}/spec.yaml), and only strategy pp "
-            f"resumes it, not parallel.strategy={strategy}. Resume it with `parallel=pp` (any parallel.pp_size "
-            f"and pp_schedule: its DCP keys are the whole model's), or {export}.",
+            f"{newest} was written by strategy {writer} with pipeline stages (a pipeline, says {run_dir}/spec.yaml), "
+            f"and only a pipeline resumes it, not parallel.strategy={strategy} without one. Resume it with "
+            f"parallel.pp_size=2 or more (any pp_size and pp_schedule: its DCP keys are the whole model's), or {export}.",
         )
     else:
         yield SpecError(
             ("resume", "parallel.strategy"),
             f"{newest} was written by strategy {writer or 'single, ddp or deepspeed (it holds no dcp/ shards)'}, "
-            "and a pipeline (parallel.strategy=pp) resumes only checkpoints of strategy pp. Resume it with the "
-            f"strategy that wrote it, or {export} under `parallel=pp`.",
+            "and a pipeline (parallel.pp_size > 1) resumes only a pipeline's checkpoints. Resume it with the "
+            f"layout that wrote it, or {export} under the pipeline.",
         )
 
 
@@ -114,11 +130,12 @@ def _resume_layout(spec: RunSpec, hw: Hardware) -> Iterator[SpecError]:
     sharded, world = is_dcp_checkpoint(newest), spec.launcher.world_size
     num_ranks = _num_checkpoint_ranks(newest)
     num_shards = _num_zero_shards(newest) if strategy == "deepspeed" else 0
-    crossing = list(_pipeline_boundary(newest, strategy, sharded))
+    crossing = list(_pipeline_boundary(newest, spec, sharded))
     if crossing:
         yield from crossing
         return
-    if sharded and strategy not in DCP_STRATEGIES:
+    pipelined = _pipelined(strategy, spec.parallel.pp_size)
+    if sharded and strategy not in DCP_STRATEGIES and not pipelined:
         yield SpecError(
             ("resume", "parallel.strategy"),
             f"{newest} is a sharded (DCP) checkpoint of strategy fsdp or tp, which parallel.strategy={strategy} "

@@ -51,12 +51,24 @@ def _foreign_keys(spec: RunSpec, hw: Hardware) -> Iterator[SpecError]:
 
 
 def _degrees(spec: RunSpec, hw: Hardware) -> Iterator[SpecError]:
-    p = spec.parallel
-    if p.strategy not in MESH_STRATEGIES:
+    p, world_size = spec.parallel, spec.launcher.world_size
+    if p.strategy not in MESH_STRATEGIES and p.pp_size == 1:
         return
     if p.prefetch_layers < 0:
         yield SpecError(("parallel.prefetch_layers",), f"must be 0 or more, got {p.prefetch_layers}.")
-    yield from degree_errors(p, spec.launcher.world_size)
+    yield from degree_errors(p, world_size)
+    if p.strategy == "tp" and (p.tp_size < 2 or world_size != p.tp_size):
+        fix = (
+            f"Set `parallel.tp_size={world_size}`"
+            if world_size >= 2
+            else "Run it on several ranks (`launcher=local launcher.nproc=2`)"
+        )
+        yield SpecError(
+            ("parallel.strategy", "parallel.tp_size", "launcher.nproc"),
+            f"strategy tp splits every layer over all ranks, so it needs tp_size = world size >= 2 (got "
+            f"tp_size {p.tp_size}, world size {world_size}). {fix}, or use `parallel=tp_fsdp` to add "
+            "data parallelism on top.",
+        )
 
 
 def _hf_tp(spec: RunSpec) -> Iterator[SpecError]:

@@ -18,7 +18,7 @@ import torch
 from conftest import TINY, assert_same_logits, losses, run_inline, run_ranks
 from launcher.groups import checkpoint
 from launcher.groups.metrics import read_metrics
-from launcher.parallel.dtensor import consolidate
+from launcher.parallel.part_state import consolidate
 
 RANKS2 = ["launcher=local", "launcher.nproc=2"]
 _runs: dict[tuple[str, ...], Path] = {}

@@ -14,7 +14,7 @@ from conftest import TINY, losses, run_inline, run_ranks
 from launcher.front import merge
 from launcher.groups import checkpoint
 from launcher.parallel.deepspeed import module_states_file
-from launcher.parallel.dtensor import saved_model_keys
+from launcher.parallel.part_state import saved_model_keys
 
 TWO_RANKS = ["launcher=local", "launcher.nproc=2"]
 LORA = [*TINY, "quantization=lora", "train.eval_every=null", "train.max_steps=8", "checkpoint.every=4"]

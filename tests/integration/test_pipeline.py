@@ -99,7 +99,7 @@ def test_nonfinite_steps_are_skipped_on_every_stage(tmp_path) -> None:
     """lr=1e12 blows the loss up on the last stage; every stage skips the same steps and the kept
     checkpoint holds finite weights (a stage stepping alone would diverge or hang the pipeline)."""
     from launcher.groups import checkpoint
-    from launcher.parallel.pipeline import consolidate
+    from launcher.parallel.part_state import consolidate
 
     args = [
         *BASE, "launcher=local", "launcher.nproc=2", "parallel=pp", "optimizer.lr=1e12", "scheduler=constant",

@@ -7,7 +7,9 @@ docs/architecture.md draws the same map; when a test here fails, either the chan
 from __future__ import annotations
 
 import ast
+import importlib
 import inspect
+import re
 import typing
 from pathlib import Path
 
@@ -15,7 +17,10 @@ import pytest
 
 import launcher
 from launcher import rules
+from launcher.groups.objective import Objective
+from launcher.parallel.pipeline import PipelineRunner
 from launcher.parallel.registry import STRATEGIES, strategy_module
+from launcher.parallel.runner import ModelRunner, Runner
 from launcher.parallel.strategy import Strategy
 from launcher.plan.planner import MODEL_STATES
 
@@ -184,14 +189,41 @@ def test_every_strategy_offers_the_whole_protocol(name: str) -> None:
     attributes = list(typing.get_type_hints(Strategy))
     missing = [v for v in verbs if not callable(getattr(built, v, None))]
     assert not missing, f"{built.__name__} lacks {missing}"
-    assert set(verbs) >= {
+    assert set(verbs) == {
+        "no_sync",
+        "backward",
         "step",
+        "loss_scale",
+        "state_bytes",
         "save",
         "load",
-        "state_bytes",
         "export_state_dict",
-        "no_sync",
-        "forward_backward",
-        "eval_loss",
-    }
+    }, "forward and backward of a micro batch belong to a runner, the loss to an objective"
     assert attributes == ["model", "optimizer"]
+
+
+@pytest.mark.parametrize("runner", [ModelRunner, PipelineRunner])
+def test_runners_ask_the_objective_and_strategies_know_none(runner: type) -> None:
+    verbs = [n for n, v in vars(Runner).items() if callable(v) and not n.startswith("_")]
+    assert set(verbs) == {"forward_backward", "eval_loss"}
+    assert all(callable(getattr(runner, v, None)) for v in verbs)
+    assert "objective" in inspect.signature(runner).parameters
+    objective_verbs = {n for n, v in vars(Objective).items() if callable(v) and not n.startswith("_")}
+    assert objective_verbs == {"loss_sum", "metrics"}
+    assert list(inspect.signature(Objective.loss_sum).parameters) == ["self", "outputs", "batch", "train"]
+    for name in sorted({entry.module for entry in STRATEGIES.values()}):
+        source = inspect.getsource(importlib.import_module(name))
+        assert "objective" not in source.lower() and "distill" not in source.lower(), name
+
+
+def test_strategy_names_are_compared_only_in_the_rules() -> None:
+    """Elsewhere code asks a registry entry's capabilities, the config's data_parallel, or the mesh degrees."""
+    pattern = re.compile(r"strategy *(==|!=|in|not in) ")
+    offenders = [
+        f"{path.relative_to(ROOT.parent)}:{number}"
+        for path in sorted(ROOT.rglob("*.py"))
+        if "rules" not in path.relative_to(ROOT).parts
+        for number, line in enumerate(path.read_text().splitlines(), 1)
+        if pattern.search(line)
+    ]
+    assert not offenders, "strategy-name comparisons outside launcher/rules/:\n" + "\n".join(offenders)

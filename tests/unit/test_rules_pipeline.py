@@ -21,12 +21,20 @@ def _messages(*argv: str) -> list[str]:
 @pytest.mark.parametrize(
     ("argv", "keys", "phrase"),
     [
-        (["parallel=ddp", "parallel.pp_size=2"], "parallel.strategy, parallel.pp_size", "static graph"),
-        (["parallel=zero2", "parallel.pp_schedule=gpipe"], "parallel.pp_schedule", "ZeRO-2/3 partition"),
+        (
+            ["parallel=zero2", "parallel.pp_size=2"],
+            "parallel.strategy, parallel.pp_size",
+            "ZeRO-2/3 partition",
+        ),
+        (
+            ["parallel=zero2", "parallel.pp_schedule=gpipe"],
+            "parallel.pp_size, parallel.pp_schedule",
+            "pp_size is 1",
+        ),
         (
             ["parallel=fsdp", "parallel.pp_split=[2]"],
             "parallel.pp_split",
-            "Pipeline parallelism is strategy pp",
+            "parallel.pp_size is 1 (no pipeline)",
         ),
         (["parallel=single", "parallel.pp_microbatches=8"], "parallel.pp_microbatches", "`parallel=pp`"),
         ([*PP2, "parallel.pp_schedule=zero"], "parallel.pp_schedule", "unknown pipeline schedule 'zero'"),
@@ -95,7 +103,7 @@ def _messages(*argv: str) -> list[str]:
         ),
     ],
     ids=[
-        "pp-key-with-ddp",
+        "pp-size-with-deepspeed",
         "pp-key-with-deepspeed",
         "pp-key-with-fsdp",
         "pp-key-with-single",
@@ -147,6 +155,9 @@ def test_bad_pipeline_specs_are_refused_with_their_fix(argv: list[str], keys: st
             "parallel.pp_microbatches=1",
         ],
         [*PP2, "model.n_layer=6", "parallel.pp_split=[2]"],
+        ["parallel=fsdp", "parallel.pp_size=2", "launcher=local", "launcher.nproc=4"],
+        ["parallel=ddp", "parallel.pp_size=2", "launcher=local", "launcher.nproc=4"],
+        ["parallel=single", "parallel.pp_size=2", "launcher=local", "launcher.nproc=2"],
     ],
     ids=[
         "plain",
@@ -156,6 +167,9 @@ def test_bad_pipeline_specs_are_refused_with_their_fix(argv: list[str], keys: st
         "interleaved",
         "zero-bubble",
         "split",
+        "fsdp-axis",
+        "ddp-axis",
+        "single-axis",
     ],
 )
 def test_good_pipeline_specs_are_accepted(argv: list[str]) -> None:
@@ -177,7 +191,8 @@ def _fake_run(run_dir: Path, *, strategy: str | None, sharded: bool, ranks: int)
 
     checkpoint.save(run_dir, 10, write, keep=1)
     if strategy is not None:
-        (run_dir / "spec.yaml").write_text(f"parallel:\n  strategy: {strategy}\n  pp_size: 2\n")
+        pp_size = 2 if strategy == "pp" else 1
+        (run_dir / "spec.yaml").write_text(f"parallel:\n  strategy: {strategy}\n  pp_size: {pp_size}\n")
 
 
 def test_checkpoints_cross_between_pp_and_other_strategies_only_through_export(tmp_path: Path) -> None:

@@ -1,0 +1,95 @@
+"""Parallelism applied to one model part (the whole model, or one pipeline stage), in one fixed order.
+
+`parallelize` is the only place the order lives (torchtitan's: TP, then checkpointing, then
+compile, then the data-parallel wrap), each step commented where it happens. The micro-batch
+search (launcher.rank.micro_batch) is a hook, `measure`, between checkpointing and compile: it must
+see the eager model with its checkpointing and tensor-parallel split, and compile must trace
+whatever the search leaves. DeepSpeed wraps the model in its own engine when its strategy is built,
+so its parts leave here unwrapped.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from torch import nn
+
+from launcher.groups import memory
+from launcher.groups.compile import apply as compile_model
+from launcher.parallel import pretrained
+from launcher.parallel.dims import DistContext
+from launcher.parallel.registry import STRATEGIES
+from launcher.spec import RunSpec
+
+if TYPE_CHECKING:
+    from torch.distributed.device_mesh import DeviceMesh
+
+    from launcher.parallel.dims import ParallelDims
+
+
+def data_parallel_wrap(spec: RunSpec, dims: ParallelDims) -> str:
+    """The wrap each part gets last: none, ddp, fsdp, or engine (DeepSpeed's own, at strategy build)."""
+    entry = STRATEGIES[spec.parallel.strategy]
+    if not entry.wrap_one_rank and dims.dp_size == 1:
+        return "none"  # the pp alias: plain stages where no other rank holds the same stage
+    return entry.wrap
+
+
+def run_mesh(spec: RunSpec, dist: DistContext) -> DeviceMesh | None:
+    """The run's one device mesh, built once where DTensors or a pipeline need it (None elsewhere)."""
+    if STRATEGIES[spec.parallel.strategy].device_mesh or dist.dims.pp > 1:
+        return dist.dims.build_mesh(dist.device.type)
+    return None
+
+
+def parallelize(
+    part: nn.Module,
+    *,
+    spec: RunSpec,
+    dist: DistContext,
+    mesh: DeviceMesh | None,
+    empty: bool = False,
+    measure: Callable[[nn.Module], None] | None = None,
+) -> nn.Module:
+    """Apply TP -> activation checkpointing/offload -> (measure) -> compile -> data-parallel wrap to `part`.
+
+    `empty`: the part was built without weights (a pretrained folder under fsdp/tp); they are read
+    into its shards after the wrap.
+    """
+    dims, device = dist.dims, dist.device
+    wrap = data_parallel_wrap(spec, dims)
+    if not empty and wrap != "engine":  # DeepSpeed places the model itself
+        part = part.to(device)
+    # 1. tensor parallelism splits the blocks' projections into DTensors over the mesh's tp axis
+    if dims.tp > 1:
+        # DTensor and DCP take about a second to import: only a tensor-parallel run pays for them
+        from launcher.parallel.tensor_parallel import apply_tensor_parallel
+
+        part = apply_tensor_parallel(part, mesh["tp"], sequence_parallel=spec.parallel.sequence_parallel)
+    # 2. activation checkpointing and offload wrap the (split) blocks' forward
+    part = memory.apply(part, spec.memory)
+    if measure is not None:  # the micro-batch search measures this eager part
+        measure(part)
+    # 3. compile traces each block with its checkpointing and tensor-parallel hooks inside
+    compile_model(part, spec.compile)
+    # 4. the data-parallel wrap shards (FSDP2) or replicates (DDP) what it is given
+    if wrap == "fsdp":
+        from launcher.parallel.fsdp import apply_fsdp, data_mesh
+
+        part = apply_fsdp(
+            part,
+            data_mesh(mesh, dims.dp_replicate),
+            parallel=spec.parallel,
+            precision=spec.precision,
+            pin_memory=device.type == "cuda",
+        )
+    elif wrap == "ddp":
+        from launcher.parallel.ddp import apply_ddp
+
+        # without a pipeline DDP spans every rank; with one, the ranks holding the same stage
+        group = mesh["dp_shard"].get_group() if dims.pp > 1 else None
+        part = apply_ddp(part, device, spec.parallel, group)
+    if empty:  # built empty: the shards receive the pretrained weights now
+        pretrained.load_into_shards(part, spec.model, dist)
+    return part
