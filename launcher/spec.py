@@ -4,7 +4,7 @@ This is the contract that crosses spec.yaml: the launching process composes a co
 launcher.front), `to_spec` rejects keys the schema does not know (also those smuggled in with
 `+key=value`) and builds the frozen object, `dump_spec` writes it; a rank reads it back with
 `load_spec` (OmegaConf only, never Hydra). Each config group fills one field of `RunSpec`; its
-schema lives with the group (launcher.groups).
+schema lives with the group (launcher.components).
 """
 
 from __future__ import annotations
@@ -19,25 +19,25 @@ from typing import Any
 
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
-from launcher.groups.aliases import alias_hint
-from launcher.groups.checkpoint import CheckpointConfig
-from launcher.groups.compile import CompileConfig
-from launcher.groups.data.config import DataConfig
-from launcher.groups.distill import DistillConfig
-from launcher.groups.launcher import LauncherConfig
-from launcher.groups.loggers import LoggerConfig
-from launcher.groups.memory import MemoryConfig
-from launcher.groups.metrics import LogConfig
-from launcher.groups.model.config import ModelConfig
-from launcher.groups.optimizer import OptimizerConfig
-from launcher.groups.parallel import ParallelConfig
-from launcher.groups.precision import PrecisionConfig
-from launcher.groups.profiling import ProfilerConfig
-from launcher.groups.prune import PruneConfig
-from launcher.groups.qat import QatConfig
-from launcher.groups.quantization import QuantizationConfig
-from launcher.groups.scheduler import SchedulerConfig
-from launcher.groups.tokenizer import TokenizerConfig
+from launcher.config.aliases import alias_hint
+from launcher.config.checkpoint import CheckpointConfig
+from launcher.config.compile import CompileConfig
+from launcher.config.data import DataConfig
+from launcher.config.distill import DistillConfig
+from launcher.config.launcher import LauncherConfig
+from launcher.config.log import LogConfig
+from launcher.config.logger import LoggerConfig
+from launcher.config.memory import MemoryConfig
+from launcher.config.model import ModelConfig
+from launcher.config.optimizer import OptimizerConfig
+from launcher.config.parallel import ParallelConfig
+from launcher.config.precision import PrecisionConfig
+from launcher.config.profiler import ProfilerConfig
+from launcher.config.prune import PruneConfig
+from launcher.config.qat import QatConfig
+from launcher.config.quantization import QuantizationConfig
+from launcher.config.scheduler import SchedulerConfig
+from launcher.config.tokenizer import TokenizerConfig
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from launcher.components.metrics import read_metrics
 from launcher.front import compose, rundir
-from launcher.groups.metrics import read_metrics
 
 # A run small enough for tests: ~1-2 s of training on 2 CPU cores.
 TINY = [
@@ -110,7 +110,7 @@ def assert_same_logits(state: dict, run_dir: Path, reference_dir: Path, step: in
     """A consolidated state dict loads strictly at world size 1 and matches a one-process run's model."""
     import torch
 
-    from launcher.groups.model.build import build_model
+    from launcher.components.model.build import build_model
     from launcher.spec import load_spec
 
     spec = load_spec(run_dir / "spec.yaml")

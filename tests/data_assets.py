@@ -16,7 +16,7 @@ def make_tokenizer(folder: Path, *, vocab_size: int = 400, chat_template: bool =
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
-    from launcher.groups.data.sources import stdlib_files
+    from launcher.components.data.sources import stdlib_files
 
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
@@ -121,7 +121,7 @@ def make_sentencepiece_tokenizer(folder: Path, *, vocab_size: int = 512, config:
 
     import sentencepiece
 
-    from launcher.groups.data.sources import stdlib_files
+    from launcher.components.data.sources import stdlib_files
 
     lines = [
         line for _, path in stdlib_files()[:20] for line in path.read_text().splitlines() if line.strip()

@@ -13,9 +13,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from launcher.config.aliases import alias_hint
 from launcher.front import override_checks
 from launcher.front.compose import PRIMARY, ConfigSource, group_options
-from launcher.groups.aliases import alias_hint
 from launcher.spec import SpecError
 
 VALUE_FLAGS = (

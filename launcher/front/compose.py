@@ -223,7 +223,7 @@ def enrich(cfg: DictConfig) -> tuple[DictConfig, list[SpecError]]:
 
 def fill_backend(cfg: DictConfig) -> DictConfig:
     """The config with launcher.backend=auto decided: inline for one rank without restarts, local otherwise."""
-    from launcher.groups.launcher import resolve_backend
+    from launcher.config.launcher import resolve_backend
 
     launcher = typed(cfg, "launcher")
     if launcher is None or launcher.backend != "auto":

@@ -8,11 +8,11 @@ from __future__ import annotations
 
 from omegaconf import DictConfig
 
+from launcher.components.data.formats import DEFAULT_FIELDS
+from launcher.components.data.layouts import detect, find_registry, reason
+from launcher.components.data.sources import BUILDERS, RecordError, matching_files, sample_records
+from launcher.config.data import DataConfig
 from launcher.front.config_values import typed, with_values
-from launcher.groups.data.config import DataConfig
-from launcher.groups.data.formats import DEFAULT_FIELDS
-from launcher.groups.data.layouts import detect, find_registry, reason
-from launcher.groups.data.sources import BUILDERS, RecordError, matching_files, sample_records
 from launcher.spec import RunSpec, SpecError
 
 FORMAT_KEYS = ("data.format", "data.field")
@@ -73,7 +73,7 @@ def fill_format(cfg: DictConfig) -> tuple[DictConfig, list[SpecError]]:
 
 def announce(spec: RunSpec) -> str:
     """The line printed before launch (and in the dry run) when data.format=auto chose the format."""
-    from launcher.groups.data.formats import field_of
+    from launcher.components.data.formats import field_of
 
     d = spec.data
     field = field_of(d)

@@ -17,9 +17,9 @@ from typing import Any
 
 import numpy as np
 
-from launcher.groups.data.mixture import single_configs
-from launcher.groups.data.sizes import StepNeeds, document_sequences, packed_sequences
-from launcher.groups.data.tokens import corpus_folder
+from launcher.components.data.mixture import single_configs
+from launcher.components.data.sizes import StepNeeds, document_sequences, packed_sequences
+from launcher.components.data.tokens import corpus_folder
 from launcher.parallel.dims import ParallelDims
 from launcher.spec import RunSpec, SpecError
 
@@ -102,8 +102,11 @@ def _train_errors(spec: RunSpec, folder: Path, meta: dict[str, Any], needs: Step
 
 def _budget_errors(spec: RunSpec, needs: StepNeeds) -> list[SpecError]:
     """Token-budget batching: the global micro batches of the first epoch against train.grad_accum_steps."""
-    from launcher.groups.batching import Documents, TokenBudgetStream  # torch: only this batching needs it
-    from launcher.groups.data.tokens import load_corpus
+    from launcher.components.data.batching import (  # torch: only this batching needs it
+        Documents,
+        TokenBudgetStream,
+    )
+    from launcher.components.data.tokens import load_corpus
 
     d, t = spec.data, spec.train
     documents = Documents(load_corpus(d, spec.tokenizer).train, d.seq_len)

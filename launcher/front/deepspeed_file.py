@@ -21,9 +21,9 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
+from launcher.config.launcher import torchrun_world
 from launcher.front.config_values import with_values
 from launcher.front.provenance import explicit
-from launcher.groups.launcher import torchrun_world
 from launcher.parallel.accelerate_config import AccelerateFile, looks_like_accelerate, read_accelerate
 from launcher.parallel.deepspeed_settings import stated
 from launcher.parallel.deepspeed_user_config import read_user_config

@@ -9,15 +9,15 @@ from omegaconf import DictConfig, OmegaConf
 from rich.console import Console
 from rich.table import Table
 
+from launcher.components.data import mixture
+from launcher.components.data.sources import describe
+from launcher.components.data.tokenizer import load_tokenizer, padded_vocab_size
 from launcher.front import deepspeed_file
 from launcher.front.compose import Built, strip_hydra
 from launcher.front.config_values import typed
 from launcher.front.model_dims import describe_model, folder_dims
 from launcher.front.provenance import flatten, provenance, user_dirs
 from launcher.front.vocab import auto_reason
-from launcher.groups.data import mixture
-from launcher.groups.data.sources import describe
-from launcher.groups.tokenizer import load_tokenizer, padded_vocab_size
 from launcher.launch import backend
 from launcher.parallel.pipeline_split import MULTI_STAGE_SCHEDULES, bubble_fraction
 from launcher.parallel.pipeline_stage import plan_stages

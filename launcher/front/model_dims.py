@@ -17,10 +17,10 @@ from typing import Any
 
 from omegaconf import DictConfig
 
+from launcher.components.model.hf_files import hf_config, local_dir
+from launcher.components.model.shape import model_shape
+from launcher.config.model import ModelConfig, ff_width, vocab_size
 from launcher.front.config_values import typed, with_values
-from launcher.groups.model.config import ModelConfig, ff_width, vocab_size
-from launcher.groups.model.hf_files import hf_config, local_dir
-from launcher.groups.model.shape import model_shape
 
 
 def folder_dims(cfg: ModelConfig) -> dict[str, Any] | None:

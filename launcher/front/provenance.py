@@ -14,7 +14,7 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from launcher.groups.loggers.records import flatten
+from launcher.components.loggers.records import flatten
 
 CONFIG_MODULE = "launcher.conf"
 """The package holding the shipped conf/ (and recipes/ as its `recipe` group)."""

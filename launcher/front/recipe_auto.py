@@ -57,7 +57,7 @@ class Choice:
 
 def detect_machine() -> Machine:
     """The CUDA GPUs torch sees (none on a CPU-only build or machine), from the cached probe."""
-    from launcher.groups.hardware_facts import cuda_facts
+    from launcher.components.hardware_facts import cuda_facts
 
     facts = cuda_facts()
     if not facts.available:

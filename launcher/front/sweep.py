@@ -25,11 +25,11 @@ from omegaconf import DictConfig, OmegaConf
 from rich.console import Console
 from rich.markup import escape  # overrides such as hydra.searchpath=[...] are not markup
 
+from launcher.components import checkpoint
 from launcher.exits import ExitStatus
 from launcher.front import compose, dryrun, rundir, sweep_status
 from launcher.front.command_line import CommandLine
 from launcher.front.config_values import with_values
-from launcher.groups import checkpoint
 from launcher.spec import RunSpec, SpecError, redacted_container
 
 _IGNORED_KEYS = ("run_dir", "resume", "dry_run", "launcher.slurm.wait")

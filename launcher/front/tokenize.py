@@ -13,15 +13,18 @@ import time
 from rich.console import Console
 from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
+from launcher.components.data.mixture import single_configs
+from launcher.components.data.sources import RecordError
 from launcher.front.data_sizes import size_errors
-from launcher.groups.data.mixture import single_configs
-from launcher.groups.data.sources import RecordError
 from launcher.spec import RunSpec, SpecError
 
 
 def prepare_data(spec: RunSpec, console: Console | None = None) -> list[SpecError]:
     """Make sure the tokenized corpus of `spec` is in the cache and enough for the run; the problems that stop it."""
-    from launcher.groups.data.tokens import build_cache, uses_cache  # numpy: only a run that starts needs it
+    from launcher.components.data.tokens import (  # numpy: only a run that starts needs it
+        build_cache,
+        uses_cache,
+    )
 
     configs = [
         cfg for cfg in single_configs(spec.data) if uses_cache(cfg, spec.tokenizer)

@@ -16,11 +16,11 @@ from pathlib import Path
 
 from omegaconf import DictConfig
 
+from launcher.config.launcher import torchrun_world
 from launcher.exits import ExitStatus
 from launcher.front import compose, join, rundir
 from launcher.front.config_values import with_values
 from launcher.front.tokenize import prepare_data
-from launcher.groups.launcher import torchrun_world
 from launcher.spec import SpecError
 
 

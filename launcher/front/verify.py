@@ -93,8 +93,8 @@ def _phase_cfg(cfg: DictConfig, run_dir: Path, *, stop_after: int | None, resume
 
 def run(cfg: DictConfig, spec: RunSpec, run_dir: Path) -> int:
     """Run the check under `run_dir` and print the verdict; 0 when the curves agree."""
-    from launcher.groups.device import resolve_device
-    from launcher.groups.metrics import read_metrics
+    from launcher.components.device import resolve_device
+    from launcher.components.metrics import read_metrics
 
     console = Console(highlight=False)
     n = spec.train.max_steps

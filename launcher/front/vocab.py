@@ -14,17 +14,17 @@ import dataclasses
 
 from omegaconf import DictConfig
 
-from launcher.front.config_values import typed, with_values
-from launcher.groups.model.config import ModelConfig
-from launcher.groups.model.hf_files import local_dir, local_vocab_size
-from launcher.groups.tokenizer import (
-    TokenizerConfig,
+from launcher.components.data.tokenizer import (
     load_problem,
     load_tokenizer,
     padded_vocab_size,
     resolve_auto,
     tokenizer_size,
 )
+from launcher.components.model.hf_files import local_dir, local_vocab_size
+from launcher.config.model import ModelConfig
+from launcher.config.tokenizer import TokenizerConfig
+from launcher.front.config_values import typed, with_values
 from launcher.spec import RunSpec, SpecError
 
 

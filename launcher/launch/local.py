@@ -59,7 +59,7 @@ def describe(spec: RunSpec, run_dir: Path) -> str:
 
 
 def _on_gpu(spec: RunSpec) -> bool:
-    from launcher.groups.device import resolve_device
+    from launcher.components.device import resolve_device
 
     return resolve_device(spec.launcher.device) == "cuda"
 

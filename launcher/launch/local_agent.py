@@ -29,7 +29,7 @@ from typing import Any
 
 from rich.console import Console
 
-from launcher.groups import checkpoint
+from launcher.components import checkpoint
 
 _AGENT_LOGGERS = ("torch.distributed.elastic", "torch.distributed.launcher", "torch.multiprocessing")
 

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     import torch.distributed as dist
 
-    from launcher.groups.launcher import LauncherConfig
+    from launcher.config.launcher import LauncherConfig
 
 _SIOCGIFADDR = 0x8915
 

@@ -13,8 +13,8 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from launcher.config.launcher import time_limit_min
 from launcher.exits import ExitStatus
-from launcher.groups.launcher import time_limit_min
 
 if TYPE_CHECKING:
     from launcher.spec import RunSpec

@@ -23,9 +23,9 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from launcher.groups.adapters import check_loaded_keys, frozen_keys, has_adapters
-from launcher.groups.checkpoint_files import CheckpointFiles
-from launcher.groups.optimizer import build_optimizer, param_groups
+from launcher.components.adapters import check_loaded_keys, frozen_keys, has_adapters
+from launcher.components.checkpoint_files import CheckpointFiles
+from launcher.components.optimizer import build_optimizer, param_groups
 from launcher.parallel import deepspeed_user_config
 from launcher.parallel.checkpoint_layout import TAG
 from launcher.parallel.state_bytes import optimizer_state_bytes
@@ -292,7 +292,7 @@ def consolidate(directory: Path) -> dict[str, torch.Tensor]:
     DeepSpeed's zero_to_fp32; a fp32 stage 0 checkpoint holds the whole module in one file. An
     adapter run's checkpoint yields only the trainable parameters (adapters.load_checkpoint_state).
     """
-    from launcher.groups.checkpoint import load_tensor_file
+    from launcher.components.checkpoint import load_tensor_file
 
     files = Path(directory) / TAG
     if any(files.glob("*zero_pp_rank_*_optim_states.pt")):

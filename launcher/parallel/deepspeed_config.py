@@ -14,8 +14,8 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from launcher.groups.batch_split import BatchSplit
-from launcher.groups.model.shape import model_shape
+from launcher.components.batch_split import BatchSplit
+from launcher.components.model.shape import model_shape
 from launcher.spec import RunSpec
 
 AUTO = "auto"

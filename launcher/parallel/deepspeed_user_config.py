@@ -20,7 +20,7 @@ import math
 from pathlib import Path
 from typing import Any
 
-from launcher.groups.batch_split import BatchSplit
+from launcher.components.batch_split import BatchSplit
 from launcher.parallel.accelerate_config import looks_like_accelerate, read_accelerate
 from launcher.parallel.deepspeed_config import AUTO, Derived, bucket_sizes, derived, generate
 from launcher.spec import RunSpec, SpecError

@@ -26,8 +26,8 @@ if TYPE_CHECKING:  # torch.distributed only on a rank: the rules check degrees w
     import torch.distributed as dist
     from torch.distributed.device_mesh import DeviceMesh
 
-    from launcher.groups.model.config import ModelConfig
-    from launcher.groups.parallel import ParallelConfig
+    from launcher.config.model import ModelConfig
+    from launcher.config.parallel import ParallelConfig
     from launcher.parallel.pipeline_stage import StagePlan
 
 MESH_DIMS = ("pp", "dp_replicate", "dp_shard", "tp")

@@ -35,9 +35,9 @@ from torch.distributed.fsdp import (
     fully_shard,
 )
 
-from launcher.groups.model.hf import decoder_layers
-from launcher.groups.parallel import ParallelConfig
-from launcher.groups.precision import PrecisionConfig
+from launcher.components.model.hf import decoder_layers
+from launcher.config.parallel import ParallelConfig
+from launcher.config.precision import PrecisionConfig
 
 __all__ = ["apply_fsdp", "data_mesh", "deferred_reduction", "mixed_precision_policy"]
 

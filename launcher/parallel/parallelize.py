@@ -15,8 +15,8 @@ from typing import TYPE_CHECKING
 
 from torch import nn
 
-from launcher.groups import memory
-from launcher.groups.compile import apply as compile_model
+from launcher.components import memory
+from launcher.components.compile import apply as compile_model
 from launcher.parallel import pretrained
 from launcher.parallel.dims import DistContext
 from launcher.parallel.registry import STRATEGIES

@@ -28,15 +28,15 @@ from torch.distributed.checkpoint.state_dict import (
 )
 from torch.nn.parallel import DistributedDataParallel
 
-from launcher.groups.adapters import (
+from launcher.components.adapters import (
     check_loaded_keys,
     checkpoint_state,
     frozen_keys,
     has_adapters,
     load_checkpoint_state,
 )
-from launcher.groups.checkpoint import load_tensor_file
-from launcher.groups.checkpoint_files import CheckpointFiles
+from launcher.components.checkpoint import load_tensor_file
+from launcher.components.checkpoint_files import CheckpointFiles
 from launcher.parallel.checkpoint_layout import DCP_DIR, is_dcp_checkpoint
 
 SCALER_FILE = "scaler.pt"
@@ -152,7 +152,7 @@ def consolidate(directory: Path) -> dict[str, torch.Tensor]:
     """The model state dict of a checkpoint any layout wrote, offline in one process (no process group).
 
     Keys are the unwrapped model's (FSDP2, tensor parallel and stages keep parameter names), so the
-    result loads into `launcher.groups.model.build.build_model`; an adapter run's holds only the
+    result loads into `launcher.components.model.build.build_model`; an adapter run's holds only the
     trainable parameters (adapters.load_checkpoint_state).
     """
     if not is_dcp_checkpoint(directory):

@@ -28,10 +28,12 @@ from torch import nn
 from torch.distributed.tensor import DTensor
 from torch.nn.parallel import DistributedDataParallel
 
-from launcher.groups.checkpoint import load_tensor_file
-from launcher.groups.checkpoint_files import CheckpointFiles
-from launcher.groups.optimizer import OptimizerConfig, build_optimizer
-from launcher.groups.precision import PrecisionConfig, make_grad_scaler
+from launcher.components.checkpoint import load_tensor_file
+from launcher.components.checkpoint_files import CheckpointFiles
+from launcher.components.optimizer import build_optimizer
+from launcher.components.precision import make_grad_scaler
+from launcher.config.optimizer import OptimizerConfig
+from launcher.config.precision import PrecisionConfig
 from launcher.parallel import ddp
 from launcher.parallel.guarded_step import guarded_step
 from launcher.parallel.parallelize import data_parallel_wrap

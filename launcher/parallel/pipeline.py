@@ -26,10 +26,10 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from launcher.groups.metrics import PhaseTimer
-from launcher.groups.model.shape import model_shape
-from launcher.groups.objective import Objective
-from launcher.groups.precision import autocast, train_dtype
+from launcher.components.metrics import PhaseTimer
+from launcher.components.model.shape import model_shape
+from launcher.components.objective import Objective
+from launcher.components.precision import autocast, train_dtype
 from launcher.parallel.parts import PartsStrategy
 from launcher.parallel.pipeline_split import rank_of_stage
 from launcher.parallel.pipeline_stage import StagePlan

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from launcher.groups.model.config import ModelConfig, ff_width, vocab_size
+from launcher.config.model import ModelConfig, ff_width, vocab_size
 
 SCHEDULES = ("gpipe", "1f1b", "interleaved_1f1b", "zero_bubble")
 """Every option of parallel.pp_schedule."""

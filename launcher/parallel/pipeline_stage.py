@@ -18,15 +18,15 @@ import copy
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from launcher.groups.model.config import ModelConfig
-from launcher.groups.model.shape import model_shape
+from launcher.components.model.shape import model_shape
+from launcher.config.model import ModelConfig
 from launcher.parallel.pipeline_split import part_costs, stage_ranges, stages_of_rank
 
 if TYPE_CHECKING:  # torch only where a rank cuts its stages: the dry run plans them without it
     import torch
     from torch import nn
 
-    from launcher.groups.parallel import ParallelConfig
+    from launcher.config.parallel import ParallelConfig
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -54,7 +54,7 @@ def plan_stages(model_cfg: ModelConfig, parallel: ParallelConfig, seq_len: int, 
 
 
 def _gpt_stage(model: nn.Module, layers: range, *, first: bool, last: bool) -> nn.Module:
-    from launcher.groups.model.stage_layers import StageLayers
+    from launcher.components.model.stage_layers import StageLayers
 
     model.blocks = StageLayers({i: model.blocks[i] for i in layers})
     if not first:
@@ -73,7 +73,7 @@ def make_stage(model: nn.Module, layers: range, *, first: bool, last: bool, copy
     stage = copy.deepcopy(model) if copy_model else model
     if isinstance(getattr(stage, "blocks", None), nn.ModuleList):
         return _gpt_stage(stage, layers, first=first, last=last)
-    from launcher.groups.model.hf import HFCausalLM, hf_stage
+    from launcher.components.model.hf import HFCausalLM, hf_stage
 
     if isinstance(stage, HFCausalLM):
         return hf_stage(stage, layers, first=first, last=last)

@@ -18,7 +18,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from launcher.groups.model.config import ModelConfig
+from launcher.config.model import ModelConfig
 from launcher.parallel.dims import DistContext
 from launcher.parallel.registry import STRATEGIES
 from launcher.spec import RunSpec
@@ -69,7 +69,7 @@ def load_into_shards(model: nn.Module, cfg: ModelConfig, dist: DistContext) -> N
     """Materialize `model` (already split by TP/FSDP) and fill it with the folder's weights, read once on rank 0."""
     from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
 
-    from launcher.groups.model.hf import build_hf_model
+    from launcher.components.model.hf import build_hf_model
 
     materialize(model, dist.device)
     full = build_hf_model(cfg, announce=False).state_dict() if dist.is_main else {}

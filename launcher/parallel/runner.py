@@ -11,15 +11,15 @@ from typing import TYPE_CHECKING, Protocol
 
 import torch
 
-from launcher.groups.model.loss import model_inputs
-from launcher.groups.precision import autocast
+from launcher.components.model.loss import model_inputs
+from launcher.components.precision import autocast
 
 Batch = dict[str, torch.Tensor]
 """A micro batch on the device: input_ids, labels, and whatever else its data carries (position_ids, ...)."""
 
 if TYPE_CHECKING:
-    from launcher.groups.metrics import PhaseTimer
-    from launcher.groups.objective import Objective
+    from launcher.components.metrics import PhaseTimer
+    from launcher.components.objective import Objective
     from launcher.parallel.strategy import Strategy
 
 

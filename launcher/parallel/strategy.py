@@ -21,8 +21,8 @@ from torch import nn
 if TYPE_CHECKING:
     from torch.distributed.device_mesh import DeviceMesh
 
-    from launcher.groups.batch_split import BatchSplit
-    from launcher.groups.checkpoint_files import CheckpointFiles
+    from launcher.components.batch_split import BatchSplit
+    from launcher.components.checkpoint_files import CheckpointFiles
     from launcher.parallel.dims import DistContext
     from launcher.spec import RunSpec
 

@@ -30,8 +30,8 @@ from torch.distributed.tensor.parallel import (
     parallelize_module,
 )
 
-from launcher.groups.model.hf import HFCausalLM, decoder_layers
-from launcher.groups.model.hf_files import layer_tp_plan
+from launcher.components.model.hf import HFCausalLM, decoder_layers
+from launcher.components.model.hf_files import layer_tp_plan
 
 __all__ = ["apply_tensor_parallel"]
 
@@ -76,7 +76,7 @@ class ReplicateParallel(ParallelStyle):
 
 
 def _block_plan(sequence_parallel: bool) -> dict[str, ParallelStyle]:
-    """The plan of one transformer block (names of launcher.groups.model.gpt.Block)."""
+    """The plan of one transformer block (names of launcher.components.model.gpt.Block)."""
     branch_out = Shard(1) if sequence_parallel else Replicate()
     plan: dict[str, ParallelStyle] = {
         "attn.q_proj": ColwiseParallel(),

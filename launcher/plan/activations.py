@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from launcher.groups.model.config import ModelConfig, ff_width, vocab_size
+from launcher.config.model import ModelConfig, ff_width, vocab_size
 
 FP32 = 4
 INDEX = 8  # int64 token ids and labels

@@ -9,14 +9,15 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from launcher.groups.distill import KD_CHUNK_ROWS
-from launcher.groups.model.config import ModelConfig, vocab_size
-from launcher.groups.model.shape import model_shape
-from launcher.groups.qat import SCALE_BYTES, scale_bytes
+from launcher.components.model.shape import model_shape
+from launcher.components.qat import scale_bytes
+from launcher.config.distill import KD_CHUNK_ROWS
+from launcher.config.model import ModelConfig, vocab_size
+from launcher.config.qat import SCALE_BYTES
 from launcher.spec import RunSpec, load_spec
 
 PRUNE_MASK_BYTES = 1
-"""Bytes per weight of a pruned layer: launcher.groups.prune keeps each mask as a uint8 buffer."""
+"""Bytes per weight of a pruned layer: launcher.components.prune keeps each mask as a uint8 buffer."""
 
 
 KD_CHUNK_COPIES = 6
@@ -61,7 +62,7 @@ def teacher_model(path: str) -> ModelConfig | None:
 
 def distill_teacher(spec: RunSpec) -> tuple[int, str] | None:
     """The frozen teacher's weights (training dtype; sharded under FSDP2), its logits of a micro batch, and one
-    float32 chunk of logits per model with their softmax intermediates (launcher.groups.distill)."""
+    float32 chunk of logits per model with their softmax intermediates (launcher.components.distill)."""
     if not spec.distill.teacher or (teacher := teacher_model(spec.distill.teacher)) is None:
         return None
     dtype_bytes = 2 if spec.precision.bf16 or spec.precision.fp16 else 4

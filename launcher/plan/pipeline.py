@@ -32,8 +32,8 @@ import dataclasses
 import math
 from dataclasses import dataclass
 
-from launcher.groups.model.config import vocab_size
-from launcher.groups.model.shape import model_shape
+from launcher.components.model.shape import model_shape
+from launcher.config.model import vocab_size
 from launcher.plan import activations as acts
 from launcher.plan.planner import (
     MemoryPlan,
@@ -243,7 +243,7 @@ def pipeline_plan(
     spec: RunSpec, layout: PipelineLayout, world: int | None = None, device_type: str | None = None
 ) -> PipelinePlan:
     """Every pipeline rank's plan of `spec` on `world` ranks (default: the spec's own)."""
-    from launcher.groups.device import resolve_device
+    from launcher.components.device import resolve_device
 
     n = world or max(spec.launcher.world_size, 1)
     kind = device_type or resolve_device(spec.launcher.device)

@@ -10,7 +10,7 @@ trainable parameters have gradients and optimizer state (LoRA: the adapters); qu
 take 0.5 (nf4 with double quantization) or 1 (int8) byte per parameter plus their constants;
 offload moves states to host memory; tensor parallelism divides the block weights by tp_size.
 Activations come from `launcher.plan.activations`. A Hugging Face model is counted from its config
-(launcher.groups.model.shape: exact parameters and block linears from a meta-device build; the
+(launcher.components.model.shape: exact parameters and block linears from a meta-device build; the
 activations of the GPT of its width, depth and heads, a gated MLP counted 1.5 times as wide).
 """
 
@@ -20,8 +20,8 @@ import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from launcher.groups.model.config import vocab_size
-from launcher.groups.model.shape import model_shape
+from launcher.components.model.shape import model_shape
+from launcher.config.model import vocab_size
 from launcher.plan import activations as acts
 from launcher.plan import compression
 from launcher.spec import RunSpec
@@ -365,7 +365,7 @@ def plan(spec: RunSpec, world: int | None = None, device_type: str | None = None
 
     Strategy pp differs per pipeline rank: `launcher.plan.pipeline.pipeline_plan` plans it.
     """
-    from launcher.groups.device import resolve_device
+    from launcher.components.device import resolve_device
 
     if spec.parallel.pp_size > 1:
         raise ValueError("a pipeline is planned per pipeline rank: launcher.plan.pipeline.pipeline_plan")

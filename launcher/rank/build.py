@@ -6,7 +6,7 @@ The order, and why:
    Hugging Face folder under fsdp/tp is built empty instead and read into the shards after the wrap
    (launcher.parallel.pretrained);
 2. quantization and adapters, which change which parameters exist, then QAT's fake quantizers
-   (launcher.groups.qat: nn.Linear -> torchao FakeQuantizedLinear, the same parameters), which must be
+   (launcher.components.qat: nn.Linear -> torchao FakeQuantizedLinear, the same parameters), which must be
    in the module tree before TP splits, compile traces and DDP/FSDP2 wrap it;
 3. the model parts: the whole model, or with parallel.pp_size > 1 this rank's pipeline stages (the
    one stage plan, launcher.parallel.dims);
@@ -31,18 +31,18 @@ import numpy as np
 import torch
 from torch import nn
 
-from launcher.groups import device as devices
-from launcher.groups import memory, prune, qat, quantization
-from launcher.groups.batch_split import BatchSplit
-from launcher.groups.batching import Batches, build_stream
-from launcher.groups.data.interleave import HeldOut, MixtureStream
-from launcher.groups.data.loader import BackgroundBatches, PrefetchedBatches
-from launcher.groups.data.sequences import PackedSequences, check_held_out
-from launcher.groups.data.tokens import Corpus, build_cache, load_corpus, uses_cache
-from launcher.groups.model.build import build_model, flops_per_token
-from launcher.groups.objective import Objective
-from launcher.groups.precision import apply_backend_flags, apply_fp8
-from launcher.groups.scheduler import build_scheduler
+from launcher.components import device as devices
+from launcher.components import memory, prune, qat, quantization
+from launcher.components.batch_split import BatchSplit
+from launcher.components.data.batching import Batches, build_stream
+from launcher.components.data.interleave import HeldOut, MixtureStream
+from launcher.components.data.loader import BackgroundBatches, PrefetchedBatches
+from launcher.components.data.sequences import PackedSequences, check_held_out
+from launcher.components.data.tokens import Corpus, build_cache, load_corpus, uses_cache
+from launcher.components.model.build import build_model, flops_per_token
+from launcher.components.objective import Objective
+from launcher.components.precision import apply_backend_flags, apply_fp8
+from launcher.components.scheduler import build_scheduler
 from launcher.parallel import pretrained
 from launcher.parallel.dims import DistContext
 from launcher.parallel.parallelize import parallelize, run_mesh

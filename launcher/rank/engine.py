@@ -23,13 +23,14 @@ from typing import Any
 import torch
 from rich.console import Console
 
-from launcher.groups import checkpoint, metrics, observers, profiling
-from launcher.groups.batch_split import BatchSplit
-from launcher.groups.batching import Batches
-from launcher.groups.checkpoint_files import CheckpointFiles
-from launcher.groups.data.interleave import HeldOut
-from launcher.groups.data.sequences import PackedSequences, val_batches
-from launcher.groups.precision import eval_dtype, train_dtype
+from launcher.components import checkpoint, metrics, profiling
+from launcher.components.batch_split import BatchSplit
+from launcher.components.checkpoint_files import CheckpointFiles
+from launcher.components.data.batching import Batches
+from launcher.components.data.interleave import HeldOut
+from launcher.components.data.sequences import PackedSequences, val_batches
+from launcher.components.loggers import observers
+from launcher.components.precision import eval_dtype, train_dtype
 from launcher.parallel.dims import DistContext
 from launcher.parallel.runner import Runner
 from launcher.parallel.state_bytes import is_dtensor

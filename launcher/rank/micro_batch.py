@@ -32,10 +32,10 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from launcher.groups.batch_split import BatchSplit
-from launcher.groups.model.config import vocab_size
-from launcher.groups.objective import CrossEntropy, Objective
-from launcher.groups.precision import autocast, train_dtype
+from launcher.components.batch_split import BatchSplit
+from launcher.components.objective import CrossEntropy, Objective
+from launcher.components.precision import autocast, train_dtype
+from launcher.config.model import vocab_size
 from launcher.spec import RunSpec
 
 RECORD = "auto_micro_batch.json"

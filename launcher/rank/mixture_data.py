@@ -4,12 +4,12 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from launcher.groups.batch_split import BatchSplit
-from launcher.groups.batching import Batches
-from launcher.groups.data import mixture
-from launcher.groups.data.interleave import HeldOut, MixtureStream, source_epochs
-from launcher.groups.data.sequences import PackedSequences
-from launcher.groups.data.tokens import build_cache, load_corpus, uses_cache
+from launcher.components.batch_split import BatchSplit
+from launcher.components.data import mixture
+from launcher.components.data.batching import Batches
+from launcher.components.data.interleave import HeldOut, MixtureStream, source_epochs
+from launcher.components.data.sequences import PackedSequences
+from launcher.components.data.tokens import build_cache, load_corpus, uses_cache
 from launcher.parallel.dims import DistContext
 from launcher.spec import RunSpec
 

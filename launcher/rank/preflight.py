@@ -17,7 +17,7 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-from launcher.groups.parallel import ParallelConfig
+from launcher.config.parallel import ParallelConfig
 from launcher.parallel.dims import DistContext, ParallelDims, init_process_group
 
 MAX_WAIT_S = 60.0

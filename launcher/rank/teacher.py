@@ -1,4 +1,4 @@
-"""The objective of a rank (launcher.groups.objective): cross-entropy, or distillation from a frozen, placed teacher.
+"""The objective of a rank (launcher.components.objective): cross-entropy, or distillation from a frozen, placed teacher.
 
 The teacher is read from a run directory or a Hugging Face folder.
 
@@ -19,12 +19,12 @@ import torch
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 
-from launcher.groups import checkpoint
-from launcher.groups.distill import Distiller
-from launcher.groups.model.build import build_model
-from launcher.groups.model.config import ModelConfig
-from launcher.groups.objective import CrossEntropy, Objective
-from launcher.groups.precision import train_dtype
+from launcher.components import checkpoint
+from launcher.components.distill import Distiller
+from launcher.components.model.build import build_model
+from launcher.components.objective import CrossEntropy, Objective
+from launcher.components.precision import train_dtype
+from launcher.config.model import ModelConfig
 from launcher.parallel.dims import DistContext
 from launcher.parallel.registry import STRATEGIES, strategy_module
 from launcher.spec import RunSpec, load_spec
@@ -51,7 +51,7 @@ def _place(teacher: nn.Module, spec: RunSpec, dist: DistContext, mesh: DeviceMes
         return teacher
     from torch.distributed.fsdp import fully_shard
 
-    from launcher.groups.model.hf import decoder_layers
+    from launcher.components.model.hf import decoder_layers
     from launcher.parallel.fsdp import data_mesh
 
     shard_mesh = data_mesh(mesh, dist.dims.dp_replicate)

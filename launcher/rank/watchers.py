@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from launcher.groups import loggers
-from launcher.groups.advice import Advisor
-from launcher.groups.observers import LogLines, Observer, Observers, RunContext
+from launcher.components import loggers
+from launcher.components.advice import Advisor
+from launcher.components.loggers.observers import LogLines, Observer, Observers, RunContext
 from launcher.spec import RunSpec
 
 

@@ -14,10 +14,10 @@ import torch
 import torch.distributed as torch_dist
 from rich.console import Console
 
+from launcher.components import checkpoint, checkpoint_files, metrics
+from launcher.components.device import resolve_device
+from launcher.components.memory import apply_cuda_alloc_conf
 from launcher.exits import ExitStatus, for_signal
-from launcher.groups import checkpoint, checkpoint_files, metrics
-from launcher.groups.device import resolve_device
-from launcher.groups.memory import apply_cuda_alloc_conf
 from launcher.parallel.deepspeed import accelerator_env
 from launcher.parallel.dims import DistContext, shutdown
 from launcher.parallel.registry import STRATEGIES

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from launcher.groups.data.config import DATA_KINDS
-from launcher.groups.launcher import BACKENDS
-from launcher.groups.memory import ACTIVATION_CHECKPOINTING
-from launcher.groups.optimizer import OPTIMIZERS
-from launcher.groups.quantization import METHODS
-from launcher.groups.scheduler import SCHEDULES
+from launcher.components.optimizer import OPTIMIZERS
+from launcher.config.data import DATA_KINDS
+from launcher.config.launcher import BACKENDS
+from launcher.config.memory import ACTIVATION_CHECKPOINTING
+from launcher.config.quantization import METHODS
+from launcher.config.scheduler import SCHEDULES
 from launcher.parallel.pipeline_split import SCHEDULES as PP_SCHEDULES
 from launcher.parallel.registry import STRATEGIES
 from launcher.rules.hardware import Hardware

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from launcher.groups.data.config import BATCHING, FORMATS, TRAIN_ON
-from launcher.groups.data.formats import INSTRUCTION_TEMPLATE, template_problem
-from launcher.groups.data.layouts import find_registry, registry_problem
-from launcher.groups.data.sources import BUILDERS, matching_files
-from launcher.groups.model.hf_files import local_dir
+from launcher.components.data.formats import INSTRUCTION_TEMPLATE, template_problem
+from launcher.components.data.layouts import find_registry, registry_problem
+from launcher.components.data.sources import BUILDERS, matching_files
+from launcher.components.model.hf_files import local_dir
+from launcher.config.data import BATCHING, FORMATS, TRAIN_ON
 from launcher.rules.hardware import Hardware
 from launcher.rules.values import Rule, choice, positive
 from launcher.spec import RunSpec, SpecError

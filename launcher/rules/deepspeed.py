@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from launcher.groups.parallel import ParallelConfig
+from launcher.config.parallel import ParallelConfig
 from launcher.parallel.deepspeed_config import loss_scale_power
 from launcher.parallel.deepspeed_user_config import merge as merge_user_config
 from launcher.parallel.deepspeed_user_config import read_user_config

@@ -5,10 +5,10 @@ from __future__ import annotations
 from collections.abc import Iterator
 from pathlib import Path
 
-from launcher.groups import checkpoint
-from launcher.groups.distill import LOSSES
-from launcher.groups.model.config import vocab_size
-from launcher.groups.model.hf_files import has_weights, local_vocab_size
+from launcher.components import checkpoint
+from launcher.components.model.hf_files import has_weights, local_vocab_size
+from launcher.config.distill import LOSSES
+from launcher.config.model import vocab_size
 from launcher.rules.hardware import Hardware
 from launcher.rules.values import Rule
 from launcher.spec import RunSpec, SpecError, load_spec

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from launcher.groups.hardware_facts import NO_CUDA, cuda_facts
-from launcher.groups.precision import FP8_MIN_CAPABILITY
+from launcher.components.hardware_facts import NO_CUDA, cuda_facts
+from launcher.config.precision import FP8_MIN_CAPABILITY
 from launcher.spec import RunSpec
 
 
@@ -35,7 +35,7 @@ def detect_hardware(spec: RunSpec) -> Hardware:
     """Probe the device the spec would run on; for a SLURM job, judge the nodes it asks for instead.
 
     A spec on the CPU asks nothing about CUDA; otherwise the facts come from one cached probe
-    (launcher.groups.hardware_facts), so judging a spec does not import torch.
+    (launcher.components.hardware_facts), so judging a spec does not import torch.
     """
     if spec.launcher.backend == "slurm":
         return requested_hardware(spec)

@@ -5,7 +5,13 @@ from __future__ import annotations
 from collections.abc import Iterator
 from pathlib import Path
 
-from launcher.groups.model.hf_files import PRESETS, WEIGHT_FILES, has_weights, is_preset, read_local_config
+from launcher.components.model.hf_files import (
+    PRESETS,
+    WEIGHT_FILES,
+    has_weights,
+    is_preset,
+    read_local_config,
+)
 from launcher.rules.hardware import Hardware
 from launcher.rules.values import Rule, missing
 from launcher.spec import RunSpec, SpecError

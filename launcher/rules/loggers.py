@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from urllib.parse import urlparse
 
-from launcher.groups.loggers import MODULES, WANDB_MODES
+from launcher.config.logger import MODULES, WANDB_MODES
 from launcher.rules.hardware import Hardware
 from launcher.rules.values import Rule, choice, installed, missing
 from launcher.spec import RunSpec, SpecError

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from launcher.groups.memory import alloc_conf_problems
+from launcher.components.memory import alloc_conf_problems
 from launcher.plan.fit import fixes, memory_error, too_large
 from launcher.plan.planner import plan
 from launcher.rules.hardware import Hardware

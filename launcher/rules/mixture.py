@@ -11,8 +11,8 @@ import math
 import re
 from collections.abc import Iterator
 
-from launcher.groups.data.config import DATA_KINDS
-from launcher.groups.data.mixture import NAME_PATTERN, SOURCE_KEYS, resolve
+from launcher.components.data.mixture import NAME_PATTERN, SOURCE_KEYS, resolve
+from launcher.config.data import DATA_KINDS
 from launcher.rules import data, records
 from launcher.rules.hardware import Hardware
 from launcher.rules.values import Rule, choice

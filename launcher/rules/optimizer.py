@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from launcher.groups.optimizer import BNB_OPTIMIZERS
+from launcher.config.optimizer import BNB_OPTIMIZERS
 from launcher.rules.hardware import Hardware
 from launcher.rules.values import Rule, missing
 from launcher.spec import RunSpec, SpecError

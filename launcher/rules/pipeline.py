@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from launcher.groups.parallel import ParallelConfig
+from launcher.config.parallel import ParallelConfig
 from launcher.parallel.pipeline_split import SCHEDULES, split_problem
 from launcher.rules.hardware import Hardware
 from launcher.rules.values import Rule
@@ -169,7 +169,7 @@ def _batch_split(spec: RunSpec, hw: Hardware) -> Iterator[SpecError]:
 
 
 def _layers(spec: RunSpec, hw: Hardware) -> Iterator[SpecError]:
-    from launcher.groups.model.shape import model_shape
+    from launcher.components.model.shape import model_shape
 
     p = spec.parallel
     if not _pipeline(spec) or p.pp_size < 1 or p.pp_stages_per_rank < 1:
@@ -235,7 +235,7 @@ def _hf_layout(spec: RunSpec, hw: Hardware) -> Iterator[SpecError]:
     """A Hugging Face model is cut into stages along the Llama layout (embed_tokens, layers, norm, lm_head)."""
     if not _pipeline(spec) or spec.model.kind != "hf":
         return
-    from launcher.groups.model.hf import build_hf_model, pipeline_problem
+    from launcher.components.model.hf import build_hf_model, pipeline_problem
 
     try:
         problem = pipeline_problem(build_hf_model(spec.model, empty=True, announce=False).hf)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from launcher.groups.precision import DTYPES, FP8_MIN_CAPABILITY, FP8_RECIPES
+from launcher.config.precision import DTYPES, FP8_MIN_CAPABILITY, FP8_RECIPES
 from launcher.rules.hardware import Hardware
 from launcher.rules.values import Rule, choice
 from launcher.spec import RunSpec, SpecError

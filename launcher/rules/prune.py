@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from launcher.groups.prune import GROUP_2_4, METHODS, SCOPES
+from launcher.config.prune import GROUP_2_4, METHODS, SCOPES
 from launcher.rules.hardware import Hardware
 from launcher.rules.values import Rule
 from launcher.spec import RunSpec, SpecError
@@ -96,7 +96,7 @@ def _shapes(spec: RunSpec) -> Iterator[SpecError]:
     """2:4 needs every pruned layer's input features in whole groups of 4."""
     if spec.prune.method != "2_4":
         return
-    from launcher.groups.model.shape import model_shape
+    from launcher.components.model.shape import model_shape
 
     try:
         linears = model_shape(spec.model).block_linears

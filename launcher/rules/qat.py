@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from launcher.groups.model.config import ff_width
-from launcher.groups.qat import SCHEMES
+from launcher.config.model import ff_width
+from launcher.config.qat import SCHEMES
 from launcher.rules.hardware import Hardware
 from launcher.rules.values import Rule, choice
 from launcher.spec import RunSpec, SpecError

@@ -4,14 +4,15 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from launcher.groups.model.hf_files import PRESET_LINEARS, is_preset
-from launcher.groups.nf4 import GROUP, shape_problem
-from launcher.groups.quantization import NF4_BACKENDS, nf4_backend
+from launcher.components.model.hf_files import PRESET_LINEARS, is_preset
+from launcher.components.nf4 import GROUP, shape_problem
+from launcher.components.quantization import nf4_backend
+from launcher.config.quantization import NF4_BACKENDS
 from launcher.rules.hardware import Hardware
 from launcher.rules.values import Rule, installed, missing
 from launcher.spec import RunSpec, SpecError
 
-# The linear layers of the built-in GPT's blocks (launcher.groups.model.gpt), by name suffix.
+# The linear layers of the built-in GPT's blocks (launcher.components.model.gpt), by name suffix.
 GPT_LINEARS = ("q_proj", "k_proj", "v_proj", "o_proj", "up", "down")
 TORCHAO_STRATEGIES = ("single", "fsdp")
 """Strategies torchao's NF4 weights are supported under (FSDP2 shards them; one process keeps them whole)."""
@@ -190,7 +191,7 @@ def _nf4_store(spec: RunSpec, hw: Hardware) -> Iterator[SpecError]:
 
 def _nf4_shapes(spec: RunSpec) -> Iterator[SpecError]:
     """Every quantized matrix must split into whole NF4 groups, on every FSDP2 shard."""
-    from launcher.groups.model.shape import model_shape
+    from launcher.components.model.shape import model_shape
 
     p = spec.parallel
     shards = spec.launcher.world_size // max(p.replicate_degree, 1) if p.strategy == "fsdp" else 1

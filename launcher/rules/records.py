@@ -10,17 +10,12 @@ from __future__ import annotations
 from collections.abc import Iterator
 from pathlib import Path
 
-from launcher.groups.data.formats import encode_record
-from launcher.groups.data.layouts import find_registry
-from launcher.groups.data.sources import BUILDERS, RecordError, matching_files, sample_records
-from launcher.groups.model.hf_files import local_dir, local_vocab_size
-from launcher.groups.tokenizer import (
-    TOKENIZER_KINDS,
-    is_byte_export,
-    load_problem,
-    load_tokenizer,
-    tokenizer_size,
-)
+from launcher.components.data.formats import encode_record
+from launcher.components.data.layouts import find_registry
+from launcher.components.data.sources import BUILDERS, RecordError, matching_files, sample_records
+from launcher.components.data.tokenizer import is_byte_export, load_problem, load_tokenizer, tokenizer_size
+from launcher.components.model.hf_files import local_dir, local_vocab_size
+from launcher.config.tokenizer import TOKENIZER_KINDS
 from launcher.rules.hardware import Hardware
 from launcher.rules.values import Rule, choice
 from launcher.spec import RunSpec, SpecError

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import yaml
 
-from launcher.groups import checkpoint
+from launcher.components import checkpoint
 from launcher.parallel.checkpoint_layout import TAG, is_dcp_checkpoint
 from launcher.rules.hardware import Hardware
 from launcher.rules.values import Rule

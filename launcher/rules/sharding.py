@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from launcher.groups.parallel import ParallelConfig
+from launcher.config.parallel import ParallelConfig
 from launcher.parallel.dims import degree_errors
 from launcher.rules.hardware import Hardware
 from launcher.rules.values import Rule
@@ -73,7 +73,7 @@ def _degrees(spec: RunSpec, hw: Hardware) -> Iterator[SpecError]:
 
 def _hf_tp(spec: RunSpec) -> Iterator[SpecError]:
     """Tensor parallelism of a Hugging Face model: its config's own plan, and heads and width that split evenly."""
-    from launcher.groups.model.hf_files import hf_config, tp_plan_problem
+    from launcher.components.model.hf_files import hf_config, tp_plan_problem
 
     p = spec.parallel
     try:

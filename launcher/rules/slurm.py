@@ -6,7 +6,7 @@ import shlex
 import signal
 from collections.abc import Iterator
 
-from launcher.groups.launcher import TIME_FORMATS, time_limit_s
+from launcher.config.launcher import TIME_FORMATS, time_limit_s
 from launcher.rules.hardware import Hardware
 from launcher.rules.values import Rule
 from launcher.spec import RunSpec, SpecError

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from conftest import TINY, run_cli, run_inline
-from launcher.groups.metrics import read_metrics
+from launcher.components.metrics import read_metrics
 
 pytestmark = pytest.mark.gpu
 

@@ -7,8 +7,8 @@ import json
 import pytest
 
 from conftest import TINY, losses, run_inline
-from launcher.groups.device import peak_flops
-from launcher.groups.metrics import read_metrics
+from launcher.components.device import peak_flops
+from launcher.components.metrics import read_metrics
 
 pytestmark = pytest.mark.gpu
 

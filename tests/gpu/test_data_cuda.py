@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 
 from conftest import TINY, losses, run_inline
-from launcher.groups.data.loader import BackgroundBatches
-from launcher.groups.data.sequences import BatchStream, PackedSequences
-from launcher.groups.data.tokens import TokenStore
+from launcher.components.data.loader import BackgroundBatches
+from launcher.components.data.sequences import BatchStream, PackedSequences
+from launcher.components.data.tokens import TokenStore
 
 pytestmark = pytest.mark.gpu
 

@@ -7,7 +7,7 @@ import json
 import pytest
 
 from conftest import TINY, losses, run_ranks
-from launcher.groups.metrics import read_metrics
+from launcher.components.metrics import read_metrics
 from launcher.parallel.deepspeed import consolidate
 
 pytestmark = pytest.mark.gpu

@@ -15,15 +15,15 @@ pytest.importorskip("peft")
 from peft import PeftModel  # noqa: E402
 from peft.tuners.lora import LoraLayer  # noqa: E402
 
-from launcher.front import merge  # noqa: E402
-from launcher.front.adapter_folder import write_adapter_folder  # noqa: E402
-from launcher.groups import adapters, checkpoint, quantization  # noqa: E402
-from launcher.groups.adapters import ADAPTER, LoRAConfig  # noqa: E402
-from launcher.groups.model.build import build_model  # noqa: E402
-from launcher.groups.model.config import ModelConfig  # noqa: E402
-from launcher.groups.model.hf_files import hf_config  # noqa: E402
-from launcher.groups.precision import PrecisionConfig  # noqa: E402
-from launcher.groups.quantization import QuantizationConfig  # noqa: E402
+from launcher.components import adapters, checkpoint, quantization  # noqa: E402
+from launcher.components.model.build import build_model  # noqa: E402
+from launcher.components.model.hf_files import hf_config  # noqa: E402
+from launcher.config.adapters import ADAPTER, LoRAConfig  # noqa: E402
+from launcher.config.model import ModelConfig  # noqa: E402
+from launcher.config.precision import PrecisionConfig  # noqa: E402
+from launcher.config.quantization import QuantizationConfig  # noqa: E402
+from launcher.tools import merge  # noqa: E402
+from launcher.tools.adapter_folder import write_adapter_folder  # noqa: E402
 
 SMALL = ModelConfig(n_layer=2, d_model=64, n_head=2)
 RUN = [*TINY, "train.eval_every=null", "train.max_steps=4", "checkpoint.every=null"]

@@ -16,9 +16,9 @@ import pytest
 import torch
 
 from conftest import TINY, assert_same_logits, losses, run_cli, run_inline, run_ranks
+from launcher.components import checkpoint
+from launcher.components.metrics import read_metrics
 from launcher.front.cli import precheck
-from launcher.groups import checkpoint
-from launcher.groups.metrics import read_metrics
 from launcher.parallel.deepspeed import TAG, consolidate
 
 ACCUM = ["train.grad_accum_steps=2"]

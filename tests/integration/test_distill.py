@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from conftest import TINY, losses, run_inline, run_ranks
-from launcher.groups.metrics import read_metrics
+from launcher.components.metrics import read_metrics
 
 # The teacher: TINY (2 blocks of 64) trained 60 steps; the student: 1 block of 32, 20 steps.
 TEACHER = [*TINY, "train.max_steps=60", "train.eval_every=60", "checkpoint.every=60", "optimizer.lr=3e-3"]
@@ -91,7 +91,7 @@ def test_two_ranks_distill_as_one_process(runs, tmp_path, parallel: str) -> None
 
 
 def test_plan_adds_the_teacher_and_its_logits(runs) -> None:
-    from launcher.groups.model.config import config_num_params
+    from launcher.config.model import config_num_params
     from launcher.plan.planner import plan
     from launcher.spec import load_spec
 
@@ -110,8 +110,8 @@ def test_micro_batch_search_counts_the_teacher(runs) -> None:
 
     import torch
 
-    from launcher.groups.distill import Distiller
-    from launcher.groups.model.build import build_model
+    from launcher.components.distill import Distiller
+    from launcher.components.model.build import build_model
     from launcher.rank.micro_batch import _try_size
     from launcher.rank.teacher import load_teacher
     from launcher.spec import load_spec

@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from conftest import TINY, losses, run_inline
-from launcher.groups import checkpoint
-from launcher.groups.metrics import read_metrics
+from launcher.components import checkpoint
+from launcher.components.metrics import read_metrics
 
 
 def test_default_shape_run_leaves_the_run_directory(tmp_path) -> None:

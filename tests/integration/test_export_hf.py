@@ -14,13 +14,13 @@ import pytest
 import torch
 
 from conftest import TINY, run_inline, run_ranks
-from launcher.front import export, generate
-from launcher.front.hf_folder import byte_tokenizer
-from launcher.groups import checkpoint
-from launcher.groups.model.build import build_model
-from launcher.groups.tokenizer import ByteTokenizer
+from launcher.components import checkpoint
+from launcher.components.data.tokenizer import ByteTokenizer
+from launcher.components.model.build import build_model
 from launcher.parallel.registry import strategy_module
 from launcher.spec import load_spec
+from launcher.tools import export, generate
+from launcher.tools.hf_folder import byte_tokenizer
 
 pytest.importorskip("transformers")
 
@@ -134,7 +134,7 @@ def test_hf_tokenizer_folder_is_copied(folder, hf_tokenizer) -> None:
 
 
 def test_lora_run_is_refused_without_merge_and_matches_merged(run, folder, tmp_path, capsys) -> None:
-    from launcher.front.merge import merge_checkpoint
+    from launcher.tools.merge import merge_checkpoint
 
     assert export.main([str(run("lora")), str(tmp_path / "out"), "--format", "hf"]) == 2
     err = capsys.readouterr().err

@@ -10,10 +10,11 @@ import copy
 import pytest
 import torch
 
-from launcher.groups.model.build import build_model
-from launcher.groups.model.config import ModelConfig
-from launcher.groups.model.loss import lm_loss
-from launcher.groups.precision import PrecisionConfig, apply_fp8
+from launcher.components.model.build import build_model
+from launcher.components.model.loss import lm_loss
+from launcher.components.precision import apply_fp8
+from launcher.config.model import ModelConfig
+from launcher.config.precision import PrecisionConfig
 
 STEPS = 5
 TINY_GPT = ModelConfig(n_layer=2, d_model=64, n_head=2, vocab_size=256, max_seq_len=64)

@@ -16,8 +16,8 @@ import pytest
 import torch
 
 from conftest import TINY, assert_same_logits, losses, run_inline, run_ranks
-from launcher.groups import checkpoint
-from launcher.groups.metrics import read_metrics
+from launcher.components import checkpoint
+from launcher.components.metrics import read_metrics
 from launcher.parallel.part_state import consolidate
 
 RANKS2 = ["launcher=local", "launcher.nproc=2"]

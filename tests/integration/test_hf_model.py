@@ -11,9 +11,9 @@ from conftest import TINY, losses, run_cli, run_inline
 
 pytest.importorskip("transformers")
 
-from launcher.groups.model.build import build_model  # noqa: E402
-from launcher.groups.model.config import ModelConfig
-from launcher.groups.model.hf import HFCausalLM, enable_checkpointing  # noqa: E402
+from launcher.components.model.build import build_model  # noqa: E402
+from launcher.components.model.hf import HFCausalLM, enable_checkpointing  # noqa: E402
+from launcher.config.model import ModelConfig
 
 RUN = [*TINY, "train.eval_every=null", "checkpoint.every=null", "train.max_steps=10"]
 
@@ -58,8 +58,8 @@ def test_preset_checkpointing_gives_the_same_gradients(preset: str) -> None:
 @pytest.mark.parametrize(("preset", "layer_class"), [("llama", "LlamaDecoderLayer"), ("gpt2", "GPT2Block")])
 def test_decoder_layers_are_what_fsdp_shards_and_compile_traces(preset: str, layer_class: str) -> None:
     """FSDP2 and compile take a transformers model layer by layer (the class of `_no_split_modules`)."""
-    from launcher.groups.compile import compiled_modules
-    from launcher.groups.model.hf import decoder_layers
+    from launcher.components.compile import compiled_modules
+    from launcher.components.model.hf import decoder_layers
 
     model = build_model(ModelConfig(kind="hf", hf_config=preset, n_layer=3, d_model=32, n_head=2))
     layers = decoder_layers(model)

@@ -63,8 +63,8 @@ def test_training_starts_from_the_folders_weights(cached_run, folders) -> None:
     """The first logged loss is the saved model's own loss on the first batch (not a fresh init's)."""
     from transformers import AutoModelForCausalLM
 
-    from launcher.groups.batching import build_stream
-    from launcher.groups.data.tokens import load_corpus
+    from launcher.components.data.batching import build_stream
+    from launcher.components.data.tokens import load_corpus
 
     run_dir = cached_run("llama", ["train.micro_batch_size=8"], ranks=0)
     spec = load_spec(run_dir / "spec.yaml")

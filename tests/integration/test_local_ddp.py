@@ -142,15 +142,15 @@ def test_verify_resume_gives_a_verdict(tmp_path, backend: list[str]) -> None:
 
 
 def test_export_loads_at_world_size_one_and_gives_the_trained_logits(straight, tmp_path) -> None:
-    from launcher.groups.data.sequences import PackedSequences, val_batches
-    from launcher.groups.data.tokens import load_corpus
-    from launcher.groups.model.build import build_model
-    from launcher.groups.model.loss import lm_loss, model_inputs
+    from launcher.components.data.sequences import PackedSequences, val_batches
+    from launcher.components.data.tokens import load_corpus
+    from launcher.components.model.build import build_model
+    from launcher.components.model.loss import lm_loss, model_inputs
     from launcher.spec import load_spec
 
     out = tmp_path / "model.pt"
     result = subprocess.run(
-        [sys.executable, "-m", "launcher.front.export", str(straight), str(out)],
+        [sys.executable, "-m", "launcher.tools.export", str(straight), str(out)],
         capture_output=True,
         text=True,
     )

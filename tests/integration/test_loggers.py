@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 
 from conftest import TINY, run_inline
+from launcher.components.metrics import read_metrics
 from launcher.front.cli import precheck
-from launcher.groups.metrics import read_metrics
 
 LOGGERS = "logger=[tensorboard,mlflow,wandb]"
 RUN = [*TINY, LOGGERS, "train.max_steps=12", "train.eval_every=3", "checkpoint.every=4"]

@@ -11,10 +11,10 @@ import pytest
 import torch
 
 from conftest import TINY, losses, run_inline, run_ranks
-from launcher.front import merge
-from launcher.groups import checkpoint
+from launcher.components import checkpoint
 from launcher.parallel.deepspeed import module_states_file
 from launcher.parallel.part_state import saved_model_keys
+from launcher.tools import merge
 
 TWO_RANKS = ["launcher=local", "launcher.nproc=2"]
 LORA = [*TINY, "quantization=lora", "train.eval_every=null", "train.max_steps=8", "checkpoint.every=4"]
@@ -97,7 +97,7 @@ def test_qlora_from_fsdp2_exports_merged_and_as_adapters(straight, tmp_path) -> 
     from peft import PeftConfig
     from transformers import AutoModelForCausalLM
 
-    from launcher.front import export
+    from launcher.tools import export
 
     run_dir = straight("fsdp-qlora")
     assert export.main([str(run_dir), str(tmp_path / "hf"), "--format", "hf", "--merge"]) == 0

@@ -10,7 +10,7 @@ import pytest
 from data_assets import write_jsonl
 
 from conftest import TINY, losses, run_cli
-from launcher.groups.metrics import read_metrics
+from launcher.components.metrics import read_metrics
 
 
 def _mixture(folder: Path) -> list[str]:

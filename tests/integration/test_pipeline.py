@@ -18,7 +18,7 @@ import pytest
 import torch
 
 from conftest import TINY, losses, run_cli, run_inline, run_ranks
-from launcher.groups.metrics import read_metrics
+from launcher.components.metrics import read_metrics
 
 BASE = [*TINY, "model.n_layer=4", "train.max_steps=6", "train.micro_batch_size=8", "checkpoint.every=3"]
 SCHEDULES = {
@@ -98,7 +98,7 @@ def test_bf16_follows_one_process(cached_run) -> None:
 def test_nonfinite_steps_are_skipped_on_every_stage(tmp_path) -> None:
     """lr=1e12 blows the loss up on the last stage; every stage skips the same steps and the kept
     checkpoint holds finite weights (a stage stepping alone would diverge or hang the pipeline)."""
-    from launcher.groups import checkpoint
+    from launcher.components import checkpoint
     from launcher.parallel.part_state import consolidate
 
     args = [
@@ -175,13 +175,13 @@ def test_verify_resume_passes_for_a_pipeline(tmp_path) -> None:
 
 def test_export_consolidates_the_stages_into_the_whole_model(cached_run, tmp_path) -> None:
     """The exported state dict loads strictly into the one-process model and gives its logits."""
-    from launcher.groups.model.build import build_model
+    from launcher.components.model.build import build_model
     from launcher.spec import load_spec
 
     run = cached_run(["parallel=pp", *SCHEDULES["zero_bubble"]])  # V-shaped: rank 0 holds both ends
     out = tmp_path / "model.pt"
     result = subprocess.run(
-        [sys.executable, "-m", "launcher.front.export", str(run), str(out)], capture_output=True, text=True
+        [sys.executable, "-m", "launcher.tools.export", str(run), str(out)], capture_output=True, text=True
     )
     assert result.returncode == 0, result.stderr
     state = torch.load(out, weights_only=True)

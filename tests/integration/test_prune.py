@@ -7,11 +7,12 @@ import pytest
 import torch
 
 from conftest import TINY, losses, run_inline, run_ranks
-from launcher.front import export
-from launcher.groups.metrics import read_metrics
-from launcher.groups.model.build import build_model
-from launcher.groups.prune import MASK, sparsity_at
+from launcher.components.metrics import read_metrics
+from launcher.components.model.build import build_model
+from launcher.components.prune import sparsity_at
+from launcher.config.prune import MASK
 from launcher.spec import load_spec
+from launcher.tools import export
 
 # Updates after steps 5, 8, 11 and 14 (every 3 from step 2; 14 is end_step): two in each half of a
 # run stopped at step 10, then six steps on the final masks.

@@ -9,11 +9,11 @@ import pytest
 import torch
 
 from conftest import TINY, losses, run_inline, run_ranks
-from launcher.front import export, qat_export
-from launcher.front.quantize import evaluate
-from launcher.groups import checkpoint, qat
-from launcher.groups.model.build import build_model
+from launcher.components import checkpoint, qat
+from launcher.components.model.build import build_model
 from launcher.spec import load_spec
+from launcher.tools import export, qat_export
+from launcher.tools.quantize import evaluate
 
 START = 5
 QAT_RUN = [

@@ -10,13 +10,14 @@ from peft.tuners.lora.bnb import Linear4bit as PeftLinear4bit
 from peft.tuners.lora.bnb import Linear8bitLt as PeftLinear8bitLt
 
 from conftest import TINY, losses, run_inline
-from launcher.front import merge
-from launcher.groups import checkpoint, quantization
-from launcher.groups.adapters import ADAPTER, LoRAConfig
-from launcher.groups.model.build import build_model
-from launcher.groups.model.config import ModelConfig
-from launcher.groups.precision import PrecisionConfig
-from launcher.groups.quantization import QuantizationConfig, merged_state_dict
+from launcher.components import checkpoint, quantization
+from launcher.components.model.build import build_model
+from launcher.components.quantization import merged_state_dict
+from launcher.config.adapters import ADAPTER, LoRAConfig
+from launcher.config.model import ModelConfig
+from launcher.config.precision import PrecisionConfig
+from launcher.config.quantization import QuantizationConfig
+from launcher.tools import merge
 
 LORA_RUN = [*TINY, "train.eval_every=null"]
 SMALL = ModelConfig(n_layer=2, d_model=64, n_head=2)

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from conftest import TINY, run_inline
-from launcher.front import quantize
+from launcher.tools import quantize
 
 RUN = [*TINY, "train.max_steps=10", "train.eval_every=null", "checkpoint.every=10"]
 

@@ -13,8 +13,8 @@ import math
 import pytest
 
 from conftest import losses, run_ranks
-from launcher.front import export, generate
 from launcher.spec import load_spec
+from launcher.tools import export, generate
 
 pytest.importorskip("sentencepiece")
 pytest.importorskip("torchao")

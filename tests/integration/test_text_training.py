@@ -8,7 +8,8 @@ import pytest
 from data_assets import alpaca_records, chat_records, text_records, write_json, write_jsonl, write_parquet
 
 from conftest import losses, run_cli, run_inline, run_ranks
-from launcher.groups.tokenizer import TokenizerConfig, load_tokenizer
+from launcher.components.data.tokenizer import load_tokenizer
+from launcher.config.tokenizer import TokenizerConfig
 
 SMALL = [
     "model.n_layer=2", "model.d_model=64", "model.n_head=2", "data.seq_len=32", "data.val_fraction=0.1",

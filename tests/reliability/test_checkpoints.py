@@ -13,8 +13,8 @@ import subprocess
 import pytest
 
 from conftest import TINY, losses, run_cli, run_inline
-from launcher.groups import checkpoint
-from launcher.groups.checkpoint_files import content_problem, read_manifest, total_bytes
+from launcher.components import checkpoint
+from launcher.components.checkpoint_files import content_problem, read_manifest, total_bytes
 
 RUN = [*TINY, "checkpoint.every=5", "checkpoint.keep=3", "train.max_steps=15"]
 

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from conftest import TINY, read_metrics, run_cli, run_inline
-from launcher.groups import checkpoint
+from launcher.components import checkpoint
 
 
 def test_a_run_that_skips_most_steps_stops_with_exit_3_and_the_advice(tmp_path) -> None:

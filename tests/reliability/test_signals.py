@@ -20,7 +20,7 @@ from processes import (
 )
 
 from conftest import alive
-from launcher.groups import checkpoint
+from launcher.components import checkpoint
 
 
 @pytest.mark.parametrize(("number", "status"), [(signal.SIGINT, 130), (signal.SIGTERM, 143)])

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from conftest import TINY, losses, run_cli, run_inline
-from launcher.groups import checkpoint
+from launcher.components import checkpoint
 from launcher.launch import slurm_jobs
 
 pytestmark = pytest.mark.slurm

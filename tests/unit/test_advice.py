@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-from launcher.groups import advice_rules as rules
-from launcher.groups.advice import STATE_FILE, Advisor, batch_advice, precision_advice
-from launcher.groups.observers import RunContext
+from launcher.components import advice_rules as rules
+from launcher.components.advice import STATE_FILE, Advisor, batch_advice, precision_advice
+from launcher.components.loggers.observers import RunContext
 
 GiB = 1024**3
 

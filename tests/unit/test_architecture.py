@@ -17,7 +17,7 @@ import pytest
 
 import launcher
 from launcher import rules
-from launcher.groups.objective import Objective
+from launcher.components.objective import Objective
 from launcher.parallel.pipeline import PipelineRunner
 from launcher.parallel.registry import STRATEGIES, strategy_module
 from launcher.parallel.runner import ModelRunner, Runner

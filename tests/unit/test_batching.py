@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import torch
 
-from launcher.groups.batching import Documents, LengthGroupedStream, TokenBudgetStream
-from launcher.groups.data.sequences import BatchStream
-from launcher.groups.data.tokens import TokenStore
+from launcher.components.data.batching import Documents, LengthGroupedStream, TokenBudgetStream
+from launcher.components.data.sequences import BatchStream
+from launcher.components.data.tokens import TokenStore
 
 
 def _corpus(num_docs: int = 400, seed: int = 0) -> torch.Tensor:

@@ -9,11 +9,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from launcher.groups import compile as compiling
-from launcher.groups import memory
-from launcher.groups.model.config import ModelConfig
-from launcher.groups.model.gpt import GPT
-from launcher.groups.model.loss import lm_loss
+from launcher.components import compile as compiling
+from launcher.components import memory
+from launcher.components.model.gpt import GPT
+from launcher.components.model.loss import lm_loss
+from launcher.config.model import ModelConfig
 
 
 def _losses(mode: str) -> tuple[list[float], list[str]]:

@@ -7,12 +7,12 @@ import json
 import pytest
 import torch
 
-from launcher.groups.data.config import DataConfig
-from launcher.groups.data.loader import BackgroundBatches
-from launcher.groups.data.sequences import BatchStream, PackedSequences, val_batches
-from launcher.groups.data.sources import describe
-from launcher.groups.data.split import HASH_SPLIT_MIN_DOCUMENTS, held_out_tail, is_val_document
-from launcher.groups.data.tokens import START, TokenStore, load_corpus
+from launcher.components.data.loader import BackgroundBatches
+from launcher.components.data.sequences import BatchStream, PackedSequences, val_batches
+from launcher.components.data.sources import describe
+from launcher.components.data.split import HASH_SPLIT_MIN_DOCUMENTS, held_out_tail, is_val_document
+from launcher.components.data.tokens import START, TokenStore, load_corpus
+from launcher.config.data import DataConfig
 
 
 def _documents(store: TokenStore) -> list[bytes]:

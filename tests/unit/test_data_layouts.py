@@ -9,15 +9,16 @@ import shutil
 import pytest
 from data_assets import alpaca_records, chat_records, sharegpt_records, text_records, write_json, write_jsonl
 
+from launcher.components.data.formats import encode_record
+from launcher.components.data.layouts import detect
+from launcher.components.data.sources import RecordError, records
+from launcher.components.data.tokenizer import load_tokenizer
+from launcher.components.data.tokens import load_corpus
+from launcher.config.data import DataConfig
+from launcher.config.tokenizer import TokenizerConfig
 from launcher.front import cli, compose
 from launcher.front.cli import precheck
 from launcher.front.tokenize import prepare_data
-from launcher.groups.data.config import DataConfig
-from launcher.groups.data.formats import encode_record
-from launcher.groups.data.layouts import detect
-from launcher.groups.data.sources import RecordError, records
-from launcher.groups.data.tokens import load_corpus
-from launcher.groups.tokenizer import TokenizerConfig, load_tokenizer
 
 TOOL_TEMPLATE = (
     "{{ bos_token }}{% if tools %}<|tools|>\n{{ tools | tojson }}{{ eos_token }}\n{% endif %}"

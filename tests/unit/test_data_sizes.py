@@ -12,15 +12,15 @@ import pytest
 from data_assets import alpaca_records, write_jsonl
 
 from conftest import TINY
+from launcher.components.data.batching import Documents
+from launcher.components.data.sequences import PackedSequences
+from launcher.components.data.sizes import document_sequences, packed_sequences
+from launcher.components.data.split import is_val_document
+from launcher.components.data.tokens import load_corpus
+from launcher.config.data import DataConfig
 from launcher.front import cli, compose
 from launcher.front.data_sizes import size_errors
 from launcher.front.tokenize import prepare_data
-from launcher.groups.batching import Documents
-from launcher.groups.data.config import DataConfig
-from launcher.groups.data.sequences import PackedSequences
-from launcher.groups.data.sizes import document_sequences, packed_sequences
-from launcher.groups.data.split import is_val_document
-from launcher.groups.data.tokens import load_corpus
 
 TWO_RANKS = ["launcher=local", "launcher.nproc=2", "parallel=ddp"]
 

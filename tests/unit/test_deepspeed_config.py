@@ -375,8 +375,8 @@ def test_transformers_template_trains_a_folder_model_on_the_specs_schedule(tmp_p
     """
     from hf_assets import make_hf_model
 
+    from launcher.components.metrics import read_metrics
     from launcher.front import rundir
-    from launcher.groups.metrics import read_metrics
     from launcher.rank import worker
 
     folder = make_hf_model("llama", tmp_path / "llama")

@@ -10,8 +10,8 @@ import torch
 import torch.nn.functional as F
 
 from conftest import write_spec
+from launcher.components.distill import kd_loss_sum
 from launcher.front.cli import precheck
-from launcher.groups.distill import kd_loss_sum
 
 
 def _errors(*argv: str) -> dict[tuple[str, ...], str]:

@@ -60,9 +60,10 @@ def test_convert_swaps_eligible_linears_only() -> None:
     """torchao's conversion runs on the CPU (its matmuls do not): blocks convert, the head and odd dims stay."""
     from torchao.float8.float8_linear import Float8Linear
 
-    from launcher.groups.model.build import build_model
-    from launcher.groups.model.config import ModelConfig
-    from launcher.groups.precision import PrecisionConfig, apply_fp8
+    from launcher.components.model.build import build_model
+    from launcher.components.precision import apply_fp8
+    from launcher.config.model import ModelConfig
+    from launcher.config.precision import PrecisionConfig
 
     model = build_model(ModelConfig(n_layer=1, d_model=64, n_head=2, d_ff=200))
     apply_fp8(model, PrecisionConfig(bf16=True, fp8=True, fp8_recipe="rowwise"))

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+from launcher.components import checkpoint
 from launcher.front.cli import precheck
-from launcher.groups import checkpoint
 
 LOCAL2 = ["launcher=local", "launcher.nproc=2"]
 

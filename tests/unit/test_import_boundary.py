@@ -19,9 +19,9 @@ from pathlib import Path
 
 import pytest
 
+from launcher.components import hardware_facts
+from launcher.components.hardware_facts import CudaFacts
 from launcher.front import compose
-from launcher.groups import hardware_facts
-from launcher.groups.hardware_facts import CudaFacts
 from launcher.rules.hardware import detect_hardware
 from launcher.spec import RunSpec, to_spec
 
@@ -65,7 +65,7 @@ CHECKS = textwrap.dedent(
 def test_the_front_end_imports_none_of_the_heavy_stack(tmp_path: Path) -> None:
     env = {**os.environ, "XDG_CACHE_HOME": str(tmp_path / "cache")}
     if not hardware_facts.cuda_impossible():  # GPUs here: the first probe may import torch.cuda, once
-        warm = "from launcher.groups.hardware_facts import cuda_facts; cuda_facts()"
+        warm = "from launcher.components.hardware_facts import cuda_facts; cuda_facts()"
         subprocess.run([sys.executable, "-c", warm], env=env, check=True, timeout=120)
     out = subprocess.run(
         [sys.executable, "-c", CHECKS, ",".join(HEAVY), json.dumps(DRY_RUNS), str(tmp_path / "runs")],

@@ -10,11 +10,11 @@ import sys
 import pytest
 import torch
 
-from launcher.groups import memory
-from launcher.groups.memory import MemoryConfig
-from launcher.groups.model.config import ModelConfig
-from launcher.groups.model.gpt import GPT
-from launcher.groups.model.loss import lm_loss
+from launcher.components import memory
+from launcher.components.model.gpt import GPT
+from launcher.components.model.loss import lm_loss
+from launcher.config.memory import MemoryConfig
+from launcher.config.model import ModelConfig
 
 SMALL = ModelConfig(n_layer=4, n_head=2, d_model=32, max_seq_len=64, dropout=0.1)
 
@@ -72,10 +72,10 @@ def test_empty_cache_hook_is_cuda_only() -> None:
 
 _MEASURE = """
 import json, re, sys, torch
-from launcher.groups import memory
-from launcher.groups.model.gpt import GPT
-from launcher.groups.model.config import ModelConfig
-from launcher.groups.model.loss import lm_loss
+from launcher.components import memory
+from launcher.components.model.gpt import GPT
+from launcher.config.model import ModelConfig
+from launcher.components.model.loss import lm_loss
 torch.set_num_threads(1)
 model = GPT(ModelConfig(n_layer=8, n_head=2, d_model=64, max_seq_len=512))
 model = memory.apply(model, memory.MemoryConfig(activation_checkpointing=sys.argv[1]))
@@ -110,8 +110,8 @@ def _extra_peak(mode: str) -> int:
 
 
 def test_cuda_alloc_conf_reaches_a_cuda_ranks_environment_only(monkeypatch) -> None:
+    from launcher.config.memory import CUDA_ALLOC_ENV
     from launcher.front import compose
-    from launcher.groups.memory import CUDA_ALLOC_ENV
     from launcher.rank.worker import configure_process
 
     spec, errors = compose.validate(compose.compose(['memory.cuda_alloc_conf="expandable_segments:True"']))
@@ -138,7 +138,7 @@ def test_checkpointing_lowers_peak_memory() -> None:
 
 def test_hugging_face_model_is_checkpointed_through_its_own_switch() -> None:
     pytest.importorskip("transformers")
-    from launcher.groups.model.hf import build_hf_model
+    from launcher.components.model.hf import build_hf_model
 
     cfg = ModelConfig(kind="hf", hf_config="llama", n_layer=2, n_head=2, d_model=32, d_ff=64)
     ids = torch.randint(0, 256, (2, 17), generator=torch.Generator().manual_seed(1))

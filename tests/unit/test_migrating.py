@@ -8,10 +8,10 @@ import re
 import pytest
 
 from conftest import run_cli
+from launcher.config.aliases import ALIASES
+from launcher.config.launcher import torchrun_world
 from launcher.front import command_line, compose, torchrun
 from launcher.front.cli import precheck
-from launcher.groups.aliases import ALIASES
-from launcher.groups.launcher import torchrun_world
 from launcher.spec import public_keys
 
 

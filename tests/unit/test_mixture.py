@@ -10,12 +10,12 @@ import pytest
 import torch
 
 from conftest import write_spec
+from launcher.components.data import mixture
+from launcher.components.data.interleave import MixtureStream, choose, source_epochs, thresholds
+from launcher.components.data.loader import BackgroundBatches, PrefetchedBatches
+from launcher.components.data.sequences import PackedSequences
+from launcher.components.data.tokens import START, TokenStore, build_cache, load_corpus
 from launcher.front import compose
-from launcher.groups.data import mixture
-from launcher.groups.data.interleave import MixtureStream, choose, source_epochs, thresholds
-from launcher.groups.data.loader import BackgroundBatches, PrefetchedBatches
-from launcher.groups.data.sequences import PackedSequences
-from launcher.groups.data.tokens import START, TokenStore, build_cache, load_corpus
 from launcher.spec import load_spec
 
 SEQ_LEN = 4
@@ -129,7 +129,7 @@ def test_a_mixture_round_trips_spec_yaml_as_a_tuple_of_frozen_entries(tmp_path) 
 
 
 def test_each_source_is_cached_on_its_own_and_a_weight_change_reuses_it(tmp_path) -> None:
-    from launcher.groups.data.config import DataConfig, SourceConfig
+    from launcher.config.data import DataConfig, SourceConfig
 
     web = tmp_path / "web.jsonl"
     web.write_text("".join(json.dumps({"text": f"page {i} " * 20}) + "\n" for i in range(50)))
@@ -150,7 +150,7 @@ def test_each_source_is_cached_on_its_own_and_a_weight_change_reuses_it(tmp_path
 
 
 def _bytes():  # noqa: ANN202
-    from launcher.groups.tokenizer import TokenizerConfig
+    from launcher.config.tokenizer import TokenizerConfig
 
     return TokenizerConfig()
 

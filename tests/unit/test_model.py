@@ -7,10 +7,10 @@ import math
 import pytest
 import torch
 
-from launcher.groups.model.build import build_model, flops_per_token, num_params
-from launcher.groups.model.config import ModelConfig
-from launcher.groups.model.gpt import GPT
-from launcher.groups.model.loss import lm_loss
+from launcher.components.model.build import build_model, flops_per_token, num_params
+from launcher.components.model.gpt import GPT
+from launcher.components.model.loss import lm_loss
+from launcher.config.model import ModelConfig
 
 SMALL = ModelConfig(n_layer=2, n_head=2, d_model=32, max_seq_len=16)
 

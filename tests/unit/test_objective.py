@@ -5,9 +5,10 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from launcher.groups.distill import DistillConfig, Distiller, kd_loss_sum
-from launcher.groups.model.loss import lm_loss
-from launcher.groups.objective import CrossEntropy, Objective
+from launcher.components.distill import Distiller, kd_loss_sum
+from launcher.components.model.loss import lm_loss
+from launcher.components.objective import CrossEntropy, Objective
+from launcher.config.distill import DistillConfig
 
 
 class _Logits(nn.Module):

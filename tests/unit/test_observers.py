@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-from launcher.groups import observers
+from launcher.components.loggers import observers
 from launcher.rank.watchers import build_observers
 from launcher.spec import RunSpec
 

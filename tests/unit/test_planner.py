@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 from rich.console import Console
 
+from launcher.components.model.build import build_model, num_params
+from launcher.config.model import ModelConfig
 from launcher.front import compose, dryrun
-from launcher.groups.model.build import build_model, num_params
-from launcher.groups.model.config import ModelConfig
 from launcher.plan import planner
 from launcher.plan.activations import ActivationShape, activation_bytes
 from launcher.spec import RunSpec, to_spec

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import pytest
 
+from launcher.components.prune import sparsity_at, updates_at
+from launcher.config.prune import PruneConfig
 from launcher.front.cli import precheck
-from launcher.groups.prune import PruneConfig, sparsity_at, updates_at
 
 
 def _errors(*argv: str) -> dict[tuple[str, ...], str]:

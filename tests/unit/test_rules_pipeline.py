@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
+from launcher.components import checkpoint
 from launcher.front.cli import precheck
-from launcher.groups import checkpoint
 
 PP2 = ["parallel.strategy=pp", "parallel.pp_size=2", "launcher=local", "launcher.nproc=2"]
 PP4 = ["parallel.strategy=pp", "parallel.pp_size=4", "launcher=local", "launcher.nproc=4", "model.n_layer=8"]

@@ -10,16 +10,21 @@ import pytest
 import torch
 from data_assets import alpaca_records, chat_records, text_records, write_json, write_jsonl, write_parquet
 
+from launcher.components.data.formats import (
+    INSTRUCTION_TEMPLATE,
+    INSTRUCTION_TEMPLATE_NO_INPUT,
+    encode_record,
+)
+from launcher.components.data.sequences import PackedSequences
+from launcher.components.data.tokenizer import load_tokenizer
+from launcher.components.data.tokens import START, TRAINED, load_corpus
+from launcher.components.model.loss import model_inputs
+from launcher.config.data import DataConfig
+from launcher.config.model import ModelConfig
+from launcher.config.tokenizer import TokenizerConfig
 from launcher.front import compose
 from launcher.front.cli import precheck
 from launcher.front.tokenize import prepare_data
-from launcher.groups.data.config import DataConfig
-from launcher.groups.data.formats import INSTRUCTION_TEMPLATE, INSTRUCTION_TEMPLATE_NO_INPUT, encode_record
-from launcher.groups.data.sequences import PackedSequences
-from launcher.groups.data.tokens import START, TRAINED, load_corpus
-from launcher.groups.model.config import ModelConfig
-from launcher.groups.model.loss import model_inputs
-from launcher.groups.tokenizer import TokenizerConfig, load_tokenizer
 
 
 @pytest.fixture(scope="module")
@@ -81,7 +86,7 @@ def test_corpus_masks_prompts_and_document_starts(tok_cfg, tmp_path) -> None:
 
 @pytest.mark.parametrize("kind", ["gpt", "llama", "gpt2"])
 def test_a_packed_row_of_two_documents_gives_their_losses_alone(kind: str) -> None:
-    from launcher.groups.model.build import build_model
+    from launcher.components.model.build import build_model
 
     torch.manual_seed(0)
     common = {"n_layer": 2, "n_head": 2, "d_model": 32, "max_seq_len": 64, "vocab_size": 97}
@@ -245,7 +250,7 @@ def test_text_files_of_every_kind_load(tmp_path, tok_cfg) -> None:
 
 
 def test_resize_embeddings_grows_a_local_model_to_the_tokenizer(tmp_path, tok_cfg) -> None:
-    from launcher.groups.model.build import build_model
+    from launcher.components.model.build import build_model
 
     folder = tmp_path / "model"
     folder.mkdir()
@@ -265,7 +270,7 @@ def test_resize_embeddings_grows_a_local_model_to_the_tokenizer(tmp_path, tok_cf
 def test_a_chat_template_that_is_not_prefix_stable_is_refused_unless_training_on_all(tmp_path) -> None:
     from data_assets import make_tokenizer
 
-    from launcher.groups.data.sources import RecordError
+    from launcher.components.data.sources import RecordError
 
     folder = make_tokenizer(tmp_path / "counting")
     config = json.loads((folder / "tokenizer_config.json").read_text())

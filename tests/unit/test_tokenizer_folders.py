@@ -13,14 +13,9 @@ from pathlib import Path
 import pytest
 
 from conftest import run_cli
+from launcher.components.data.tokenizer import folder_problem, load_problem, load_tokenizer, resolve_auto
+from launcher.config.tokenizer import TokenizerConfig
 from launcher.front import cli, compose
-from launcher.groups.tokenizer import (
-    TokenizerConfig,
-    folder_problem,
-    load_problem,
-    load_tokenizer,
-    resolve_auto,
-)
 
 pytest.importorskip("sentencepiece")
 
@@ -117,7 +112,7 @@ def test_auto_resolves_from_the_model_folder(tmp_path) -> None:
 def test_auto_reads_an_exported_byte_model_with_bytes(tmp_path) -> None:
     """A folder `train-export` wrote for a bytes run keeps training on bytes (eos the 0 byte), not on its
     equivalent tokenizer.json, which declares no eos."""
-    from launcher.front.hf_folder import byte_tokenizer
+    from launcher.tools.hf_folder import byte_tokenizer
 
     byte_tokenizer().save_pretrained(str(tmp_path))
     assert resolve_auto(TokenizerConfig(), str(tmp_path))[0].kind == "bytes"

@@ -13,8 +13,8 @@ import textwrap
 import pytest
 
 from conftest import write_spec
-from launcher.front import generate
-from launcher.front.hf_folder import byte_tokenizer
+from launcher.tools import generate
+from launcher.tools.hf_folder import byte_tokenizer
 
 HEAVY = ("torch", "transformers", "peft", "torchao", "datasets", "deepspeed", "bitsandbytes")
 TOOLS = ("export", "generate", "quantize", "merge")

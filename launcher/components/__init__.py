@@ -1,0 +1,1 @@
+"""What runs inside a rank and is not parallelism: model, data, checkpoint I/O, objectives, trackers, advisor."""

@@ -1,0 +1,243 @@
+"""Atomic, verifiable checkpoints: write to a partial directory, mark complete last, rename, prune.
+
+A checkpoint counts only once its COMPLETE marker (a manifest of every file with its size and
+SHA-256, launcher.components.checkpoint_files) is written, after all files, and its directory is
+renamed from `.partial_step_N` to `step_N`. Every rank must succeed: a failure on any rank (a full
+disk, an I/O error) removes the partial directory on every rank's word, and the previous checkpoint
+stays as it was. Resume scans the step directories newest first, skips any whose marker is
+missing or whose sizes differ (`good_checkpoints`), and, before loading, re-reads the files and
+compares their SHA-256 (`checkpoint_files.content_problem`). Pruning never deletes the newest
+checkpoint written before non-finite steps began.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import warnings
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from launcher.components.checkpoint_files import (
+    MARKER,
+    CheckpointFiles,
+    merge_digests,
+    read_manifest,
+    size_problem,
+    total_bytes,
+)
+from launcher.config.checkpoint import LATEST, PARTIAL_PREFIX, SPACE_MARGIN
+
+
+class CheckpointSaveError(RuntimeError):
+    """A checkpoint could not be written; the previous complete one is untouched."""
+
+
+def root(run_dir: Path) -> Path:
+    """The directory holding a run's checkpoints."""
+    return Path(run_dir) / "checkpoints"
+
+
+def step_of(path: Path) -> int:
+    """The optimizer step a `step_N` directory was written at."""
+    return int(path.name.split("_")[-1])
+
+
+def _fsync_write(path: Path, text: str) -> None:
+    """Write `text` to `path` and flush it to disk before returning."""
+    with open(path, "w") as handle:
+        handle.write(text)
+        handle.flush()
+        os.fsync(handle.fileno())
+
+
+def problem(path: Path) -> str | None:
+    """Why the checkpoint at `path` cannot be trusted by its sizes (no file is read), or None."""
+    return size_problem(path)
+
+
+def step_dirs(run_dir: Path) -> list[Path]:
+    """All `step_N` directories of a run, newest first, complete or not."""
+    base = root(run_dir)
+    if not base.is_dir():
+        return []
+    found = [p for p in base.iterdir() if p.is_dir() and p.name.startswith("step_") and p.name[5:].isdigit()]
+    return sorted(found, key=step_of, reverse=True)
+
+
+def good_checkpoints(run_dir: Path, *, warn: bool = True) -> list[Path]:
+    """Complete checkpoints of a run, newest first; incomplete ones are named in a warning."""
+    good = []
+    for path in step_dirs(run_dir):
+        reason = problem(path)
+        if reason is None:
+            good.append(path)
+        elif warn:
+            warnings.warn(f"skipping checkpoint {path}: {reason}", stacklevel=2)
+    return good
+
+
+def resolve_resume(resume: str, run_dir: Path | None) -> list[Path]:
+    """Checkpoints to try for `resume` (auto, a run directory or a checkpoint), newest first."""
+    if resume == "auto":
+        return good_checkpoints(run_dir) if run_dir is not None else []
+    path = Path(resume)
+    if (path / MARKER).exists() or path.name.startswith("step_"):
+        return [path] if problem(path) is None else []
+    return good_checkpoints(path)
+
+
+def unfinished(run_dir: Path) -> list[Path]:
+    """Partial directories that a save which did not finish left behind."""
+    base = root(run_dir)
+    return sorted(p for p in base.iterdir() if p.name.startswith(PARTIAL_PREFIX)) if base.is_dir() else []
+
+
+def space_warning(run_dir: Path) -> str | None:
+    """A warning when the filesystem has less room than the last checkpoint took (SPACE_MARGIN), else None."""
+    good = good_checkpoints(run_dir, warn=False)
+    if not good:
+        return None
+    needed, free = total_bytes(good[0]), shutil.disk_usage(root(run_dir)).free
+    if free >= SPACE_MARGIN * needed:
+        return None
+    return (
+        f"only {free:,} bytes are free under {root(run_dir)}, and the last checkpoint took {needed:,}: "
+        "the next save may fail (the previous checkpoint stays intact if it does). Free space, or lower "
+        "checkpoint.keep."
+    )
+
+
+def save(
+    run_dir: Path,
+    step: int,
+    write: Callable[[CheckpointFiles], None],
+    *,
+    keep: int,
+    rank: int = 0,
+    agree: Callable[[bool], bool] = lambda ok: ok,
+    info: dict[str, Any] | None = None,
+) -> Path:
+    """Write a checkpoint at `step` through `write(files)` on every rank, then commit it atomically.
+
+    Rank 0 prepares the partial directory and, once every rank reports success (`agree`, a
+    collective AND), writes the manifest, renames the directory and prunes old checkpoints. Any
+    failure on any rank removes the partial directory and raises CheckpointSaveError on every rank;
+    earlier checkpoints are untouched. `info` goes into the manifest (e.g. the non-finite count).
+    """
+    base = root(run_dir)
+    partial, final = base / f"{PARTIAL_PREFIX}step_{step}", base / f"step_{step}"
+    is_main = rank == 0
+    # Every rank takes the same path through the agreements below (each is a collective).
+    error = _attempt(_prepare, partial) if is_main else None
+    if agree(error is None):
+        error = _attempt(_write, partial, rank, write)
+        if agree(error is None):
+            if is_main:
+                error = _attempt(_commit, partial, final, step, info or {})
+                if error is None:
+                    prune(run_dir, keep)
+        else:
+            error = error or RuntimeError("another rank failed while writing its part")
+    else:
+        error = error or RuntimeError("rank 0 could not prepare the checkpoint directory")
+    if not agree(error is None):
+        if is_main:
+            raise CheckpointSaveError(_failure_text(run_dir, partial, step, error))
+        raise CheckpointSaveError(
+            f"the checkpoint of step {step} was not written ({error or 'rank 0 failed'})."
+        )
+    return final
+
+
+def _attempt(action: Callable[..., None], *args: Any) -> BaseException | None:
+    """Run `action`; the exception it raised, else None (torch raises RuntimeError on a full disk)."""
+    try:
+        action(*args)
+    except Exception as err:
+        return err
+    return None
+
+
+def _prepare(partial: Path) -> None:
+    partial.parent.mkdir(parents=True, exist_ok=True)
+    shutil.rmtree(partial, ignore_errors=True)
+    partial.mkdir()
+
+
+def _write(partial: Path, rank: int, write: Callable[[CheckpointFiles], None]) -> None:
+    files = CheckpointFiles(partial, rank)
+    write(files)
+    files.finish()
+
+
+def _failure_text(run_dir: Path, partial: Path, step: int, error: BaseException | None) -> str:
+    """Remove the partial directory; one paragraph: what failed, bytes needed and free, what is intact."""
+    written = sum(p.stat().st_size for p in partial.rglob("*") if p.is_file()) if partial.exists() else 0
+    shutil.rmtree(partial, ignore_errors=True)
+    good = good_checkpoints(run_dir, warn=False)
+    needed = max(total_bytes(good[0]) if good else 0, written)
+    free = shutil.disk_usage(root(run_dir)).free
+    intact = f"The previous checkpoint {good[0]} is intact" if good else "No earlier checkpoint exists"
+    return (
+        f"could not write the checkpoint of step {step} in {partial} ({type(error).__name__}: "
+        f"{str(error).splitlines()[0] if error else 'unknown'}). It needs about {needed:,} bytes and "
+        f"{free:,} bytes are free there now (the unfinished checkpoint was removed). {intact}; free "
+        "space (or lower checkpoint.keep) and continue with resume=auto."
+    )
+
+
+def _commit(partial: Path, final: Path, step: int, info: dict[str, Any]) -> None:
+    """Mark `partial` complete (the manifest of every file), move it to `final`, point `latest` at it."""
+    import json
+
+    marker = {"step": step, **info, "files": merge_digests(partial)}
+    _fsync_write(partial / MARKER, json.dumps(marker, indent=1))
+    if final.exists():
+        shutil.rmtree(final)
+    os.replace(partial, final)
+    pointer = final.parent / f"{LATEST}.tmp"
+    _fsync_write(pointer, final.name + "\n")
+    os.replace(pointer, final.parent / LATEST)
+
+
+def _nonfinite_count(path: Path) -> int:
+    try:
+        return int(read_manifest(path).get("nonfinite_skips", 0))
+    except (OSError, ValueError, KeyError, TypeError):
+        return 0
+
+
+def protected(good: list[Path]) -> Path | None:
+    """The checkpoint written just before the current run of non-finite steps began, kept whatever
+    `keep` says; None when the newest interval between checkpoints had no non-finite step."""
+    counts = [_nonfinite_count(p) for p in good]
+    for i in range(len(good) - 1):
+        if (
+            counts[i + 1] >= counts[i]
+        ):  # no skipped step between good[i + 1] and good[i]: the run began after good[i]
+            return good[i] if i > 0 else None
+    return good[-1] if len(good) > 1 else None  # skips in every interval: the oldest one left
+
+
+def prune(run_dir: Path, keep: int) -> None:
+    """Delete complete checkpoints beyond the newest `keep` (never the protected one), and leftovers of failed saves."""
+    good = good_checkpoints(run_dir, warn=False)
+    spared = protected(good)
+    for old in good[max(keep, 1) :]:
+        if old != spared:
+            shutil.rmtree(old, ignore_errors=True)
+    newest = step_of(good[0]) if good else -1
+    for path in root(run_dir).iterdir():
+        stale_partial = path.name.startswith(PARTIAL_PREFIX)
+        stale_incomplete = path.name.startswith("step_") and path not in good and step_of(path) < newest
+        if path.is_dir() and (stale_partial or stale_incomplete):
+            shutil.rmtree(path, ignore_errors=True)
+
+
+def load_tensor_file(path: Path) -> object:
+    """torch.load with weights_only=True: checkpoints never execute code on load."""
+    import torch
+
+    return torch.load(path, map_location="cpu", weights_only=True)

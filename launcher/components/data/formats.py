@@ -1,0 +1,173 @@
+"""Record formats: how one record becomes token ids and per-token trained flags.
+
+- text: `data.field` holds a document; every token is trained.
+- instruction: the alpaca layout (`instruction`, `input`, `output`), rendered with
+  INSTRUCTION_TEMPLATE (or `data.template`); the prompt is not trained unless data.train_on=all.
+- chat: `data.field` (default `messages`) holds `{role, content}` dicts (content: a string or text
+  parts; assistant `tool_calls`, `tool` turns, the record's `tools`), rendered with the tokenizer's
+  chat template; only assistant turns are trained unless data.train_on=all (chat.py, render.py).
+- sharegpt: `data.field` (default `conversations`) holds `{from, value}` turns, read as chat.
+- pretokenized: `data.field` (default `input_ids`) holds token ids, optional `labels` (-100 = not trained).
+
+Every problem is a RecordError naming the record (`where`), the key and the fix.
+"""
+
+from __future__ import annotations
+
+import string
+from typing import Any
+
+from launcher.components.data.chat import chat_conversation, merge_system, sharegpt_conversation
+from launcher.components.data.layouts import detect, reason
+from launcher.components.data.render import conversation_segments
+from launcher.components.data.sources import RecordError
+from launcher.components.data.tokenizer import Tokenizer
+from launcher.config.data import DataConfig
+from launcher.config.tokenizer import TokenizerConfig
+
+INSTRUCTION_TEMPLATE = "### Instruction:\n{instruction}\n\n### Input:\n{input}\n\n### Response:\n"
+"""The alpaca prompt for a record with an input."""
+INSTRUCTION_TEMPLATE_NO_INPUT = "### Instruction:\n{instruction}\n\n### Response:\n"
+"""The alpaca prompt for a record whose input is empty."""
+TEMPLATE_FIELDS = frozenset({"instruction", "input"})
+DEFAULT_FIELDS = {
+    "text": "text",
+    "chat": "messages",
+    "sharegpt": "conversations",
+    "pretokenized": "input_ids",
+    "instruction": "instruction",
+}
+
+
+def field_of(cfg: DataConfig) -> str:
+    """The record field the format reads: data.field, or the format's usual one when data.field is left at `text`."""
+    return DEFAULT_FIELDS[cfg.format] if cfg.field == "text" else cfg.field
+
+
+def template_problem(template: str | None) -> str | None:
+    """Why `data.template` cannot render an instruction prompt, or None."""
+    if template is None:
+        return None
+    try:
+        names = {name for _, name, _, _ in string.Formatter().parse(template) if name is not None}
+    except ValueError as err:
+        return f"data.template is not a valid format string ({err}); write braces as {{{{ and }}}}"
+    unknown = names - TEMPLATE_FIELDS
+    if unknown:
+        return f"data.template names {sorted(unknown)}; it may name only {{instruction}} and {{input}}"
+    if "instruction" not in names:
+        return "data.template never places {instruction}"
+    return None
+
+
+def _text(record: dict, name: str, where: str, hint: str, *, suggest: bool = False) -> str:
+    """The string field `name` of a record; `suggest`: name the format the record's fields look like."""
+    value = record.get(name)
+    if not isinstance(value, str):
+        found = "is missing" if name not in record else f"is {type(value).__name__}, not a string"
+        keys = ", ".join(sorted(map(str, record))) or "none"
+        raise RecordError(
+            f"{where}: field '{name}' {found} (the record's fields: {keys}). {(suggest and _layout_hint(record)) or hint}"
+        )
+    return value
+
+
+def _layout_hint(record: dict) -> str | None:
+    """The format a record's fields suggest, when they suggest one."""
+    found = detect(record)
+    if found is None or found[0] == "text":
+        return None
+    fmt, name = found
+    if fmt == "instruction":
+        return "The record has the alpaca layout: add data.format=instruction (or data.format=auto)."
+    field = "" if DEFAULT_FIELDS[fmt] == name else f" data.field={name}"
+    return f"The record has the {fmt} layout ({reason(fmt, name)}): add data.format={fmt}{field} (or data.format=auto)."
+
+
+def _instruction(record: dict, cfg: DataConfig, where: str) -> list[tuple[str, bool]]:
+    hint = "data.format=instruction reads the alpaca layout: instruction, input (may be empty), output."
+    instruction = _text(record, "instruction", where, hint)
+    output = _text(record, "output", where, hint)
+    given = record.get("input", "")
+    if given is None:
+        given = ""
+    if not isinstance(given, str):
+        raise RecordError(f"{where}: field 'input' is {type(given).__name__}, not a string. {hint}")
+    template = cfg.template or (INSTRUCTION_TEMPLATE if given else INSTRUCTION_TEMPLATE_NO_INPUT)
+    prompt = template.format(instruction=instruction, input=given)
+    return [(prompt, cfg.train_on == "all"), (output, True)]
+
+
+def _conversation(record: dict, cfg: DataConfig, tokenizer: Tokenizer, where: str) -> list[tuple[str, bool]]:
+    """A chat or sharegpt record as rendered segments, prompt turns untrained unless data.train_on=all."""
+    name = field_of(cfg)
+    if name not in record:
+        keys = ", ".join(sorted(map(str, record))) or "none"
+        hint = _layout_hint(record) or "Set data.field to the field that holds the conversation."
+        raise RecordError(f"{where}: no field '{name}' (the record's fields: {keys}). {hint}")
+    read = sharegpt_conversation if cfg.format == "sharegpt" else chat_conversation
+    conversation = read(record, name, where)
+    if cfg.system_prompt_merge:
+        conversation = merge_system(conversation, where)
+    return conversation_segments(conversation, tokenizer, train_all=cfg.train_on == "all", where=where)
+
+
+def _pretokenized(record: dict, cfg: DataConfig, vocab_size: int, where: str) -> tuple[list[int], list[bool]]:
+    name = field_of(cfg)
+    ids = record.get(name)
+    if not isinstance(ids, list) or not all(isinstance(t, int) and not isinstance(t, bool) for t in ids):
+        raise RecordError(
+            f"{where}: '{name}' must be a list of integer token ids (set data.field to that field)."
+        )
+    bad = next((t for t in ids if not 0 <= t < vocab_size), None)
+    if bad is not None:
+        raise RecordError(
+            f"{where}: token id {bad} in '{name}' lies outside the tokenizer's {vocab_size} ids."
+        )
+    labels = record.get("labels")
+    if labels is None:
+        return list(ids), [True] * len(ids)
+    if not isinstance(labels, list) or len(labels) != len(ids):
+        raise RecordError(f"{where}: 'labels' must be a list as long as '{name}' ({len(ids)}).")
+    if any(label not in (-100, token) for label, token in zip(labels, ids, strict=True)):
+        raise RecordError(
+            f"{where}: 'labels' may hold only the token id at its position or -100 (not trained)."
+        )
+    return list(ids), [label != -100 for label in labels]
+
+
+def encode_record(
+    record: Any, cfg: DataConfig, tok_cfg: TokenizerConfig, tokenizer: Tokenizer, where: str
+) -> tuple[list[int], list[bool]]:
+    """(token ids, trained flags) of one record in the configured format, bos/eos added as configured."""
+    if not isinstance(record, dict):
+        raise RecordError(f"{where}: a record must be a JSON object, not {type(record).__name__}.")
+    if cfg.format == "pretokenized":
+        return _pretokenized(record, cfg, tokenizer.vocab_size, where)
+    if cfg.format in ("chat", "sharegpt"):
+        return tokenizer.encode(_conversation(record, cfg, tokenizer, where))
+    if cfg.format == "auto":  # front/data_format.py resolves it before the checks; this is a last guard
+        raise RecordError(
+            f"{where}: data.format=auto found no records to choose a format from; set data.format."
+        )
+    if cfg.format == "instruction":
+        segments = _instruction(record, cfg, where)
+    else:
+        segments = [
+            (
+                _text(
+                    record,
+                    field_of(cfg),
+                    where,
+                    "Set data.field to the field that holds the text.",
+                    suggest=True,
+                ),
+                True,
+            )
+        ]
+    ids, trained = tokenizer.encode(segments)
+    if tok_cfg.add_bos and tokenizer.bos_id is not None:
+        ids, trained = [tokenizer.bos_id, *ids], [False, *trained]
+    if tok_cfg.add_eos and tokenizer.eos_id is not None:
+        ids, trained = [*ids, tokenizer.eos_id], [*trained, True]
+    return ids, trained

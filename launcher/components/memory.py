@@ -1,0 +1,164 @@
+"""The memory group: techniques that trade compute or bandwidth for memory, applied to a built model.
+
+`apply` is a pure function of (model, MemoryConfig): it checkpoints activations of the built-in
+GPT's blocks (or of their attention only) with torch.utils.checkpoint, non-reentrant, by replacing
+the forward of each chosen module instance. Module names and state-dict keys stay as they are, so
+tensor-parallel plans, FSDP per-block sharding and checkpoints see the same model. Activation
+offload moves tensors saved for the backward pass to CPU memory between forward and backward.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import sys
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from launcher.config.memory import CUDA_ALLOC_ENV, CUDA_ALLOC_KEYS, MemoryConfig
+
+if TYPE_CHECKING:  # torch only where a rank builds the model: the launching process never needs it
+    import torch
+    from torch import nn
+
+
+def _alloc_value_ok(key: str, value: str) -> bool:
+    """Whether `value` has the form PyTorch's allocator takes for `key`."""
+    if key in ("expandable_segments", "pinned_use_cuda_host_register"):
+        return value in ("True", "False")
+    if key in ("max_split_size_mb", "pinned_num_register_threads"):
+        return value.isdigit()
+    if key == "garbage_collection_threshold":
+        try:
+            return 0.0 < float(value) < 1.0
+        except ValueError:
+            return False
+    if key == "roundup_power2_divisions":
+        return value.isdigit() or (value.startswith("[") and value.endswith("]") and ":" in value)
+    return value in ("native", "cudaMallocAsync")
+
+
+def _alloc_entries(text: str) -> list[str]:
+    """The comma-separated entries of an allocator config; commas inside [...] lists stay in their entry."""
+    entries, depth, current = [], 0, ""
+    for char in text:
+        depth += {"[": 1, "]": -1}.get(char, 0)
+        if char == "," and depth == 0:
+            entries.append(current)
+            current = ""
+        else:
+            current += char
+    return [*entries, current]
+
+
+def apply_cuda_alloc_conf(conf: str) -> None:
+    """Give PyTorch's CUDA allocator `conf`: through the environment, read when CUDA initialises, and at
+    once where CUDA is up already (an inline rank, in the process that probed the GPU before launch)."""
+    os.environ.update(dict.fromkeys(CUDA_ALLOC_ENV, conf))
+    torch = sys.modules.get("torch")
+    if torch is not None and torch.cuda.is_initialized():
+        # torch >= 2.9 names it in torch._C; older releases only have the torch.cuda.memory spelling.
+        apply = getattr(torch._C, "_accelerator_setAllocatorSettings", None)
+        (apply or torch.cuda.memory._set_allocator_settings)(conf)
+
+
+def alloc_conf_problems(text: str) -> list[str]:
+    """What is wrong with a PYTORCH_CUDA_ALLOC_CONF string (comma-separated key:value), one line each."""
+    problems = []
+    for entry in _alloc_entries(text):
+        key, sep, value = (part.strip() for part in entry.partition(":"))
+        if not sep or not key or not value:
+            problems.append(f"'{entry}' is not key:value")
+        elif key not in CUDA_ALLOC_KEYS:
+            problems.append(f"unknown allocator key '{key}' (known: {', '.join(CUDA_ALLOC_KEYS)})")
+        elif not _alloc_value_ok(key, value):
+            problems.append(f"{key} must be {CUDA_ALLOC_KEYS[key]}, got '{value}'")
+    return problems
+
+
+def checkpointed_modules(model: nn.Module, cfg: MemoryConfig) -> list[nn.Module]:
+    """The modules of the built-in GPT whose activations `cfg` recomputes (blocks or their attention)."""
+    if cfg.activation_checkpointing == "none":
+        return []
+    chosen = [block for i, block in enumerate(model.blocks) if i % cfg.checkpoint_every == 0]
+    return [block.attn for block in chosen] if cfg.activation_checkpointing == "attention" else chosen
+
+
+def _checkpoint_forward(module: nn.Module) -> None:
+    """Make `module` recompute its forward in backward instead of saving its activations."""
+    from torch.utils.checkpoint import checkpoint
+
+    forward = module.forward
+
+    @functools.wraps(forward)
+    def recomputed(*args: object, **kwargs: object) -> object:
+        return checkpoint(forward, *args, use_reentrant=False, **kwargs)
+
+    module.forward = recomputed
+
+
+def apply_checkpointing(model: nn.Module, cfg: MemoryConfig) -> nn.Module:
+    """Checkpoint the activations `cfg` asks for, in place; returns the model."""
+    if cfg.activation_checkpointing == "none":
+        return model
+    from torch import nn
+
+    if isinstance(getattr(model, "blocks", None), nn.ModuleList):
+        for module in checkpointed_modules(model, cfg):
+            _checkpoint_forward(module)
+        return model
+    from launcher.components.model.hf import enable_checkpointing
+
+    # A Hugging Face model checkpoints whole layers through its own switch (rules refuse `attention`).
+    if not enable_checkpointing(model, every_n_layers=cfg.checkpoint_every):
+        raise ValueError(
+            f"memory.activation_checkpointing={cfg.activation_checkpointing}: {type(model).__name__} has no "
+            "`blocks` list and no checkpointing switch is known for it."
+        )
+    return model
+
+
+def apply_offload(model: nn.Module, cfg: MemoryConfig) -> nn.Module:
+    """Move tensors saved for backward to CPU during the model's forward (pinned memory on CUDA)."""
+    if not cfg.offload_activations:
+        return model
+    import torch
+
+    active: list[torch.autograd.graph.save_on_cpu] = []
+
+    def enter(module: nn.Module, args: object) -> None:
+        if torch.is_grad_enabled():
+            on_cuda = any(p.is_cuda for p in module.parameters())
+            active.append(torch.autograd.graph.save_on_cpu(pin_memory=on_cuda))
+            active[-1].__enter__()
+
+    def leave(module: nn.Module, args: object, output: object) -> None:
+        if active:
+            active.pop().__exit__(None, None, None)
+
+    model.register_forward_pre_hook(enter)
+    model.register_forward_hook(leave, always_call=True)  # also when forward raises (e.g. OOM)
+    return model
+
+
+def apply(model: nn.Module, cfg: MemoryConfig) -> nn.Module:
+    """Apply the memory techniques of `cfg` to a built model (before compile and the strategy)."""
+    return apply_offload(apply_checkpointing(model, cfg), cfg)
+
+
+def empty_cache_hook(cfg: MemoryConfig, device_type: str) -> Callable[[int], None] | None:
+    """A per-step hook that empties the CUDA caching allocator every N steps; None where it does nothing.
+
+    On CPU there is no caching allocator to empty (freed memory goes back to the C allocator), so
+    `memory.empty_cache_steps` is accepted and does nothing there.
+    """
+    every = cfg.empty_cache_steps
+    if not every or device_type != "cuda":
+        return None
+    import torch
+
+    def hook(step: int) -> None:
+        if step % every == 0:
+            torch.cuda.empty_cache()
+
+    return hook

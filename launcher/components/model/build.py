@@ -1,0 +1,45 @@
+"""Build the model the model group describes, and count its size and training cost."""
+
+from __future__ import annotations
+
+from torch import nn
+
+from launcher.components.model.shape import model_shape
+from launcher.config.model import ModelConfig
+
+
+def build_model(cfg: ModelConfig, *, empty: bool = False) -> nn.Module:
+    """The model the config describes, on the CPU in float32; init depends only on torch's global seed.
+
+    `empty` (a pretrained HF folder only): parameters on the meta device, for a strategy that shards
+    the model and then loads the weights into the shards (launcher.parallel.pretrained).
+    """
+    if cfg.kind == "hf":
+        from launcher.components.model.hf import build_hf_model
+
+        return build_hf_model(cfg, empty=empty)
+    if empty:
+        raise ValueError("only a pretrained Hugging Face model (model.path) is built empty.")
+    if cfg.kind != "gpt":
+        raise ValueError(
+            f"model.kind={cfg.kind!r} is not a model kind: use gpt (the built-in decoder) or hf."
+        )
+    from launcher.components.model.gpt import GPT
+
+    return GPT(cfg)
+
+
+def num_params(model: nn.Module) -> int:
+    """Parameters of `model`, a tied matrix counted once."""
+    return sum(p.numel() for p in model.parameters())
+
+
+def flops_per_token(cfg: ModelConfig, seq_len: int) -> float:
+    """Training FLOPs per token, 6 * N + 12 * n_layer * d_model * seq_len (forward + backward).
+
+    N counts the parameters without building real weights (launcher.components.model.shape: the GPT's
+    config formula, a Hugging Face model's meta-device build), a tied embedding counted once; the
+    second term is the attention score and value products.
+    """
+    shape = model_shape(cfg)
+    return float(6 * shape.num_params + 12 * shape.equivalent.n_layer * shape.equivalent.d_model * seq_len)

@@ -1,0 +1,210 @@
+"""Hugging Face causal LMs as a model option (`model.kind=hf`), built locally: nothing is downloaded.
+
+`model.path` names a local Hugging Face model folder (config.json + safetensors or PyTorch
+weights, sharded or not): training starts from its weights. Without it, `model.hf_config` is a
+preset or a local directory whose config.json shapes a model with random weights; a preset
+(`llama`, `gpt2`) takes its shape from the model group's own keys (n_layer, d_model, n_head, d_ff,
+vocab_size, max_seq_len, dropout, tie_embeddings), so `model=hf_llama_tiny` and the GPT presets are
+sized the same way. Remote code is never run (`trust_remote_code` stays off), in line with configs
+never naming code to import.
+
+The loop calls `model(input_ids, position_ids) -> logits`: `HFCausalLM` wraps the HF model so it
+does, with the key-value cache off (it only serves generation). GPT-2's `Conv1D` projections become
+`nn.Linear` (weight transposed) so quantization, LoRA and tensor parallelism treat every family
+alike. `build_hf_model(cfg, empty=True)` builds the same module with its parameters on the meta
+device (buffers real), for strategies that shard first and then receive the weights
+(launcher.parallel.pretrained).
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import torch
+from rich.console import Console
+from torch import nn
+
+from launcher.components.model.hf_files import hf_config
+from launcher.config.model import ModelConfig
+
+
+def conv1d_to_linear(model: nn.Module) -> nn.Module:
+    """Replace transformers' Conv1D (y = x @ W + b, W: in x out) by the equivalent nn.Linear."""
+    from transformers.pytorch_utils import Conv1D
+
+    for name, module in list(model.named_modules()):
+        if isinstance(module, Conv1D):
+            in_features, out_features = module.weight.shape
+            linear = nn.Linear(in_features, out_features, bias=module.bias is not None, device="meta")
+            linear.weight = nn.Parameter(module.weight.detach().t().contiguous())
+            if module.bias is not None:
+                linear.bias = nn.Parameter(module.bias.detach().clone())
+            parent, _, leaf = name.rpartition(".")
+            setattr(model.get_submodule(parent), leaf, linear)
+    return model
+
+
+class HFCausalLM(nn.Module):
+    """A transformers causal LM called as the loop calls every model: token ids -> logits."""
+
+    def __init__(self, hf: nn.Module) -> None:
+        super().__init__()
+        self.hf = hf
+        self.pipeline_stage = False
+        """Set on a pipeline stage (hf_stage): the forward walks the parts this stage holds."""
+
+    def forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor | None = None) -> torch.Tensor:
+        """Token ids [B, T] -> next-token logits [B, T, vocab_size], without a key-value cache.
+
+        Position ids that restart inside a row make transformers build a block-diagonal (packed
+        documents) mask in families that support it (Llama and its relatives).
+        """
+        if self.pipeline_stage:
+            return self._stage_forward(input_ids, position_ids)
+        return self.hf(input_ids=input_ids, position_ids=position_ids, use_cache=False).logits
+
+    def _stage_forward(self, inputs: torch.Tensor, position_ids: torch.Tensor | None) -> torch.Tensor:
+        """A Llama-style stage: token ids or the previous stage's hidden states in, hidden states or logits out.
+
+        It repeats the family's own forward (mask, rotary tables, layers, norm, head) over the parts
+        this stage holds, so every stage builds the same mask and position tables from the positions.
+        """
+        from transformers.masking_utils import create_causal_mask
+
+        base = self.hf.model
+        hidden = inputs if base.embed_tokens is None else base.embed_tokens(inputs)
+        if position_ids is None:
+            position_ids = torch.arange(hidden.shape[1], device=hidden.device).unsqueeze(0)
+        mask = create_causal_mask(
+            config=base.config, inputs_embeds=hidden, attention_mask=None, past_key_values=None,
+            position_ids=position_ids,
+        )  # fmt: skip
+        position_embeddings = base.rotary_emb(hidden, position_ids=position_ids)
+        for layer in base.layers:
+            hidden = layer(
+                hidden,
+                attention_mask=mask,
+                position_embeddings=position_embeddings,
+                position_ids=position_ids,
+            )
+        if self.hf.lm_head is None:
+            return hidden
+        return self.hf.lm_head(base.norm(hidden))
+
+
+PIPELINE_PARTS = ("embed_tokens", "layers", "norm", "rotary_emb")
+"""What a transformers model's base must hold (Llama and its relatives) for hf_stage to cut it."""
+
+
+def pipeline_problem(hf: nn.Module) -> str | None:
+    """Why a transformers model cannot be cut into pipeline stages (None: it can)."""
+    base = getattr(hf, "model", None)
+    missing = [name for name in PIPELINE_PARTS if base is None or not hasattr(base, name)]
+    if missing or not hasattr(hf, "lm_head"):
+        return (
+            f"{type(hf).__name__} is not laid out like Llama (model.embed_tokens, model.layers, model.norm, "
+            "model.rotary_emb, lm_head), which pipeline stages are cut from"
+        )
+    return None
+
+
+def hf_stage(model: HFCausalLM, layers: range, *, first: bool, last: bool) -> HFCausalLM:
+    """Keep `layers` of a Llama-style model (and its embedding if first, its norm and head if last)."""
+    from launcher.components.model.stage_layers import StageLayers
+
+    problem = pipeline_problem(model.hf)
+    if problem:
+        raise ValueError(problem + ".")
+    base = model.hf.model
+    base.layers = StageLayers({i: base.layers[i] for i in layers})
+    if not first:
+        base.embed_tokens = None
+    if not last:
+        base.norm = None
+        model.hf.lm_head = None
+    model.pipeline_stage = True
+    return model
+
+
+def _load(cfg: ModelConfig, config: Any, *, empty: bool) -> tuple[nn.Module, str]:
+    """(transformers model, where its weights came from): the folder's weights, random, or meta (empty)."""
+    from transformers import AutoModelForCausalLM
+
+    if empty:
+        from accelerate import init_empty_weights
+
+        with init_empty_weights(include_buffers=False):  # rotary tables and the like stay real
+            hf = AutoModelForCausalLM.from_config(config, trust_remote_code=False, dtype=torch.float32)
+        hf.tie_weights()  # the empty build leaves a tied head as its own (meta) matrix
+        return hf, f"weights from {cfg.path}, loaded after sharding"
+    if cfg.path is not None:
+        hf = AutoModelForCausalLM.from_pretrained(
+            cfg.path, config=config, local_files_only=True, trust_remote_code=False, dtype=torch.float32
+        )
+        return hf, f"weights from {cfg.path}"
+    hf = AutoModelForCausalLM.from_config(config, trust_remote_code=False, dtype=torch.float32)
+    return hf, f"random weights ({cfg.hf_config})"
+
+
+def build_hf_model(cfg: ModelConfig, *, empty: bool = False, announce: bool = True) -> HFCausalLM:
+    """The HF model `cfg` describes, float32 on the CPU (parameters on the meta device if `empty`).
+
+    Random init depends only on torch's seed.
+    """
+    config = hf_config(cfg)
+    hf, source = _load(cfg, config, empty=empty)
+    hf.config.use_cache = False
+    rows = hf.get_input_embeddings().num_embeddings
+    if cfg.resize_embeddings and cfg.vocab_size is not None and cfg.vocab_size != rows:
+        # new rows: drawn from the seeded generator, like init (an empty build has no values to draw from)
+        hf.resize_token_embeddings(cfg.vocab_size, mean_resizing=not empty)
+        source += f", token embedding resized {rows} -> {cfg.vocab_size} for the tokenizer"
+    if announce and int(os.environ.get("RANK", "0")) == 0:
+        Console().print(
+            f"model: Hugging Face {type(hf).__name__} ({source}); use_cache=False: the "
+            "key-value cache only serves generation, so training turns it off",
+            soft_wrap=True,
+        )
+    return HFCausalLM(conv1d_to_linear(hf))
+
+
+def decoder_layers(model: nn.Module) -> nn.ModuleList | None:
+    """The repeated decoder layers (what FSDP shards and compile traces one by one); None if not found.
+
+    The built-in GPT keeps them in `blocks`; a transformers model names their class in
+    `_no_split_modules`, and the one ModuleList holding them is found by that class.
+    """
+    blocks = getattr(model, "blocks", None)
+    if isinstance(blocks, nn.ModuleList):
+        return blocks
+    if not isinstance(model, HFCausalLM):
+        return None
+    names = set(getattr(model.hf, "_no_split_modules", None) or ())
+    for module in model.hf.modules():
+        if isinstance(module, nn.ModuleList) and len(module) and type(next(iter(module))).__name__ in names:
+            return module
+    return None
+
+
+def enable_checkpointing(model: nn.Module, every_n_layers: int = 1) -> bool:
+    """Turn on the HF model's own activation checkpointing (non-reentrant); False if `model` is not HF.
+
+    transformers 5 calls it `activation_checkpointing_enable` (`gradient_checkpointing_enable` is
+    deprecated there); older releases have only the latter. Inputs are made to require grad so a
+    frozen embedding (LoRA) still lets gradients reach the adapters inside checkpointed layers.
+    """
+    if not isinstance(model, HFCausalLM):
+        return False
+    hf = model.hf
+    kwargs = {"use_reentrant": False}
+    if hasattr(hf, "activation_checkpointing_enable"):
+        hf.activation_checkpointing_enable(
+            activation_checkpointing_kwargs=kwargs, every_n_layers=every_n_layers
+        )
+    else:
+        if every_n_layers != 1:
+            raise ValueError("this transformers release checkpoints every layer only (every_n_layers=1).")
+        hf.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
+    hf.enable_input_require_grads()
+    return True

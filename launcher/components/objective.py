@@ -1,0 +1,59 @@
+"""The objective seam: what a runner asks for a micro batch's loss, given the model's outputs and the batch.
+
+An objective returns the SUM of its per-token (or per-example) losses and how many it counted, so
+that accumulation and data parallelism normalize by the count of the whole optimizer step, however
+a batch is split. It receives the whole batch dict (labels, and whatever else its data carries, e.g.
+a preference pair's chosen and rejected halves) and the outputs of the model being trained; state
+it keeps between calls (a frozen teacher or reference model, running sums) is its own. Runners and
+strategies know nothing of which objective they serve. `metrics` adds keys to a log step's record.
+
+- `CrossEntropy`: summed token cross-entropy over labels != -100 (`launcher.components.model.loss.lm_loss`);
+- `launcher.components.distill.Distiller`: cross-entropy mixed with a teacher's KD term.
+
+A pipeline's last stage asks the objective too, with a batch holding `labels` only (the stages
+exchange hidden states, not batches): objectives that need more are refused there by the rules.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Protocol
+
+if TYPE_CHECKING:  # torch only on a rank
+    import torch
+
+DataSum = Callable[[list[float]], list[float]]
+"""Sums plain numbers over data-parallel groups, each counted once (DistContext.data_sum)."""
+
+
+class Objective(Protocol):
+    """The loss of a micro batch, as a sum and the number of terms it counts."""
+
+    def loss_sum(
+        self, outputs: torch.Tensor, batch: dict[str, torch.Tensor], *, train: bool = True
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(summed loss in float32, counted terms) of `batch` given the model's `outputs` (call it under autocast).
+
+        `train` is False on held-out batches: an objective may report a plainer loss there.
+        """
+        ...
+
+    def metrics(self, data_sum: DataSum) -> dict[str, float]:
+        """Keys for the log step's record since the last call (summed over ranks with `data_sum`); {} for none."""
+        ...
+
+
+class CrossEntropy:
+    """Next-token cross-entropy summed over the trained tokens (labels != -100): the default objective."""
+
+    def loss_sum(
+        self, outputs: torch.Tensor, batch: dict[str, torch.Tensor], *, train: bool = True
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(summed token cross-entropy, trained tokens)."""
+        from launcher.components.model.loss import lm_loss
+
+        return lm_loss(outputs, batch["labels"])
+
+    def metrics(self, data_sum: DataSum) -> dict[str, float]:
+        """Nothing beyond the record's `loss`."""
+        return {}

@@ -1,0 +1,112 @@
+"""The optimizer group: schema, parameter groups and the table of optimizer builders.
+
+Besides torch's AdamW and SGD, the memory-lean options: 8-bit AdamW / Lion (bitsandbytes), paged
+AdamW and torch's Adafactor. They receive the same parameter groups as AdamW (weight decay on
+matrices only). bitsandbytes keeps the Adam moments (Lion's momentum) of every tensor with at
+least 4096 elements in 8 bits, block-wise quantized; smaller tensors keep 32-bit state. A paged
+optimizer needs CUDA unified memory: on a CPU it runs as plain 8-bit AdamW, with a warning.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING
+
+from launcher.config.optimizer import OptimizerConfig
+
+if TYPE_CHECKING:  # torch only where a rank builds the optimizer: the launching process never needs it
+    import torch
+    from torch import nn
+
+
+OptimizerBuilder = Callable[[list[dict], OptimizerConfig, str], "torch.optim.Optimizer"]
+"""Builds an optimizer from (parameter groups, config, device type)."""
+
+
+def param_groups(named_params: Iterable[tuple[str, nn.Parameter]], cfg: OptimizerConfig) -> list[dict]:
+    """Split trainable parameters into decayed (matrices) and undecayed (norms, biases, 1-D) groups."""
+    decay, no_decay = [], []
+    for _, param in named_params:
+        if not param.requires_grad:
+            continue
+        (decay if cfg.decay_norms_and_biases or param.ndim >= 2 else no_decay).append(param)
+    groups = [{"params": decay, "weight_decay": cfg.weight_decay}]
+    if no_decay:
+        groups.append({"params": no_decay, "weight_decay": 0.0})
+    return groups
+
+
+def _kernel_flags(cfg: OptimizerConfig, device_type: str) -> dict:
+    """Map `implementation` to torch's fused/foreach keyword arguments."""
+    choice = cfg.implementation
+    if choice == "auto":
+        choice = "fused" if device_type == "cuda" else "foreach"
+    return {"fused": choice == "fused", "foreach": choice == "foreach" or None}
+
+
+def _adamw(groups: list[dict], cfg: OptimizerConfig, device_type: str) -> torch.optim.Optimizer:
+    import torch
+
+    flags = _kernel_flags(cfg, device_type)
+    if flags["fused"]:
+        flags["foreach"] = None
+    return torch.optim.AdamW(groups, lr=cfg.lr, betas=tuple(cfg.betas), eps=cfg.eps, **flags)
+
+
+def _sgd(groups: list[dict], cfg: OptimizerConfig, device_type: str) -> torch.optim.Optimizer:
+    import torch
+
+    flags = _kernel_flags(cfg, device_type)
+    if flags["fused"]:
+        flags["foreach"] = None
+    return torch.optim.SGD(groups, lr=cfg.lr, momentum=cfg.momentum, nesterov=cfg.nesterov, **flags)
+
+
+def _bnb_optim():
+    """bitsandbytes.optim, imported on use so bitsandbytes stays an optional extra."""
+    import bitsandbytes as bnb
+
+    return bnb.optim
+
+
+def _adamw_8bit(groups: list[dict], cfg: OptimizerConfig, device_type: str) -> torch.optim.Optimizer:
+    return _bnb_optim().AdamW8bit(groups, lr=cfg.lr, betas=tuple(cfg.betas), eps=cfg.eps)
+
+
+def _paged_adamw_8bit(groups: list[dict], cfg: OptimizerConfig, device_type: str) -> torch.optim.Optimizer:
+    if device_type != "cuda":
+        warnings.warn(
+            f"optimizer=paged_adamw_8bit: paging needs CUDA unified memory and this run is on {device_type}, "
+            "so it runs as adamw_8bit (the same update, unpaged state).",
+            stacklevel=2,
+        )
+        return _adamw_8bit(groups, cfg, device_type)
+    return _bnb_optim().PagedAdamW8bit(groups, lr=cfg.lr, betas=tuple(cfg.betas), eps=cfg.eps)
+
+
+def _lion_8bit(groups: list[dict], cfg: OptimizerConfig, device_type: str) -> torch.optim.Optimizer:
+    return _bnb_optim().Lion8bit(groups, lr=cfg.lr, betas=tuple(cfg.betas))
+
+
+def _adafactor(groups: list[dict], cfg: OptimizerConfig, device_type: str) -> torch.optim.Optimizer:
+    import torch
+
+    foreach = {"auto": None, "foreach": True, "for_loop": False}[cfg.implementation]
+    return torch.optim.Adafactor(groups, lr=cfg.lr, foreach=foreach)
+
+
+OPTIMIZERS: dict[str, OptimizerBuilder] = {
+    "adamw": _adamw,
+    "sgd": _sgd,
+    "adamw_8bit": _adamw_8bit,
+    "paged_adamw_8bit": _paged_adamw_8bit,
+    "lion_8bit": _lion_8bit,
+    "adafactor": _adafactor,
+}
+"""Every option of the optimizer group and its builder."""
+
+
+def build_optimizer(model: nn.Module, cfg: OptimizerConfig, device_type: str) -> torch.optim.Optimizer:
+    """Build the configured optimizer over `model`'s trainable parameters."""
+    return OPTIMIZERS[cfg.name](param_groups(model.named_parameters(), cfg), cfg, device_type)

@@ -1,0 +1,27 @@
+"""Schema of atomic, verifiable checkpoints: write to a partial directory, mark complete last, rename, prune.
+
+What the group builds at run time lives in launcher.components.checkpoint.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+LATEST = "latest"
+PARTIAL_PREFIX = ".partial_"
+SPACE_MARGIN = 1.1
+"""Warn before a save when the free space is below this many times the last checkpoint's size."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class CheckpointConfig:
+    """When checkpoints are written and how many are kept."""
+
+    every: int | None = 100
+    """Optimizer steps between checkpoints; null turns periodic checkpoints off."""
+    keep: int = 2
+    """Newest complete checkpoints kept on disk (the newest good one is never deleted)."""
+    save_final: bool = True
+    """Also checkpoint after the last step, so a finished run can be extended or exported."""
+    verify: bool = True
+    """Before resuming, re-read the checkpoint and compare every file's SHA-256 with its manifest."""

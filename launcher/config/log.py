@@ -1,0 +1,20 @@
+"""Schema of run telemetry: the log schema, step timers, metrics.jsonl, summary.json, the progress bar.
+
+What the group builds at run time lives in launcher.components.metrics.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+PHASES = ("data", "forward", "backward", "optimizer")
+
+
+@dataclass(frozen=True, kw_only=True)
+class LogConfig:
+    """What the run prints and records."""
+
+    progress: bool = True
+    """Show a live progress bar (loss, tokens/s, ETA) on rank 0."""
+    summary_table: bool = True
+    """Print a table of the run's results at the end."""

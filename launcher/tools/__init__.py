@@ -1,0 +1,1 @@
+"""Offline commands over a finished run: export, merge, quantize, generate."""
