@@ -29,14 +29,16 @@ ROOT = Path(launcher.__file__).parent
 # Which top-level parts of the package each part may import (besides itself).
 ALLOWED: dict[str, set[str]] = {
     "exits": set(),
-    "groups": set(),
-    "spec": {"groups"},
-    "parallel": {"spec", "groups"},
-    "plan": {"spec", "groups"},
-    "rules": {"spec", "groups", "parallel", "plan", "launch"},
-    "rank": {"spec", "groups", "parallel", "exits"},
-    "launch": {"spec", "groups", "rank", "exits"},
-    "front": {"spec", "groups", "parallel", "plan", "rules", "launch", "exits"},
+    "config": set(),
+    "components": {"config"},
+    "spec": {"config"},
+    "parallel": {"spec", "config", "components"},
+    "plan": {"spec", "config", "components"},
+    "rules": {"spec", "config", "components", "parallel", "plan", "launch"},
+    "rank": {"spec", "config", "components", "parallel", "exits"},
+    "launch": {"spec", "config", "components", "rank", "exits"},
+    "tools": {"spec", "config", "components", "parallel", "exits"},
+    "front": {"spec", "config", "components", "parallel", "plan", "rules", "launch", "exits"},
     "__main__": {"front"},
     "__init__": set(),
 }
@@ -227,3 +229,85 @@ def test_strategy_names_are_compared_only_in_the_rules() -> None:
         if pattern.search(line)
     ]
     assert not offenders, "strategy-name comparisons outside launcher/rules/:\n" + "\n".join(offenders)
+
+
+def _folder(module: str) -> str:
+    """The package a module sits in (a package's __init__ sits in the package itself)."""
+    path = _modules()[module]
+    return module if path.name == "__init__.py" else module.rpartition(".")[0]
+
+
+def _inner(module: str) -> str:
+    """The folder of a module below its top-level part ("" for a module directly in the part)."""
+    return ".".join(_folder(module).split(".")[2:])
+
+
+# Inside a part, which of its sub-folders each sub-folder may import ("" = the part's own modules).
+INNER_ALLOWED: dict[str, dict[str, set[str]]] = {
+    "components": {
+        "": {"data", "model", "loggers"},
+        "data": {"model"},
+        "model": set(),
+        "loggers": set(),
+    },
+}
+
+
+def _back_up(graph: dict[str, set[str]], folder: typing.Callable[[str], str]) -> list[str]:
+    return [
+        f"{module} imports {target}"
+        for module, targets in graph.items()
+        for target in sorted(targets)
+        if folder(target) != "launcher" and folder(module).startswith(folder(target) + ".")
+    ]
+
+
+def test_no_import_reaches_back_up() -> None:
+    """A module in a sub-folder never imports a module of a folder above it (those build on it)."""
+    wrong = _back_up(_graph(), _folder)
+    assert not wrong, "imports back up into a parent folder:\n" + "\n".join(wrong)
+
+
+def test_sub_folders_import_one_way() -> None:
+    wrong = [
+        f"{module} imports {target}"
+        for module, targets in _graph().items()
+        for target in sorted(targets)
+        if _part(module) in INNER_ALLOWED
+        and _part(target) == _part(module)
+        and _inner(target) != _inner(module)
+        and _inner(target) not in INNER_ALLOWED[_part(module)][_inner(module)]
+    ]
+    assert not wrong, "imports between sub-folders against docs/architecture.md's map:\n" + "\n".join(wrong)
+
+
+def test_every_sub_folder_is_in_the_map() -> None:
+    for part, inner in INNER_ALLOWED.items():
+        found = {_inner(m) for m in _modules() if _part(m) == part}
+        assert found == set(inner), f"{part}: sub-folders {sorted(found)} vs the map's {sorted(inner)}"
+
+
+def test_config_modules_define_a_schema_each() -> None:
+    """Every module of launcher/config/ defines a config dataclass: schemas only, no runtime parts."""
+    missing = [
+        p.stem
+        for p in (ROOT / "config").glob("*.py")
+        if p.stem not in ("__init__", "aliases") and "Config" not in p.read_text()
+    ]
+    assert not missing, f"config modules without a schema: {missing}"
+    heavy = [p.stem for p in (ROOT / "config").glob("*.py") if "import torch" in p.read_text()]
+    assert not heavy, f"config modules importing torch: {heavy}"
+
+
+def test_the_back_up_checker_finds_an_import_back_up() -> None:
+    folders = {
+        "launcher.components.data.loader": "launcher.components.data",
+        "launcher.components.batching": "launcher.components",
+    }
+    graph = {
+        "launcher.components.data.loader": {"launcher.components.batching"},
+        "launcher.components.batching": set(),
+    }
+    assert _back_up(graph, folders.__getitem__) == [
+        "launcher.components.data.loader imports launcher.components.batching"
+    ]
