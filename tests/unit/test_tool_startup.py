@@ -25,7 +25,7 @@ CHECKS = textwrap.dedent(
     HEAVY = sys.argv[1].split(",")
     report = {}
     for tool in sys.argv[2].split(","):
-        module = importlib.import_module(f"launcher.front.{tool}")
+        module = importlib.import_module(f"launcher.tools.{tool}")
         for case, argv in (("help", ["--help"]), ("bad argument", ["--no-such-flag"])):
             with contextlib.redirect_stdout(io.StringIO()) as out, contextlib.redirect_stderr(io.StringIO()) as err:
                 try:
