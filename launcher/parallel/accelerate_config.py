@@ -92,23 +92,27 @@ def _plugin_config(section: dict[str, Any], taken: list[str], unused: list[str])
     return config
 
 
+def json_object(file: Path, unreadable: str, what: str) -> tuple[dict[str, Any] | None, list[SpecError]]:
+    """The JSON object in `file`, or one error: `unreadable` (its `{err}` becomes the reason), or not an object."""
+    try:
+        data = json.loads(file.read_text())
+    except (OSError, ValueError) as err:
+        return None, [SpecError(KEY, unreadable.replace("{err}", str(err)))]
+    if not isinstance(data, dict):
+        return None, [SpecError(KEY, f"'{file}' must hold a JSON object ({what}).")]
+    return data, []
+
+
 def _json_file(path: str, yaml_path: Path) -> tuple[dict[str, Any] | None, list[SpecError]]:
     """The DeepSpeed JSON a `deepspeed_config_file` names (from the working directory, else beside the YAML)."""
     file = Path(path)
     if not file.is_file() and not file.is_absolute() and (yaml_path.parent / file).is_file():
         file = yaml_path.parent / file
-    try:
-        data = json.loads(file.read_text())
-    except (OSError, ValueError) as err:
-        return None, [
-            SpecError(
-                KEY,
-                f"the accelerate config {yaml_path} names deepspeed_config_file={path}, which does not read as "
-                f"a DeepSpeed JSON ({err}). Fix the path (from the working directory or the YAML's folder).",
-            )
-        ]
-    return (
-        (data, []) if isinstance(data, dict) else (None, [SpecError(KEY, f"{file} must hold a JSON object.")])
+    return json_object(
+        file,
+        f"the accelerate config {yaml_path} names deepspeed_config_file={path}, which does not read as "
+        "a DeepSpeed JSON ({err}). Fix the path (from the working directory or the YAML's folder).",
+        "a DeepSpeed config",
     )
 
 

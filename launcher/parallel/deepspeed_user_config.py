@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from launcher.components.batch_split import BatchSplit
-from launcher.parallel.accelerate_config import looks_like_accelerate, read_accelerate
+from launcher.parallel.accelerate_config import KEY, json_object, looks_like_accelerate, read_accelerate
 from launcher.parallel.deepspeed_config import AUTO, Derived, bucket_sizes, derived, generate
 from launcher.spec import RunSpec, SpecError
 
@@ -81,12 +81,11 @@ def _deep_merge(base: dict[str, Any], top: dict[str, Any]) -> dict[str, Any]:
 
 def read_user_config(path: str) -> tuple[dict[str, Any] | None, list[SpecError]]:
     """The user's DeepSpeed config (a JSON, or what an accelerate YAML says), or the error saying why not."""
-    key = ("parallel.deepspeed_config",)
     file = Path(path)
     if not file.is_file():
         return None, [
             SpecError(
-                key,
+                KEY,
                 f"no DeepSpeed JSON or accelerate config at '{path}' (relative paths start from the directory "
                 "`train` runs in). Give an existing file, or leave parallel.deepspeed_config=null to generate "
                 "the config from the spec.",
@@ -95,19 +94,12 @@ def read_user_config(path: str) -> tuple[dict[str, Any] | None, list[SpecError]]
     if looks_like_accelerate(path):
         accelerate, errors = read_accelerate(path)
         return (None, errors) if accelerate is None else (accelerate.deepspeed, [])
-    try:
-        user = json.loads(file.read_text())
-    except (OSError, ValueError) as err:
-        return None, [
-            SpecError(
-                key,
-                f"'{path}' is not valid JSON ({err}). Fix the file; an accelerate config YAML is read when its "
-                "name ends in .yaml or .yml.",
-            )
-        ]
-    if not isinstance(user, dict):
-        return None, [SpecError(key, f"'{path}' must hold a JSON object (a DeepSpeed config).")]
-    return user, []
+    return json_object(
+        file,
+        f"'{path}' is not valid JSON ({{err}}). Fix the file; an accelerate config YAML is read when its "
+        "name ends in .yaml or .yml.",
+        "a DeepSpeed config",
+    )
 
 
 def _contradiction(path: str, json_key: str, given: Any, d: Derived) -> SpecError:
