@@ -15,7 +15,7 @@ from launcher.components.model.hf_files import (
 )
 from launcher.components.model.hf_weights import WeightsProblem, folder_shapes, shape_problems
 from launcher.rules.hardware import Hardware
-from launcher.rules.values import Rule, missing
+from launcher.rules.values import Rule, installed, missing
 from launcher.spec import RunSpec, SpecError
 
 
@@ -107,6 +107,8 @@ def _local_config(spec: RunSpec, path: str, key: str) -> Iterator[SpecError]:
 
 def _known_family(path: str, key: str) -> list[SpecError]:
     """An error when config.json names a model family transformers does not hold (custom code is never run)."""
+    if not installed("transformers"):
+        return []  # said above
     from transformers.models.auto.configuration_auto import CONFIG_MAPPING_NAMES
 
     try:
@@ -138,12 +140,17 @@ def _weights(spec: RunSpec, path: str) -> Iterator[SpecError]:
     except WeightsProblem as err:
         yield SpecError(("model.path",), str(err))
         return
-    if found is None:
-        return
+    try:
+        quantized = "quantization_config" in read_local_config(path)
+    except ValueError:
+        return  # _local_config says so
+    if found is None or quantized:
+        return  # quantized weights are packed: their shapes are not the model's
     try:
         problems = shape_problems(hf_config(spec.model), found, path)
-    except (ValueError, KeyError, OSError) as err:  # e.g. a family without a causal-LM head
-        problems = [f"'{path}' does not build a causal language model: {str(err).splitlines()[0]}"]
+    except Exception as err:  # e.g. a family without a causal-LM head; the rules never raise
+        first = (str(err).splitlines() or [""])[0]
+        problems = [f"'{path}' does not build a causal language model ({type(err).__name__}: {first})"]
     for problem in problems:
         yield SpecError(("model.path",), problem[0].upper() + problem[1:])
 
