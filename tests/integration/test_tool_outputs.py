@@ -15,7 +15,12 @@ from launcher.tools import export, merge
 def lora_run(tmp_path_factory) -> Path:
     """A 2-step LoRA run (what both commands read)."""
     run_dir = tmp_path_factory.mktemp("lora") / "run"
-    steps = ["train.max_steps=2", "scheduler.warmup_steps=1", "train.eval_every=null", "checkpoint.every=null"]
+    steps = [
+        "train.max_steps=2",
+        "scheduler.warmup_steps=1",
+        "train.eval_every=null",
+        "checkpoint.every=null",
+    ]
     assert run_inline([*TINY, *steps, "quantization=lora", "quantization.lora.rank=4"], run_dir) == 0
     return run_dir
 
