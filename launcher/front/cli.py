@@ -13,6 +13,7 @@ from pathlib import Path
 
 from rich.console import Console
 
+from launcher.components import warning_lines
 from launcher.exits import ExitStatus
 from launcher.front import (
     command_line,
@@ -114,6 +115,7 @@ def _hydra_print(argv: Sequence[str]) -> int:
 def main() -> None:
     """Console entry point of `train` (through launcher.front.entry)."""
     raw = sys.argv[1:]
+    warning_lines.install()
     compose.register_schemas()
     line = command_line.parse(raw)
     if line.has(command_line.CFG_FLAGS):  # print only what a run would accept

@@ -128,6 +128,18 @@ def failed(result: dict[str, Any]) -> list[dict[str, Any]]:
     return [r for r in result["points"] if r["status"] != "completed" and r not in _active(result)]
 
 
+def not_a_sweep(folder: Path) -> str | None:
+    """Why `folder` is not a sweep directory (no point of a sweep in it); None when it is one."""
+    if any(p.is_dir() and (p / POINT_FILE).is_file() for p in folder.iterdir()):
+        return None
+    what = f"{folder} is not a sweep: a sweep folder (hydra.sweep.dir of `train --multirun`) holds one folder per point, each with its {POINT_FILE} (and summary.json once the point ends), and this one holds none."
+    if (folder / POINT_FILE).is_file():
+        return f"{what} It is one point of a sweep: give its parent, {folder.resolve().parent}."
+    if (folder / "spec.yaml").is_file():
+        return f"{what} It is a single run's directory: its summary.json says how the run ended."
+    return f"{what} Give the folder `train --multirun` printed as the sweep's directory."
+
+
 def main(argv: list[str] | None = None) -> None:
     """`train-sweep-status SWEEP_DIR [--wait]`: the sweep table; status 0 once every point completed."""
     parser = argparse.ArgumentParser(prog="train-sweep-status", description=main.__doc__)
@@ -136,6 +148,10 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     if not args.sweep_dir.is_dir():
         parser.error(f"{args.sweep_dir} is not a directory")
+    problem = not_a_sweep(args.sweep_dir)
+    if problem:
+        print(f"error: {problem}", file=sys.stderr)
+        sys.exit(2)
     result = report(args.sweep_dir, wait=args.wait)
     sys.exit(0 if all(r["status"] == "completed" for r in result["points"]) and result["points"] else 1)
 

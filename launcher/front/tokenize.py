@@ -30,7 +30,7 @@ def prepare_data(spec: RunSpec, console: Console | None = None) -> list[SpecErro
         cfg for cfg in single_configs(spec.data) if uses_cache(cfg, spec.tokenizer)
     ]  # a mixture: each source
     if not configs:
-        return size_errors(spec)
+        return _sizes(spec)  # a corpus the cache does not keep is read here
     console = console or Console(stderr=True)
     started = time.perf_counter()
     counts = {"records": 0, "tokens": 0}
@@ -51,12 +51,7 @@ def prepare_data(spec: RunSpec, console: Console | None = None) -> list[SpecErro
 
             results = [build_cache(cfg, spec.tokenizer, progress=advance) for cfg in configs]
     except RecordError as err:
-        return [
-            SpecError(
-                ("data.sources",) if spec.data.sources else ("data.path", "data.format", "data.field"),
-                f"{err} Tokenization stopped at that record; no rank was started. Fix or drop the record.",
-            )
-        ]
+        return [_record_error(spec, err)]
     elapsed = time.perf_counter() - started
     folders = ", ".join(str(folder) for folder, _ in results)
     if any(built for _, built in results):
@@ -72,4 +67,19 @@ def prepare_data(spec: RunSpec, console: Console | None = None) -> list[SpecErro
             markup=False,
             highlight=False,
         )
-    return size_errors(spec)
+    return _sizes(spec)
+
+
+def _record_error(spec: RunSpec, err: RecordError) -> SpecError:
+    return SpecError(
+        ("data.sources",) if spec.data.sources else ("data.path", "data.format", "data.field"),
+        f"{err} Tokenization stopped at that record; no rank was started. Fix or drop the record.",
+    )
+
+
+def _sizes(spec: RunSpec) -> list[SpecError]:
+    """The data-size problems, or the record that stops tokenizing a corpus the cache does not keep."""
+    try:
+        return size_errors(spec)
+    except RecordError as err:
+        return [_record_error(spec, err)]

@@ -206,7 +206,7 @@ def failure_message(err, run_dir: Path) -> str:
     others = sorted(r for r in err.failures if r != rank)
     out, errlog = _newest_logs(run_dir, rank)
     lines = [
-        f"error: rank {rank} (pid {first.pid}) failed: {_error_text(first)}.",
+        f"error: rank {rank} (pid {first.pid}) failed: {_error_text(first).rstrip('.')}.",
         f"  The job was stopped; its log: {errlog} (stderr) and {out} (stdout).",
     ]
     if others:

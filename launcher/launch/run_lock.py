@@ -85,7 +85,8 @@ def holder_alive(record: dict[str, Any]) -> bool:
 def describe(record: dict[str, Any]) -> str:
     """Who holds a lock, for messages."""
     who = f"SLURM job {record['slurm_job']}" if record.get("slurm_job") else f"pid {record.get('pid')}"
-    return f"{who} on host {record.get('host')} since {record.get('started')}"
+    started = record.get("started")
+    return f"{who} on host {record.get('host') or 'unknown'}" + (f" since {started}" if started else "")
 
 
 def conflict(run_dir: Path) -> str | None:

@@ -13,8 +13,9 @@ from pathlib import Path
 import torch
 import torch.distributed as torch_dist
 from rich.console import Console
+from rich.markup import escape
 
-from launcher.components import checkpoint, checkpoint_files, metrics
+from launcher.components import checkpoint, checkpoint_files, metrics, warning_lines
 from launcher.components.device import resolve_device
 from launcher.components.memory import apply_cuda_alloc_conf
 from launcher.exits import ExitStatus, for_signal
@@ -142,6 +143,7 @@ def run(spec_path: Path, *, preemption: str | None = None) -> int:
     SIGINT and SIGTERM stop the run after the current step with a checkpoint (130, 143; a second
     one stops at once); `preemption` names a scheduler's warning signal too (SLURM: exit status 4).
     """
+    warning_lines.install()
     stop = StopSignal(INTERRUPT_SIGNALS, preemption=preemption)
     try:
         return _run(spec_path, stop)
@@ -172,10 +174,10 @@ def _run(spec_path: Path, stop: StopSignal) -> int:
         summary = engine.run()
         code = exit_status(summary)
     except NonFiniteStop as err:
-        console.print(f"[red]error:[/] {err}")
+        console.print("[red]error:[/]", escape(str(err)))
         summary, code = engine.summary("nonfinite", time.perf_counter() - started), ExitStatus.NONFINITE
-    except checkpoint.CheckpointSaveError as err:
-        console.print(f"[red]error:[/] {err}", markup=False)
+    except checkpoint.CheckpointSaveError as err:  # its text holds paths: printed as it is, not as markup
+        console.print("[red]error:[/]", escape(str(err)))
         summary, code = engine.summary("checkpoint_failed", time.perf_counter() - started), ExitStatus.FAILED
     except ResumeError as err:
         console.print(f"error: {err}", markup=False)

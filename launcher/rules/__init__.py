@@ -20,6 +20,7 @@ from launcher.rules import (
     loop,
     memory,
     mixture,
+    model,
     numbers,
     optimizer,
     pipeline,
@@ -40,6 +41,7 @@ from launcher.spec import RunSpec, SpecError
 AREAS = (
     numbers,
     choices,
+    model,
     precision,
     loop,
     data,

@@ -16,18 +16,13 @@ from launcher.spec import RunSpec, SpecError
 
 def _model_and_data(spec: RunSpec, hw: Hardware) -> Iterator[SpecError]:
     m, d = spec.model, spec.data
-    if d.seq_len > m.max_seq_len and local_dir(m) is None:  # a folder's context: rules/hf_model.py
+    if 0 < m.max_seq_len < d.seq_len and local_dir(m) is None:  # a folder's context: rules/hf_model.py
         yield SpecError(
             ("data.seq_len", "model.max_seq_len"),
             f"sequences of {d.seq_len} tokens exceed the model's context of {m.max_seq_len}. "
             f"Lower data.seq_len or raise model.max_seq_len.",
         )
     yield from positive("data.seq_len", d.seq_len)
-    if m.n_head <= 0 or m.d_model % max(m.n_head, 1):
-        yield SpecError(
-            ("model.d_model", "model.n_head"),
-            f"d_model ({m.d_model}) must be a positive multiple of n_head ({m.n_head}).",
-        )
     if not 0.0 < d.val_fraction < 1.0:
         yield SpecError(("data.val_fraction",), f"must lie strictly between 0 and 1, got {d.val_fraction}.")
 
@@ -41,7 +36,7 @@ def _options(spec: RunSpec, hw: Hardware) -> Iterator[SpecError]:
         yield SpecError(
             ("data.num_workers",), f"must be 0 (batches built in the loop) or more, got {d.num_workers}."
         )
-    if d.kind in ("stdlib", "text") and d.format != "text":
+    if d.kind in ("stdlib", "text") and d.format in FORMATS and d.format != "text":
         yield SpecError(
             ("data.format", "data.kind"),
             f"data.kind={d.kind} reads plain text, so only data.format=text applies (got {d.format}). Records in "

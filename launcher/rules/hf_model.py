@@ -9,11 +9,13 @@ from launcher.components.model.hf_files import (
     PRESETS,
     WEIGHT_FILES,
     has_weights,
+    hf_config,
     is_preset,
     read_local_config,
 )
+from launcher.components.model.hf_weights import WeightsProblem, folder_shapes, shape_problems
 from launcher.rules.hardware import Hardware
-from launcher.rules.values import Rule, missing
+from launcher.rules.values import Rule, installed, missing
 from launcher.spec import RunSpec, SpecError
 
 
@@ -41,8 +43,11 @@ def _hf_model(spec: RunSpec, hw: Hardware) -> Iterator[SpecError]:
                 f"model.path ({m.path}: start from its weights) and model.hf_config ({m.hf_config}: random "
                 "weights) both name the model. Keep model.path to fine-tune, or set model.path=null.",
             )
-        yield from _pretrained_folder(m.path)
+        folder_errors = list(_pretrained_folder(m.path))
+        yield from folder_errors
         yield from _local_config(spec, m.path, "model.path")
+        if not folder_errors:
+            yield from _known_family(m.path, "model.path") or _weights(spec, m.path)
         return
     if m.hf_config is None:
         yield SpecError(
@@ -61,6 +66,7 @@ def _hf_model(spec: RunSpec, hw: Hardware) -> Iterator[SpecError]:
             )
             return
         yield from _local_config(spec, m.hf_config, "model.hf_config")
+        yield from _known_family(m.hf_config, "model.hf_config")
 
 
 def _pretrained_folder(path: str) -> Iterator[SpecError]:
@@ -97,6 +103,56 @@ def _local_config(spec: RunSpec, path: str, key: str) -> Iterator[SpecError]:
             f"sequences of {spec.data.seq_len} tokens exceed the context of the model in '{path}' "
             f"({positions} positions). Lower data.seq_len to {positions} or less.",
         )
+
+
+def _known_family(path: str, key: str) -> list[SpecError]:
+    """An error when config.json names a model family transformers does not hold (custom code is never run)."""
+    if not installed("transformers"):
+        return []  # said above
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING_NAMES
+
+    try:
+        config = read_local_config(path)
+    except ValueError:
+        return []  # _local_config says so
+    family = config.get("model_type")
+    if family in CONFIG_MAPPING_NAMES:
+        return []
+    code = (
+        " Its auto_map points at the folder's own Python code, which is never run."
+        if "auto_map" in config
+        else ""
+    )
+    return [
+        SpecError(
+            (key,),
+            f"'{path}/config.json' names model_type {family!r}, a family this transformers release does not "
+            f"hold.{code} Use a folder of a family transformers ships (llama, qwen2, mistral, gpt2, ...), or "
+            "convert the model to one, or upgrade transformers if the family is newer than it.",
+        )
+    ]
+
+
+def _weights(spec: RunSpec, path: str) -> Iterator[SpecError]:
+    """Each weight file readable and every tensor's shape that of the model config.json builds."""
+    try:
+        found = folder_shapes(Path(path))
+    except WeightsProblem as err:
+        yield SpecError(("model.path",), str(err))
+        return
+    try:
+        quantized = "quantization_config" in read_local_config(path)
+    except ValueError:
+        return  # _local_config says so
+    if found is None or quantized:
+        return  # quantized weights are packed: their shapes are not the model's
+    try:
+        problems = shape_problems(hf_config(spec.model), found, path)
+    except Exception as err:  # e.g. a family without a causal-LM head; the rules never raise
+        first = (str(err).splitlines() or [""])[0]
+        problems = [f"'{path}' does not build a causal language model ({type(err).__name__}: {first})"]
+    for problem in problems:
+        yield SpecError(("model.path",), problem[0].upper() + problem[1:])
 
 
 RULES: tuple[Rule, ...] = (_hf_model,)

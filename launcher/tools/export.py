@@ -7,7 +7,8 @@ one process. With `--merge`, `launcher.tools.merge.merge_checkpoint` folds LoRA 
 dequantizes int8/nf4 weights) instead. Either way the result loads at world size 1 into
 `launcher.components.model.build.build_model(spec.model)`.
 
-- `--format pt` (the default): that state dict, written with `torch.save` to the file OUT.
+- `--format pt` (the default): that state dict, written with `torch.save` to the file OUT. An
+  existing OUT file is replaced only with `--force` (the same for an OUT folder that is not empty).
 - `--format hf`: a Hugging Face folder OUT that `AutoModelForCausalLM.from_pretrained(OUT)` loads
   (`launcher.components.model.hf_export` converts the weights; `launcher.tools.hf_folder` writes the
   folder, tokenizer files included). Its logits are compared with the launcher's model before the
@@ -32,7 +33,7 @@ from launcher.parallel.registry import strategy_module
 from launcher.spec import RunSpec, load_spec
 from launcher.tools.hf_folder import ExportError, load_tokenizer, special_ids, write_folder
 from launcher.tools.lazy_torch import no_grad
-from launcher.tools.tool_args import tool_parser
+from launcher.tools.tool_args import output_file_problem, tool_parser
 
 if TYPE_CHECKING:  # torch is imported where it is used, after the arguments are parsed
     import torch
@@ -171,6 +172,8 @@ def export(
         from launcher.tools.hf_folder import refuse_existing
 
         refuse_existing(out, force=force)  # before the (possibly long) consolidation
+    elif problem := output_file_problem(out, force=force):
+        raise ExportError(problem)
     if qat_convert and (fmt != "pt" or merge):
         raise ExportError(
             "--qat-convert writes a quantized torch state dict: use it with --format pt and without --merge."
@@ -231,7 +234,9 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="write the LoRA/DoRA adapters alone as a PEFT folder (PeftModel.from_pretrained(base, OUT))",
     )
-    parser.add_argument("--force", action="store_true", help="replace an existing, non-empty OUT folder")
+    parser.add_argument(
+        "--force", action="store_true", help="replace an existing OUT file or non-empty OUT folder"
+    )
     parser.add_argument(
         "--qat-convert",
         action="store_true",

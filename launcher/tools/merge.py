@@ -1,4 +1,4 @@
-"""`train-merge CHECKPOINT OUT.pt`: fold a run's LoRA adapters into plain, full-precision weights.
+"""`train-merge CHECKPOINT OUT.pt [--force]`: fold a run's LoRA adapters into plain, full-precision weights.
 
 The run's spec.yaml rebuilds the adapted model exactly as training built it (same seed, same
 quantization, the same peft adapters), the checkpoint's model state is loaded into it (consolidated by
@@ -6,6 +6,7 @@ the strategy that wrote it: for an adapter run, only the adapters, the frozen ba
 `launcher.components.quantization.merged_state_dict` writes a float32 state dict that loads into
 `build_model(spec.model)`, the model without quantization or adapters. The command then checks
 that both models give the same logits on one batch of random tokens and prints the difference.
+An existing OUT.pt is replaced only with `--force`, once the new file is completely written.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from rich.console import Console
+from rich.markup import escape
 
 from launcher.components import checkpoint, quantization
 from launcher.components.adapters import load_checkpoint_state
@@ -23,7 +25,7 @@ from launcher.exits import ExitStatus
 from launcher.parallel.registry import strategy_module
 from launcher.spec import RunSpec, load_spec
 from launcher.tools.lazy_torch import no_grad
-from launcher.tools.tool_args import tool_parser
+from launcher.tools.tool_args import output_file_problem, tool_parser
 
 if TYPE_CHECKING:  # torch is imported where it is used, after the arguments are parsed
     import torch
@@ -89,17 +91,23 @@ def main(argv: list[str] | None = None) -> int:
     """Console entry point of `train-merge`."""
     parser = tool_parser("train-merge", DESCRIPTION)
     parser.add_argument("out", type=Path, help="where to write the state dict (torch.save)")
+    parser.add_argument("--force", action="store_true", help="replace an existing OUT file")
     args = parser.parse_args(argv)
     import torch  # after the arguments: --help and argument errors answer at once
 
     console = Console()
     try:
+        problem = output_file_problem(args.out, force=args.force)
+        if problem:  # before the (possibly long) merge
+            raise FileExistsError(problem)
         merged, diff = merge_checkpoint(args.checkpoint)
-    except (FileNotFoundError, KeyError) as err:
-        Console(stderr=True).print(f"[red]error:[/] {err}")
+    except (FileNotFoundError, FileExistsError, KeyError) as err:
+        Console(stderr=True).print("[red]error:[/]", escape(str(err)), soft_wrap=True)
         return ExitStatus.INVALID_SPEC
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    torch.save(merged, args.out)
+    partial = args.out.with_name(args.out.name + ".partial")
+    torch.save(merged, partial)
+    partial.replace(args.out)
     console.print(
         f"wrote {args.out}: {len(merged)} tensors; max |logit difference| against the adapted model {diff:.3g}"
     )

@@ -19,3 +19,15 @@ def tool_parser(
     else:
         parser.add_argument("checkpoint", type=Path, help=RUN_OR_STEP)
     return parser
+
+
+def output_file_problem(out: Path, *, force: bool) -> str | None:
+    """Why a tool may not write the file `out` (a folder there, or a file without --force); None when it may."""
+    if out.is_dir():
+        return f"{out} is a folder; this command writes one file. Give a file path for OUT (e.g. {out / 'model.pt'})."
+    if out.exists() and not force:
+        return (
+            f"{out} already exists; the command would overwrite it. Give another OUT, or add --force to replace "
+            "it (the old file is replaced only once the new one is completely written)."
+        )
+    return None

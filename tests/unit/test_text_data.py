@@ -286,3 +286,48 @@ def test_a_chat_template_that_is_not_prefix_stable_is_refused_unless_training_on
         chat_records(1)[0], DataConfig(format="chat", train_on="all"), cfg, tokenizer, "r"
     )
     assert all(trained) and tokenizer.tok.decode(ids).startswith("3 turns")
+
+
+@pytest.mark.parametrize(
+    ("content", "phrase"),
+    [
+        (b"one\ncaf\xe9 au lait\n", "is not UTF-8 text: byte 7 (line 2) is 0xe9 (invalid continuation byte)"),
+        (
+            b"one\ntwo\n\x7fELF\x00\x01\x02",
+            "holds a NUL byte at byte 12 (line 3): it is a binary file, not text",
+        ),
+    ],
+)
+@pytest.mark.parametrize("tokenizer", ["bytes", "hf"])
+def test_text_that_is_not_utf8_is_refused_naming_the_byte_and_line(
+    tmp_path, tok_cfg, content, phrase, tokenizer
+) -> None:
+    """Refused before launch, whether the corpus goes through the cache (hf) or is read for its size (bytes)."""
+    path = tmp_path / "corpus.txt"
+    path.write_bytes(content + b"plain text\n" * 3000)
+    extra = ["tokenizer=hf", f"tokenizer.path={tok_cfg.path}"] if tokenizer == "hf" else []
+    spec, errors = compose.validate(compose.compose(["data=text", f"data.path={path}", *extra]))
+    assert errors == []  # the layout checks read the first records only
+    messages = " | ".join(str(e) for e in prepare_data(spec))
+    assert f"{path} {phrase}" in messages and "no rank was started" in messages, messages
+
+
+def test_a_character_that_data_max_bytes_cuts_in_two_is_not_an_error(tmp_path) -> None:
+    from launcher.components.data.sources import RecordError, read_text
+
+    path = tmp_path / "t.txt"
+    path.write_bytes("aé".encode() * 10)  # é is two bytes
+    assert read_text(path, 5, strict=True) == "aéa"
+    path.write_bytes(b"a\xe9" * 10)
+    with pytest.raises(RecordError, match="byte 1 "):
+        read_text(path, 5, strict=True)
+
+
+def test_the_cli_refuses_a_binary_text_file_without_a_run_directory(tmp_path) -> None:
+    (tmp_path / "data.txt").write_bytes(b"text\n\x00\x01\x02" * 1000)
+    run = subprocess.run(
+        [sys.executable, "-m", "launcher", "data=text", "data.path=data.txt", f"run_dir={tmp_path / 'run'}"],
+        capture_output=True, text=True, timeout=120, cwd=tmp_path,
+    )  # fmt: skip
+    assert run.returncode == 2 and "data.txt holds a NUL byte at byte 5 (line 2)" in run.stderr, run.stderr
+    assert "Traceback" not in run.stderr and not (tmp_path / "run").exists()

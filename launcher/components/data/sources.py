@@ -8,6 +8,7 @@ checks that run before any rank starts; `records` reads everything, for tokeniza
 
 from __future__ import annotations
 
+import codecs
 import csv
 import glob
 import json
@@ -72,11 +73,34 @@ def matching_files(
     return [(p.resolve().relative_to(base).as_posix(), p) for p in paths]
 
 
-def read_text(path: Path, limit: int | None) -> str:
-    """A file's text, at most `limit` bytes of it; bytes that are not UTF-8 survive a round trip (surrogateescape)."""
+def read_text(path: Path, limit: int | None, *, strict: bool = False) -> str:
+    """A file's text, at most `limit` bytes of it; bytes that are not UTF-8 survive a round trip (surrogateescape).
+
+    `strict` (data.kind=text): a NUL byte (a binary file) or bytes that are not UTF-8 raise RecordError
+    naming the byte offset and line; a character the limit cuts in two is dropped, not an error.
+    """
     with path.open("rb") as f:
         data = f.read() if limit is None else f.read(limit)
-    return data.decode("utf-8", "surrogateescape")
+        cut = limit is not None and len(data) == limit and bool(f.read(1))
+    if not strict:
+        return data.decode("utf-8", "surrogateescape")
+    nul = data.find(b"\x00")
+    if nul >= 0:
+        line = data.count(b"\n", 0, nul) + 1
+        raise RecordError(
+            f"{path} holds a NUL byte at byte {nul:,} (line {line}): it is a binary file, "
+            "not text, and data=text would train on its bytes. Leave it out of data.path (a glob such as "
+            "'corpus/*.txt', or a folder of text files only)."
+        )
+    try:
+        return codecs.getincrementaldecoder("utf-8")("strict").decode(data, final=not cut)
+    except UnicodeDecodeError as err:
+        line = data.count(b"\n", 0, err.start) + 1
+        raise RecordError(
+            f"{path} is not UTF-8 text: byte {err.start:,} (line {line}) is 0x{data[err.start]:02x} ({err.reason}). "
+            "data=text reads UTF-8. Convert the file (e.g. `iconv -f latin1 -t utf-8 FILE > FILE.utf8`) or leave "
+            "it out of data.path."
+        ) from None
 
 
 def _one_object_hint(path: Path) -> str:
@@ -204,7 +228,7 @@ def records(cfg: DataConfig, pattern: str | None, cache_dir: Path) -> Iterator[t
             yield key, str(path), {"text": read_text(path, cfg.max_bytes)}
     elif cfg.kind == "text":
         for key, path in matching_files(pattern):
-            yield key, str(path), {"text": read_text(path, cfg.max_bytes)}
+            yield key, str(path), {"text": read_text(path, cfg.max_bytes, strict=True)}
     elif cfg.kind == "jsonl":
         for key, path in matching_files(pattern, suffixes=(".jsonl", ".json")):
             if is_json_array(path):  # the alpaca_data.json layout: one array of records

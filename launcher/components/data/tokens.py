@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from launcher.components.data.formats import encode_record
+from launcher.components.data.private_files import make_private, private_dirs, private_umask
 from launcher.components.data.sources import records, source_files
 from launcher.components.data.split import Splitter
 from launcher.components.data.tokenizer import Tokenizer, fingerprint, load_tokenizer
@@ -315,11 +316,16 @@ def build_cache(cfg: DataConfig, tok_cfg: TokenizerConfig, progress: Any = None)
     folder = cached_path(cfg, tok_cfg)
     if (folder / "meta.json").is_file():
         return folder, False
-    folder.parent.mkdir(parents=True, exist_ok=True)
+    private_dirs(folder.parent)
+    if not cfg.cache_dir:
+        make_private(folder.parent)  # the default cache: every corpus in it (private_files)
     partial = Path(tempfile.mkdtemp(prefix=f".{folder.name}.", dir=folder.parent))
     try:
-        meta = _write(partial, cfg, tok_cfg, load_tokenizer(tok_cfg), cache_root(cfg), progress)
-        (partial / "meta.json").write_text(json.dumps(meta, indent=1))
+        with private_umask():
+            meta = _write(partial, cfg, tok_cfg, load_tokenizer(tok_cfg), cache_root(cfg), progress)
+            (partial / "meta.json").write_text(json.dumps(meta, indent=1))
+        make_private(partial)
+        make_private(folder.parent / "datasets")
         try:
             partial.rename(folder)  # atomic: a folder with meta.json is always whole
         except OSError:  # another process finished the same corpus first
