@@ -30,6 +30,7 @@ from launcher.rules import (
     quantization,
     records,
     resume,
+    safe_files,
     sharding,
     slurm,
 )
@@ -46,6 +47,7 @@ AREAS = (
     mixture,
     launch,
     resume,
+    safe_files,
     slurm,
     memory,
     compiling,

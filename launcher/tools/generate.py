@@ -275,7 +275,11 @@ def main(argv: list[str] | None = None) -> int:
             raise ExportError(problem)
         source = open_source(args.source)
         ids = prompt_ids(source, args.prompt, chat=args.chat)
-    except (ExportError, KeyError) as err:
+    except (
+        ExportError,
+        KeyError,
+        ValueError,
+    ) as err:  # ValueError: a refused file (RefusedFile, SpecFileError)
         print(f"error: {err}", file=sys.stderr)
         return ExitStatus.INVALID_SPEC
     completion = generate(

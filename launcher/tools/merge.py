@@ -95,7 +95,11 @@ def main(argv: list[str] | None = None) -> int:
     console = Console()
     try:
         merged, diff = merge_checkpoint(args.checkpoint)
-    except (FileNotFoundError, KeyError) as err:
+    except (
+        FileNotFoundError,
+        KeyError,
+        ValueError,
+    ) as err:  # ValueError: a refused file (RefusedFile, SpecFileError)
         Console(stderr=True).print(f"[red]error:[/] {err}")
         return ExitStatus.INVALID_SPEC
     args.out.parent.mkdir(parents=True, exist_ok=True)

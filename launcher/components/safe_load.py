@@ -1,0 +1,94 @@
+"""Reading files that may have been changed by someone else: data comes back, code never runs.
+
+Every pickle the launcher reads goes through an allowlist: torch files through torch's weights-only
+reader (`load_tensor_file`), DCP metadata through launcher.components.dcp_reader. A file that needs
+anything else is refused with `RefusedFile`, which names the file; nothing of it has run by then.
+A checkpoint's COMPLETE manifest holds SHA-256 digests against damage, not a signature: whoever can
+change a file can change its digest, so the readers never trust a file because its digest matches.
+"""
+
+from __future__ import annotations
+
+import pickle
+import re
+from pathlib import Path
+from typing import IO
+
+class RefusedFile(ValueError):
+    """A file that holds more than data (a global outside the allowlist, or no valid structure); never loaded."""
+
+    def __init__(self, path: Path | str, reason: str, *, names_code: bool) -> None:
+        self.path, self.reason, self.names_code = Path(path), reason, names_code
+        what = (
+            "it names code or objects beyond plain data"
+            if names_code
+            else "it is not a valid file of its kind"
+        )
+        super().__init__(
+            f"{path} was refused: {what} ({reason}). Nothing in it was run. The launcher never writes such a "
+            "file, so it was changed or replaced after it was written; a matching SHA-256 in the checkpoint's "
+            "COMPLETE manifest proves nothing, whoever changed the file can update it. Delete the file's "
+            "checkpoint (or rewrite it from a source you trust) and run again."
+        )
+
+
+def weights_only_reason(err: pickle.UnpicklingError) -> str | None:
+    """What torch's weights-only reader objected to, without its advice to load unsafely; None: not its error."""
+    text = str(err)
+    if not text.startswith("Weights only load failed"):
+        return None
+    named = re.search(r"GLOBAL ([\w.]+)", text)
+    if named:
+        return f"it names {named.group(1)}"
+    found = re.search(r"WeightsUnpickler error:\s*(.+?)(\n\n|$)", text, re.S)
+    return " ".join(found.group(1).split()) if found else "torch's weights-only reader refused it"
+
+
+def names_code(reason: str) -> bool:
+    """Whether a weights-only refusal was about a global (a callable or class) rather than a malformed pickle."""
+    return reason.startswith("it names ")
+
+
+def load_tensor_file(
+    path: Path | str | IO[bytes], *, name: Path | str | None = None, mmap: bool = False
+) -> object:
+    """torch.load with weights_only=True on the CPU; a file that needs more is refused (RefusedFile naming `name` or it)."""
+    import torch
+
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True, mmap=mmap or None)
+    except pickle.UnpicklingError as err:
+        reason = weights_only_reason(err)
+        if reason is None:
+            raise
+        raise RefusedFile(name or str(path), reason, names_code=names_code(reason)) from None
+
+
+def first_refused(paths: list[Path]) -> RefusedFile | None:
+    """The refusal of the first of `paths` that torch's weights-only reader will not load (mmap: no tensor is read)."""
+    for path in paths:
+        try:
+            load_tensor_file(path, mmap=True)
+        except RefusedFile as err:
+            return err
+        except (OSError, RuntimeError, pickle.UnpicklingError):
+            continue
+    return None
+
+
+def refusal_in(err: BaseException) -> RefusedFile | None:
+    """The RefusedFile behind `err`: itself, its cause or context, or one rank's failure inside DCP's CheckpointException."""
+    seen: set[int] = set()
+    todo = [err]
+    while todo:
+        current = todo.pop()
+        if current is None or id(current) in seen:
+            continue
+        seen.add(id(current))
+        if isinstance(current, RefusedFile):
+            return current
+        todo += [current.__cause__, current.__context__]
+        failures = getattr(current, "failures", None)  # torch.distributed.checkpoint's CheckpointException
+        if isinstance(failures, dict):
+            todo += [f[0] if isinstance(f, tuple) else f for f in failures.values()]
+    return None
