@@ -14,6 +14,7 @@ import re
 from pathlib import Path
 from typing import IO
 
+
 class RefusedFile(ValueError):
     """A file that holds more than data (a global outside the allowlist, or no valid structure); never loaded."""
 

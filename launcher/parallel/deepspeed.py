@@ -248,7 +248,9 @@ class DeepSpeedStrategy:
         """
         with weights_only_loads(Path(directory) / TAG):
             if self.adapters:
-                saved = torch.load(module_states_file(directory), map_location="cpu", weights_only=True)["module"]
+                saved = torch.load(module_states_file(directory), map_location="cpu", weights_only=True)[
+                    "module"
+                ]
                 check_loaded_keys(self.engine.module, saved)
             path, _ = self.engine.load_checkpoint(
                 str(directory), tag=TAG, load_optimizer_states=True, load_lr_scheduler_states=False,

@@ -11,13 +11,19 @@ from pathlib import Path
 import pytest
 import torch
 import torch.distributed.checkpoint as dcp
+from payloads import Payload, poisoned_metadata
 from torch.distributed.checkpoint import FileSystemReader
 
 import launcher
-from launcher.components.dcp_reader import ADMITTED, MetadataUnpickler, SafeReader, load_full_state, read_metadata
+from launcher.components.dcp_reader import (
+    ADMITTED,
+    MetadataUnpickler,
+    SafeReader,
+    load_full_state,
+    read_metadata,
+)
 from launcher.components.safe_load import RefusedFile, load_tensor_file
 from launcher.spec import SpecFileError, load_spec
-from payloads import Payload, poisoned_metadata
 
 DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.int64, torch.uint8, torch.bool)
 
@@ -51,7 +57,9 @@ def test_torch_metadata_names_only_admitted_globals_and_loads_the_same(tmp_path)
     with open(folder / ".metadata", "rb") as handle:
         recorder = _Recorder(handle)
         recorder.load()
-    dtypes = {(m, n) for m, n in recorder.asked if m == "torch" and isinstance(getattr(torch, n), torch.dtype)}
+    dtypes = {
+        (m, n) for m, n in recorder.asked if m == "torch" and isinstance(getattr(torch, n), torch.dtype)
+    }
     assert len(dtypes) == len(DTYPES)
     assert recorder.asked - dtypes <= set(ADMITTED), recorder.asked - dtypes - set(ADMITTED)
     ours, theirs = read_metadata(folder / ".metadata"), FileSystemReader(folder).read_metadata()
@@ -67,7 +75,9 @@ def test_a_payload_in_metadata_runs_under_plain_pickle_and_is_refused_here(tmp_p
     FileSystemReader(folder).read_metadata()  # torch's own reader runs it: the payload is live
     assert marker.exists()
     marker.unlink()
-    with pytest.raises(RefusedFile, match=r"\.metadata was refused: it names code .*posix\.system") as refused:
+    with pytest.raises(
+        RefusedFile, match=r"\.metadata was refused: it names code .*posix\.system"
+    ) as refused:
         read_metadata(folder / ".metadata")
     assert refused.value.names_code
     with pytest.raises(BaseException, match=r"\.metadata was refused"):
@@ -137,7 +147,9 @@ def test_torch_files_are_read_weights_only_and_refusals_name_the_file(tmp_path) 
     torch.save({"w": Payload(marker, "exec")}, bad := tmp_path / "optimizer.pt")
     with pytest.raises(RefusedFile, match=r"optimizer\.pt was refused: it names code") as refused:
         load_tensor_file(bad)
-    assert "weights_only` set to `False`" not in str(refused.value)  # torch's advice to load it anyway is dropped
+    assert "weights_only` set to `False`" not in str(
+        refused.value
+    )  # torch's advice to load it anyway is dropped
     (junk := tmp_path / "trainer.pt").write_bytes(b"not a torch file")
     with pytest.raises(RefusedFile, match=r"trainer\.pt was refused: it is not a valid file") as refused:
         load_tensor_file(junk)
@@ -180,7 +192,11 @@ def test_every_read_of_the_package_goes_through_the_allowlists() -> None:
             if func == "dcp.load" and "SafeReader(" not in (_keyword(call, "storage_reader") or ""):
                 wrong.append(f"{where} without storage_reader=SafeReader(...)")
             loads_hf = func.endswith(("from_pretrained", "from_config"))
-            if loads_hf and _keyword(call, "trust_remote_code") != "False" and "**local" not in ast.unparse(call):
+            if (
+                loads_hf
+                and _keyword(call, "trust_remote_code") != "False"
+                and "**local" not in ast.unparse(call)
+            ):
                 wrong.append(f"{where} without trust_remote_code=False")
     assert not wrong, "reads that could run code from a file:\n" + "\n".join(wrong)
 
@@ -188,6 +204,5 @@ def test_every_read_of_the_package_goes_through_the_allowlists() -> None:
 def test_the_unpickler_refuses_persistent_ids(tmp_path) -> None:
     path = tmp_path / ".metadata"
     path.write_bytes(b"\x80\x04" + pickle.SHORT_BINUNICODE + b"\x01x" + pickle.BINPERSID + pickle.STOP)
-    with pytest.raises(RefusedFile, match="persistent id"):
-        with open(path, "rb") as handle:
-            MetadataUnpickler(handle, path).load()
+    with pytest.raises(RefusedFile, match="persistent id"), open(path, "rb") as handle:
+        MetadataUnpickler(handle, path).load()
