@@ -158,13 +158,21 @@ class _WeightsOnlyBytes:
         self._planner.load_bytes(read_item, clean)
 
 
+class _Refused(BaseException):
+    """Carries a RefusedFile through DCP's load, whose `except Exception` would otherwise read a rank's own
+    metadata file instead and keep only the refusal's text; DCP wraps it whole into its CheckpointException."""
+
+
 class SafeReader(FileSystemReader):
     """torch's FileSystemReader with `.metadata` read by MetadataUnpickler and non-tensor values read weights-only."""
 
     def read_metadata(self, *args: Any, **kwargs: Any) -> dcp_metadata.Metadata:
         """The checked metadata (this rank's own file when DCP asks by rank), stamped with this load's id."""
         path = Path(self._get_metadata_path(kwargs.get("rank")))
-        metadata = read_metadata(path, Path(self.path))
+        try:
+            metadata = read_metadata(path, Path(self.path))
+        except RefusedFile as err:
+            raise _Refused(err) from err
         if getattr(metadata, "storage_meta", None) is None:
             metadata.storage_meta = dcp_metadata.StorageMeta()
         metadata.storage_meta.load_id = self.load_id

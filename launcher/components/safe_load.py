@@ -18,19 +18,25 @@ from typing import IO
 class RefusedFile(ValueError):
     """A file that holds more than data (a global outside the allowlist, or no valid structure); never loaded."""
 
-    def __init__(self, path: Path | str, reason: str, *, names_code: bool) -> None:
+    def __init__(self, path: Path | str, reason: str, names_code: bool) -> None:
         self.path, self.reason, self.names_code = Path(path), reason, names_code
-        what = (
-            "it names code or objects beyond plain data"
-            if names_code
-            else "it is not a valid file of its kind"
-        )
-        super().__init__(
-            f"{path} was refused: {what} ({reason}). Nothing in it was run. The launcher never writes such a "
-            "file, so it was changed or replaced after it was written; a matching SHA-256 in the checkpoint's "
-            "COMPLETE manifest proves nothing, whoever changed the file can update it. Delete the file's "
-            "checkpoint (or rewrite it from a source you trust) and run again."
-        )
+        if names_code:
+            text = (
+                f"{path} was refused: {reason}, and only plain data is read from a file. Nothing in it was run. "
+                "The launcher never writes such a file, so it was changed or replaced after it was written (a "
+                "matching SHA-256 in the checkpoint's COMPLETE manifest proves nothing: whoever changed the file "
+                "can update it). Delete that checkpoint, or restore the file from a source you trust, and run again."
+            )
+        else:
+            text = (
+                f"{path} was refused: it is not a valid file of its kind ({reason}). Nothing in it was run. "
+                "It is damaged, or not the file the launcher wrote."
+            )
+        super().__init__(text)
+
+    def __reduce__(self) -> tuple:
+        """Pickled whole: DCP gathers a rank's failure across processes."""
+        return (type(self), (self.path, self.reason, self.names_code))
 
 
 def weights_only_reason(err: pickle.UnpicklingError) -> str | None:
@@ -89,6 +95,7 @@ def refusal_in(err: BaseException) -> RefusedFile | None:
         if isinstance(current, RefusedFile):
             return current
         todo += [current.__cause__, current.__context__]
+        todo += [arg for arg in current.args if isinstance(arg, BaseException)]  # a cause lost in pickling
         failures = getattr(current, "failures", None)  # torch.distributed.checkpoint's CheckpointException
         if isinstance(failures, dict):
             todo += [f[0] if isinstance(f, tuple) else f for f in failures.values()]

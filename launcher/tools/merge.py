@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from rich.console import Console
+from rich.markup import escape
 
 from launcher.components import checkpoint, quantization
 from launcher.components.adapters import load_checkpoint_state
@@ -100,7 +101,7 @@ def main(argv: list[str] | None = None) -> int:
         KeyError,
         ValueError,
     ) as err:  # ValueError: a refused file (RefusedFile, SpecFileError)
-        Console(stderr=True).print(f"[red]error:[/] {err}")
+        Console(stderr=True, soft_wrap=True).print("[red]error:[/]", escape(str(err)))
         return ExitStatus.INVALID_SPEC
     args.out.parent.mkdir(parents=True, exist_ok=True)
     torch.save(merged, args.out)
