@@ -9,8 +9,10 @@ change a file can change its digest, so the readers never trust a file because i
 
 from __future__ import annotations
 
+import contextlib
 import pickle
 import re
+from collections.abc import Iterator
 from pathlib import Path
 from typing import IO
 
@@ -18,25 +20,28 @@ from typing import IO
 class RefusedFile(ValueError):
     """A file that holds more than data (a global outside the allowlist, or no valid structure); never loaded."""
 
-    def __init__(self, path: Path | str, reason: str, names_code: bool) -> None:
-        self.path, self.reason, self.names_code = Path(path), reason, names_code
+    def __init__(self, path: Path | str, reason: str, names_code: bool, advice: str | None = None) -> None:
+        self.path, self.reason, self.names_code, self.advice = Path(path), reason, names_code, advice
         if names_code:
             text = (
                 f"{path} was refused: {reason}, and only plain data is read from a file. Nothing in it was run. "
-                "The launcher never writes such a file, so it was changed or replaced after it was written (a "
-                "matching SHA-256 in the checkpoint's COMPLETE manifest proves nothing: whoever changed the file "
-                "can update it). Delete that checkpoint, or restore the file from a source you trust, and run again."
+                + (
+                    advice
+                    or "The launcher never writes such a file, so it was changed or replaced after it was written (a "
+                    "matching SHA-256 in the checkpoint's COMPLETE manifest proves nothing: whoever changed the file "
+                    "can update it). Delete that checkpoint, or restore the file from a source you trust, and run again."
+                )
             )
         else:
             text = (
                 f"{path} was refused: it is not a valid file of its kind ({reason}). Nothing in it was run. "
-                "It is damaged, or not the file the launcher wrote."
+                + (advice or "It is damaged, or not the file the launcher wrote.")
             )
         super().__init__(text)
 
     def __reduce__(self) -> tuple:
         """Pickled whole: DCP gathers a rank's failure across processes."""
-        return (type(self), (self.path, self.reason, self.names_code))
+        return (type(self), (self.path, self.reason, self.names_code, self.advice))
 
 
 def weights_only_reason(err: pickle.UnpicklingError) -> str | None:
@@ -100,3 +105,44 @@ def refusal_in(err: BaseException) -> RefusedFile | None:
         if isinstance(failures, dict):
             todo += [f[0] if isinstance(f, tuple) else f for f in failures.values()]
     return None
+
+
+def _safetensors_problem(path: Path) -> str | None:
+    """Why safetensors will not open `path` (a header that is not JSON, offsets outside the file), or None."""
+    from safetensors import safe_open
+
+    try:
+        with safe_open(str(path), framework="pt") as handle:
+            handle.keys()
+    except Exception as err:  # safetensors raises its own SafetensorError, and OSError
+        return str(err)
+    return None
+
+
+_FOLDER_ADVICE = "Get the model folder again from a source you trust (model.safetensors holds tensors only)."
+
+
+@contextlib.contextmanager
+def refusing_folder(folder: Path | str) -> Iterator[None]:
+    """Turn a model folder's unreadable weights into RefusedFile naming the file.
+
+    transformers reads pytorch_model.bin weights-only and safetensors checks its header; their own
+    errors name no file, and torch's advises loading with weights_only=False.
+    """
+    try:
+        yield
+    except pickle.UnpicklingError as err:
+        reason = weights_only_reason(err)
+        if reason is None:
+            raise
+        refused = first_refused(sorted(Path(folder).glob("*.bin")))
+        path = refused.path if refused else folder
+        raise RefusedFile(path, reason, names_code(reason), advice=_FOLDER_ADVICE) from None
+    except Exception as err:
+        if type(err).__name__ != "SafetensorError":
+            raise
+        for path in sorted(Path(folder).glob("*.safetensors")):
+            problem = _safetensors_problem(path)
+            if problem:
+                raise RefusedFile(path, problem, False, advice=_FOLDER_ADVICE) from None
+        raise RefusedFile(folder, str(err), False, advice=_FOLDER_ADVICE) from None

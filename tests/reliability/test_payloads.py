@@ -14,10 +14,13 @@ import shutil
 from pathlib import Path
 
 import pytest
-from payloads import poisoned_metadata, poisoned_torch_file, replant
+import torch
+from payloads import Payload, poisoned_metadata, poisoned_torch_file, replant
 
 from conftest import TINY, run_cli, run_inline, run_ranks, write_spec
+from launcher.components.model.hf import build_hf_model
 from launcher.components.safe_load import RefusedFile
+from launcher.config.model import ModelConfig
 from launcher.rank import worker
 from launcher.rank.teacher import load_teacher
 from launcher.spec import InvalidSpec
@@ -158,4 +161,75 @@ def test_a_payload_in_a_files_checkpoint_is_refused_by_the_tools(files_run, tmp_
     replant(step, "model.pt", poisoned_torch_file(step / "model.pt", marker))
     assert export.main([str(run_dir), str(tmp_path / "w.pt")]) == 2
     assert "step_2/model.pt was refused: it names exec" in capfd.readouterr().err
+    assert not marker.exists()
+
+
+@pytest.fixture(scope="module")
+def hf_folder(tmp_path_factory) -> Path:
+    """A tiny GPT-2 folder as save_pretrained writes it (config.json, model.safetensors)."""
+    from hf_assets import make_hf_model
+
+    return make_hf_model("gpt2", tmp_path_factory.mktemp("hf") / "gpt2")
+
+
+def _custom_code(folder: Path, marker: Path) -> str:
+    config = json.loads((folder / "config.json").read_text())
+    config.update(
+        model_type="custom", auto_map={"AutoConfig": "custom.C", "AutoModelForCausalLM": "custom.M"}
+    )
+    (folder / "config.json").write_text(json.dumps(config))
+    (folder / "custom.py").write_text(f"open({str(marker)!r}, 'w').write('ran')\n")
+    return "config.json was refused: it names code of its own"
+
+
+def _pickled_bin(folder: Path, marker: Path) -> str:
+    from safetensors.torch import load_file
+
+    state = load_file(folder / "model.safetensors")
+    (folder / "model.safetensors").unlink()
+    torch.save({**state, "extra": Payload(marker, "exec")}, folder / "pytorch_model.bin")
+    return "pytorch_model.bin was refused: it names exec"
+
+
+def _bad_header(folder: Path, marker: Path) -> str:
+    data = (folder / "model.safetensors").read_bytes()
+    (folder / "model.safetensors").write_bytes(data[:8] + b"{not json" + data[17:])
+    return "model.safetensors was refused: it is not a valid file of its kind"
+
+
+def _lying_offsets(folder: Path, marker: Path) -> str:
+    data = (folder / "model.safetensors").read_bytes()
+    size = int.from_bytes(data[:8], "little")
+    header = json.loads(data[8 : 8 + size])
+    header[next(k for k in header if k != "__metadata__")]["data_offsets"] = [0, 10**12]
+    raw = json.dumps(header).encode()
+    (folder / "model.safetensors").write_bytes(len(raw).to_bytes(8, "little") + raw + data[8 + size :])
+    return "model.safetensors was refused: it is not a valid file of its kind"
+
+
+FOLDER_CASES = {
+    "auto_map": _custom_code,
+    "pickled_bin": _pickled_bin,
+    "header": _bad_header,
+    "offsets": _lying_offsets,
+}
+
+
+@pytest.mark.parametrize("case", sorted(FOLDER_CASES))
+def test_a_model_folder_that_names_code_or_lies_is_refused(hf_folder, tmp_path, capfd, case) -> None:
+    folder, marker = Path(shutil.copytree(hf_folder, tmp_path / "model")), tmp_path / "ran"
+    named = FOLDER_CASES[case](folder, marker)
+    code = generate.main([str(folder), "--prompt", "hi", "--max-new-tokens", "1"])
+    err = capfd.readouterr().err
+    assert code == 2 and named in err and "Traceback" not in err, err[-2000:]
+    with pytest.raises(RefusedFile, match=named):  # a rank building model.kind=hf, or a teacher folder
+        build_hf_model(ModelConfig(kind="hf", path=str(folder)), announce=False)
+    assert not marker.exists()
+
+
+def test_a_model_folder_with_custom_code_is_refused_before_launch(hf_folder, tmp_path) -> None:
+    folder, marker = Path(shutil.copytree(hf_folder, tmp_path / "model")), tmp_path / "ran"
+    named = _custom_code(folder, marker)
+    with pytest.raises(InvalidSpec, match=f"model.path: .*{named}"):
+        write_spec([*RUN, "model=hf", f"model.path={folder}"], tmp_path / "run")
     assert not marker.exists()
