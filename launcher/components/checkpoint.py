@@ -19,7 +19,6 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from launcher.components import safe_load
 from launcher.components.checkpoint_files import (
     MARKER,
     CheckpointFiles,
@@ -28,6 +27,7 @@ from launcher.components.checkpoint_files import (
     size_problem,
     total_bytes,
 )
+from launcher.components.files import safe_load
 from launcher.config.checkpoint import LATEST, PARTIAL_PREFIX, SPACE_MARGIN
 
 

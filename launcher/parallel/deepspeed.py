@@ -26,8 +26,8 @@ from torch import nn
 
 from launcher.components.adapters import check_loaded_keys, frozen_keys, has_adapters
 from launcher.components.checkpoint_files import CheckpointFiles
+from launcher.components.files.safe_load import RefusedFile, first_refused, names_code, weights_only_reason
 from launcher.components.optimizer import build_optimizer, param_groups
-from launcher.components.safe_load import RefusedFile, first_refused, names_code, weights_only_reason
 from launcher.parallel import deepspeed_user_config
 from launcher.parallel.checkpoint_layout import TAG
 from launcher.parallel.state_bytes import optimizer_state_bytes

@@ -36,7 +36,7 @@ from launcher.components.adapters import (
 )
 from launcher.components.checkpoint import load_tensor_file
 from launcher.components.checkpoint_files import CheckpointFiles
-from launcher.components.dcp_reader import SafeReader, load_full_state, read_metadata
+from launcher.components.files.dcp_reader import SafeReader, load_full_state, read_metadata
 from launcher.parallel.checkpoint_layout import DCP_DIR, is_dcp_checkpoint
 
 SCALER_FILE = "scaler.pt"

@@ -17,8 +17,8 @@ from torch.distributed.checkpoint.api import CheckpointException
 
 from launcher.components import checkpoint, checkpoint_files, metrics
 from launcher.components.device import resolve_device
+from launcher.components.files.safe_load import RefusedFile, refusal_in
 from launcher.components.memory import apply_cuda_alloc_conf
-from launcher.components.safe_load import RefusedFile, refusal_in
 from launcher.exits import ExitStatus, for_signal
 from launcher.parallel.deepspeed import accelerator_env
 from launcher.parallel.dims import DistContext, shutdown

@@ -1,7 +1,7 @@
 """Rules of the files a run reads from earlier runs: none may name code, checked before anything starts.
 
 The checkpoints `resume` names and a teacher run's newest checkpoint are read by the ranks through
-allowlists (launcher.components.safe_load, launcher.components.dcp_reader). Their DCP metadata is
+allowlists (launcher.components.files.safe_load, launcher.components.files.dcp_reader). Their DCP metadata is
 small, so it is read here too: a `.metadata` that names code is refused with exit status 2 before
 any process starts, naming the file. Tensor files are left to the ranks' weights-only reads.
 """
@@ -13,7 +13,7 @@ from pathlib import Path
 
 from launcher.components import checkpoint
 from launcher.components.checkpoint_files import MARKER
-from launcher.components.safe_load import RefusedFile
+from launcher.components.files.safe_load import RefusedFile
 from launcher.parallel.checkpoint_layout import DCP_DIR, is_dcp_checkpoint
 from launcher.rules.hardware import Hardware
 from launcher.rules.values import Rule
@@ -24,7 +24,7 @@ def code_in_metadata(step_dir: Path) -> RefusedFile | None:
     """The refusal of a checkpoint's DCP metadata when it names code; None when it names none or there is none."""
     if not is_dcp_checkpoint(step_dir):
         return None
-    from launcher.components.dcp_reader import read_metadata
+    from launcher.components.files.dcp_reader import read_metadata
 
     try:
         read_metadata(Path(step_dir) / DCP_DIR / ".metadata")

@@ -25,8 +25,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from launcher.components.files.safe_load import refusing_folder
 from launcher.components.model.hf_files import refuse_custom_code
-from launcher.components.safe_load import refusing_folder
 from launcher.exits import ExitStatus
 from launcher.spec import load_spec
 from launcher.tools.hf_folder import ExportError, load_tokenizer

@@ -16,7 +16,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from launcher.components.safe_load import load_tensor_file
+from launcher.components.files.safe_load import load_tensor_file
 from launcher.spec import RunSpec
 
 

@@ -37,7 +37,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from launcher.components.safe_load import load_tensor_file
+from launcher.components.files.safe_load import load_tensor_file
 from launcher.exits import ExitStatus
 from launcher.spec import RunSpec, load_spec
 from launcher.tools.hf_folder import ExportError, refuse_existing

@@ -18,8 +18,8 @@ import torch
 from payloads import Payload, poisoned_metadata, poisoned_torch_file, replant
 
 from conftest import TINY, run_cli, run_inline, run_ranks, write_spec
+from launcher.components.files.safe_load import RefusedFile
 from launcher.components.model.hf import build_hf_model
-from launcher.components.safe_load import RefusedFile
 from launcher.config.model import ModelConfig
 from launcher.rank import worker
 from launcher.rank.teacher import load_teacher

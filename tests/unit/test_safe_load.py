@@ -15,14 +15,14 @@ from payloads import Payload, poisoned_metadata
 from torch.distributed.checkpoint import FileSystemReader
 
 import launcher
-from launcher.components.dcp_reader import (
+from launcher.components.files.dcp_reader import (
     ADMITTED,
     MetadataUnpickler,
     SafeReader,
     load_full_state,
     read_metadata,
 )
-from launcher.components.safe_load import RefusedFile, load_tensor_file
+from launcher.components.files.safe_load import RefusedFile, load_tensor_file
 from launcher.spec import SpecFileError, load_spec
 
 DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.int64, torch.uint8, torch.bool)
@@ -190,7 +190,7 @@ def test_every_read_of_the_package_goes_through_the_allowlists() -> None:
             if func in ("pickle.load", "pickle.loads", "yaml.load", "yaml.unsafe_load", "yaml.full_load"):
                 wrong.append(where)
             if func.endswith("FileSystemReader") or func.endswith("dcp_to_torch_save"):
-                wrong.append(f"{where}: use launcher.components.dcp_reader")
+                wrong.append(f"{where}: use launcher.components.files.dcp_reader")
             if func == "dcp.load" and "SafeReader(" not in (_keyword(call, "storage_reader") or ""):
                 wrong.append(f"{where} without storage_reader=SafeReader(...)")
             loads_hf = func.endswith(("from_pretrained", "from_config"))

@@ -25,8 +25,8 @@ import torch
 from rich.console import Console
 from torch import nn
 
+from launcher.components.files.safe_load import refusing_folder
 from launcher.components.model.hf_files import hf_config
-from launcher.components.safe_load import refusing_folder
 from launcher.config.model import ModelConfig
 
 

@@ -12,7 +12,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from launcher.components.safe_load import RefusedFile
+from launcher.components.files.safe_load import RefusedFile
 from launcher.config.model import ModelConfig, ff_width, vocab_size
 
 PRESETS = ("llama", "gpt2")

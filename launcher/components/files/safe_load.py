@@ -1,7 +1,7 @@
 """Reading files that may have been changed by someone else: data comes back, code never runs.
 
 Every pickle the launcher reads goes through an allowlist: torch files through torch's weights-only
-reader (`load_tensor_file`), DCP metadata through launcher.components.dcp_reader. A file that needs
+reader (`load_tensor_file`), DCP metadata through launcher.components.files.dcp_reader. A file that needs
 anything else is refused with `RefusedFile`, which names the file; nothing of it has run by then.
 A checkpoint's COMPLETE manifest holds SHA-256 digests against damage, not a signature: whoever can
 change a file can change its digest, so the readers never trust a file because its digest matches.

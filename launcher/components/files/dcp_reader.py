@@ -11,7 +11,7 @@ file would run whatever it names. `SafeReader` is the reader every DCP load of t
 - every non-tensor value is read with the weights-only reader and re-encoded before the planner
   sees it (tensors torch already reads weights-only).
 
-Anything else is refused with launcher.components.safe_load.RefusedFile naming the file.
+Anything else is refused with launcher.components.files.safe_load.RefusedFile naming the file.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ from torch.distributed.checkpoint import metadata as dcp_metadata
 from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.planner import LoadPlan, LoadPlanner, ReadItem
 
-from launcher.components.safe_load import RefusedFile, load_tensor_file, refusal_in
+from launcher.components.files.safe_load import RefusedFile, load_tensor_file, refusal_in
 
 _METADATA = "torch.distributed.checkpoint.metadata"
 ADMITTED: dict[tuple[str, str], Callable[..., Any] | type] = {
