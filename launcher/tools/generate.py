@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from launcher.components.data.tokenizer import refuse_custom_tokenizer
 from launcher.components.files.safe_load import refusing_folder
 from launcher.components.model.hf_files import refuse_custom_code
 from launcher.exits import ExitStatus
@@ -98,6 +99,7 @@ def folder_source(path: Path) -> Source:
     refuse_custom_code(str(path))
     with refusing_folder(path):  # pytorch_model.bin weights-only, safetensors' header checked
         model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, **local).eval()
+    refuse_custom_tokenizer(path)
     tokenizer = AutoTokenizer.from_pretrained(path, **local)
     config = model.config
     context = getattr(config, "n_positions", None) or getattr(config, "max_position_embeddings", None)

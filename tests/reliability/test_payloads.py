@@ -18,6 +18,7 @@ import torch
 from payloads import Payload, poisoned_metadata, poisoned_torch_file, replant
 
 from conftest import TINY, run_cli, run_inline, run_ranks, write_spec
+from launcher.components.data.tokenizer import open_folder
 from launcher.components.files.safe_load import RefusedFile
 from launcher.components.model.hf import build_hf_model
 from launcher.config.model import ModelConfig
@@ -232,4 +233,20 @@ def test_a_model_folder_with_custom_code_is_refused_before_launch(hf_folder, tmp
     named = _custom_code(folder, marker)
     with pytest.raises(InvalidSpec, match=f"model.path: .*{named}"):
         write_spec([*RUN, "model=hf", f"model.path={folder}"], tmp_path / "run")
+    assert not marker.exists()
+
+
+def test_a_tokenizer_folder_with_custom_code_is_refused(hf_tokenizer, tmp_path) -> None:
+    folder, marker = Path(shutil.copytree(hf_tokenizer, tmp_path / "tok")), tmp_path / "ran"
+    settings = json.loads((folder / "tokenizer_config.json").read_text())
+    settings.update(
+        tokenizer_class="CustomTokenizer", auto_map={"AutoTokenizer": ["custom.CustomTokenizer", None]}
+    )
+    (folder / "tokenizer_config.json").write_text(json.dumps(settings))
+    (folder / "custom.py").write_text(f"open({str(marker)!r}, 'w').write('ran')\n")
+    named = r"tokenizer_config\.json was refused: it names code of its own"
+    with pytest.raises(InvalidSpec, match=named):
+        write_spec([*RUN, "tokenizer=hf", f"tokenizer.path={folder}"], tmp_path / "run")
+    with pytest.raises(RefusedFile, match=named):  # a rank or a tool opening it
+        open_folder(str(folder))
     assert not marker.exists()
