@@ -51,7 +51,9 @@ def poisoned_metadata(dcp_dir: Path, marker: Path) -> bytes:
 
 def poisoned_torch_file(path: Path, marker: Path) -> bytes:
     """What torch.save writes for the file at `path`, with a payload added beside its content."""
-    original = torch.load(path, map_location="cpu", weights_only=True)
+    original = torch.load(
+        path, map_location="cpu", weights_only=False
+    )  # our own, just written: DeepSpeed records too
     state = {"content": original, "extra": Payload(marker, "exec")}
     target = Path(str(path) + ".new")
     torch.save(state, target)

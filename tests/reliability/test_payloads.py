@@ -250,3 +250,34 @@ def test_a_tokenizer_folder_with_custom_code_is_refused(hf_tokenizer, tmp_path) 
     with pytest.raises(RefusedFile, match=named):  # a rank or a tool opening it
         open_folder(str(folder))
     assert not marker.exists()
+
+
+@pytest.fixture(scope="module")
+def zero2_run(tmp_path_factory) -> Path:
+    """One process under DeepSpeed ZeRO-2: module states and optimizer shards in DeepSpeed's own files."""
+    run_dir = tmp_path_factory.mktemp("zero2") / "run"
+    assert run_inline([*RUN, "parallel=zero2"], run_dir) == 0
+    return run_dir
+
+
+DEEPSPEED_FILES = [
+    "deepspeed/zero_pp_rank_0_mp_rank_00_optim_states.pt",
+    "deepspeed/mp_rank_00_model_states.pt",
+]
+
+
+@pytest.mark.slow  # DeepSpeed's start costs 10-60 s on 2 cores
+@pytest.mark.parametrize("name", DEEPSPEED_FILES)
+def test_a_payload_in_deepspeeds_files_is_refused_by_export_and_resume(
+    zero2_run, tmp_path, capfd, name
+) -> None:
+    run_dir, marker = _copy(zero2_run, tmp_path), tmp_path / "ran"
+    step = run_dir / "checkpoints" / "step_2"
+    replant(step, name, poisoned_torch_file(step / name, marker))
+    assert export.main([str(run_dir), str(tmp_path / "w.pt")]) == 2
+    assert f"step_2/{name} was refused: it names exec" in capfd.readouterr().err
+    # a second DeepSpeed engine in this process would not start: the resume runs as `train` does
+    result = run_cli([*RUN, "parallel=zero2", f"run_dir={run_dir}", "resume=auto"], tmp_path)
+    out = result.stdout + result.stderr
+    assert result.returncode == 1 and f"step_2/{name} was refused: it names exec" in out, out[-3000:]
+    assert "resumed from" not in out and not marker.exists()
