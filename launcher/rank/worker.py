@@ -68,7 +68,8 @@ def restore_newest(engine: Engine, candidates: list[Path], console: Console, *, 
 
     Rank 0 re-reads each candidate and compares its files with their SHA-256 (checkpoint.verify);
     a checkpoint that differs, does not load or holds non-finite weights is named in a warning and
-    the next older one is tried. Every decision is agreed by all ranks.
+    the next older one is tried. A file that names code (launcher.components.files.safe_load) stops
+    every rank instead. Every decision is agreed by all ranks.
     """
     dist = engine.parts.dist
     for path in candidates:
