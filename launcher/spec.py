@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import yaml
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from launcher.config.aliases import alias_hint
@@ -357,9 +358,28 @@ def write_atomically(path: Path, text: str) -> None:
     tmp.replace(path)
 
 
+class SpecFileError(ValueError):
+    """A spec.yaml that is not the plain YAML `dump_spec` writes (e.g. a `!!python/...` tag); nothing of it ran."""
+
+
 def load_spec(path: Path) -> RunSpec:
-    """Read a spec.yaml written by `dump_spec` (env interpolations resolve here, in the rank)."""
-    cfg = OmegaConf.load(path)
+    """Read a spec.yaml written by `dump_spec` (env interpolations resolve here, in the rank).
+
+    OmegaConf reads YAML with a safe loader: a tag that names Python (`!!python/object/apply:...`)
+    builds nothing and is refused with SpecFileError naming the file.
+    """
+    try:
+        cfg = OmegaConf.load(path)
+    except yaml.YAMLError as err:
+        raise SpecFileError(
+            f"{path} was refused: it is not the plain YAML a run writes ({str(err).splitlines()[0]}); "
+            "tags that name Python objects are never constructed, nothing in it was run. Restore the "
+            "run's spec.yaml, or write the keys as plain values."
+        ) from None
+    if not isinstance(cfg, DictConfig):
+        raise SpecFileError(
+            f"{path} was refused: it holds a {type(cfg).__name__}, not the mapping of keys a run writes."
+        )
     return to_spec(OmegaConf.masked_copy(cfg, [k for k in cfg if k not in _HEADER_KEYS]))
 
 

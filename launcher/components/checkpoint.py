@@ -27,6 +27,7 @@ from launcher.components.checkpoint_files import (
     size_problem,
     total_bytes,
 )
+from launcher.components.files import safe_load
 from launcher.config.checkpoint import LATEST, PARTIAL_PREFIX, SPACE_MARGIN
 
 
@@ -237,7 +238,5 @@ def prune(run_dir: Path, keep: int) -> None:
 
 
 def load_tensor_file(path: Path) -> object:
-    """torch.load with weights_only=True: checkpoints never execute code on load."""
-    import torch
-
-    return torch.load(path, map_location="cpu", weights_only=True)
+    """torch.load with weights_only=True: checkpoints never execute code on load (RefusedFile names a file that would)."""
+    return safe_load.load_tensor_file(path)

@@ -15,6 +15,7 @@ import contextlib
 import json
 import logging
 import os
+import pickle
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
@@ -25,6 +26,7 @@ from torch import nn
 
 from launcher.components.adapters import check_loaded_keys, frozen_keys, has_adapters
 from launcher.components.checkpoint_files import CheckpointFiles
+from launcher.components.files.safe_load import RefusedFile, first_refused, names_code, weights_only_reason
 from launcher.components.optimizer import build_optimizer, param_groups
 from launcher.parallel import deepspeed_user_config
 from launcher.parallel.checkpoint_layout import TAG
@@ -79,30 +81,42 @@ def client_optimizer(model: nn.Module, setup: Setup) -> torch.optim.Optimizer:
     return build_optimizer(model, o, device_type)
 
 
+_FORCE_ON, _FORCE_OFF = "TORCH_FORCE_WEIGHTS_ONLY_LOAD", "TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD"
+
+
 @contextlib.contextmanager
-def weights_only_loads() -> Iterator[None]:
-    """Make DeepSpeed's checkpoint reads weights_only, allowing just its own plain record types.
+def weights_only_loads(folder: Path) -> Iterator[None]:
+    """Make DeepSpeed's checkpoint reads (of the files in `folder`) weights_only, allowing just its own plain record types.
 
     DeepSpeed calls torch.load(weights_only=False); torch's TORCH_FORCE_WEIGHTS_ONLY_LOAD turns
-    those calls into weights_only loads, which execute no code from the file. Its optimizer files
-    hold a few DeepSpeed records (loss scaler, ZeRO stage enum, fragment addresses), allowed here.
+    those calls into weights_only loads, which execute no code from the file (a user's
+    TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD is set aside meanwhile). Its optimizer files hold a few
+    DeepSpeed records (loss scaler, ZeRO stage enum, fragment addresses), allowed here. A file
+    the reader refuses comes out as RefusedFile naming it.
     """
     from deepspeed.runtime.fp16.loss_scaler import DynamicLossScaler, LossScaler
     from deepspeed.runtime.zero.config import ZeroStageEnum
     from deepspeed.utils.tensor_fragment import fragment_address
 
-    previous = os.environ.get("TORCH_FORCE_WEIGHTS_ONLY_LOAD")
-    os.environ["TORCH_FORCE_WEIGHTS_ONLY_LOAD"] = "1"
+    previous = {name: os.environ.pop(name, None) for name in (_FORCE_ON, _FORCE_OFF)}
+    os.environ[_FORCE_ON] = "1"
     try:
         with torch.serialization.safe_globals(
             [LossScaler, DynamicLossScaler, ZeroStageEnum, fragment_address]
         ):
-            yield
+            try:
+                yield
+            except pickle.UnpicklingError as err:
+                reason = weights_only_reason(err)
+                if reason is None:
+                    raise
+                files = sorted(Path(folder).rglob("*.pt"))
+                raise first_refused(files) or RefusedFile(
+                    folder, reason, names_code=names_code(reason)
+                ) from None
     finally:
-        if previous is None:
-            os.environ.pop("TORCH_FORCE_WEIGHTS_ONLY_LOAD", None)
-        else:
-            os.environ["TORCH_FORCE_WEIGHTS_ONLY_LOAD"] = previous
+        os.environ.pop(_FORCE_ON, None)
+        os.environ.update({name: value for name, value in previous.items() if value is not None})
 
 
 class DeepSpeedStrategy:
@@ -232,9 +246,11 @@ class DeepSpeedStrategy:
         An adapter checkpoint lacks the frozen base: its module keys are checked to be exactly the
         trainable ones before DeepSpeed loads it non-strictly.
         """
-        with weights_only_loads():
+        with weights_only_loads(Path(directory) / TAG):
             if self.adapters:
-                saved = torch.load(module_states_file(directory), map_location="cpu")["module"]
+                saved = torch.load(module_states_file(directory), map_location="cpu", weights_only=True)[
+                    "module"
+                ]
                 check_loaded_keys(self.engine.module, saved)
             path, _ = self.engine.load_checkpoint(
                 str(directory), tag=TAG, load_optimizer_states=True, load_lr_scheduler_states=False,
@@ -299,7 +315,7 @@ def consolidate(directory: Path) -> dict[str, torch.Tensor]:
         _import_deepspeed()  # reads files only: any accelerator will do
         from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
 
-        with weights_only_loads():
+        with weights_only_loads(files):
             state = get_fp32_state_dict_from_zero_checkpoint(str(directory), tag=TAG)
         return {k: v.float() if v.is_floating_point() else v for k, v in state.items()}
     return load_tensor_file(files / MODULE_FILE)["module"]

@@ -13,7 +13,6 @@ Three layouts, chosen by what the parts are, each the format earlier versions wr
 
 from __future__ import annotations
 
-import tempfile
 from pathlib import Path
 
 import torch
@@ -37,6 +36,7 @@ from launcher.components.adapters import (
 )
 from launcher.components.checkpoint import load_tensor_file
 from launcher.components.checkpoint_files import CheckpointFiles
+from launcher.components.files.dcp_reader import SafeReader, load_full_state, read_metadata
 from launcher.parallel.checkpoint_layout import DCP_DIR, is_dcp_checkpoint
 
 SCALER_FILE = "scaler.pt"
@@ -113,7 +113,7 @@ class PartState:
         if self.adapters:
             check_loaded_keys(self.model, saved_model_keys(directory))
         state = {"model": model_state, "optim": optim_state}
-        dcp.load(state, checkpoint_id=directory / DCP_DIR)
+        dcp.load(state, storage_reader=SafeReader(directory / DCP_DIR))  # no code from the files runs
         if self.layout == "stages":
             set_state_dict(
                 self.model,
@@ -157,16 +157,10 @@ def consolidate(directory: Path) -> dict[str, torch.Tensor]:
     """
     if not is_dcp_checkpoint(directory):
         return load_tensor_file(Path(directory) / "model.pt")
-    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
-
-    with tempfile.TemporaryDirectory() as tmp:
-        target = Path(tmp) / "full.pt"
-        dcp_to_torch_save(Path(directory) / DCP_DIR, target)
-        full = torch.load(target, map_location="cpu", weights_only=True)
-    return dict(full["model"].items())
+    return dict(load_full_state(Path(directory) / DCP_DIR, "model")["model"].items())
 
 
 def saved_model_keys(directory: Path) -> set[str]:
     """The model state-dict keys a DCP checkpoint holds (read from its metadata, no tensor loaded)."""
-    metadata = dcp.FileSystemReader(Path(directory) / DCP_DIR).read_metadata()
+    metadata = read_metadata(Path(directory) / DCP_DIR / ".metadata")
     return {key.removeprefix("model.") for key in metadata.state_dict_metadata if key.startswith("model.")}

@@ -131,14 +131,14 @@ class Engine:
     def restore(self, directory: Path) -> None:
         """Continue exactly where the checkpoint in `directory` left off."""
         self.parts.strategy.load(directory)
-        state = torch.load(directory / "trainer.pt", map_location="cpu", weights_only=True)
+        state = checkpoint.load_tensor_file(directory / "trainer.pt")
         self.parts.scheduler.load_state_dict(state["scheduler"])
         self.parts.stream.load_state_dict(state["data"])
         self.step = state["step"]
         self.session = int(state.get("session", 0)) + 1
         self.guard.load_state_dict(state)
         self.guard.start_session(self.step)
-        set_rng_state(torch.load(directory / f"rng_rank{self.parts.dist.rank}.pt", weights_only=True))
+        set_rng_state(checkpoint.load_tensor_file(directory / f"rng_rank{self.parts.dist.rank}.pt"))
         self.resumed_from = str(directory)
 
     def save(self) -> Path:

@@ -14,9 +14,11 @@ import torch
 import torch.distributed as torch_dist
 from rich.console import Console
 from rich.markup import escape
+from torch.distributed.checkpoint.api import CheckpointException
 
 from launcher.components import checkpoint, checkpoint_files, metrics, warning_lines
 from launcher.components.device import resolve_device
+from launcher.components.files.safe_load import RefusedFile, refusal_in
 from launcher.components.memory import apply_cuda_alloc_conf
 from launcher.exits import ExitStatus, for_signal
 from launcher.parallel.deepspeed import accelerator_env
@@ -67,16 +69,23 @@ def restore_newest(engine: Engine, candidates: list[Path], console: Console, *, 
 
     Rank 0 re-reads each candidate and compares its files with their SHA-256 (checkpoint.verify);
     a checkpoint that differs, does not load or holds non-finite weights is named in a warning and
-    the next older one is tried. Every decision is agreed by all ranks.
+    the next older one is tried. A file that names code (launcher.components.files.safe_load) stops
+    every rank instead. Every decision is agreed by all ranks.
     """
     dist = engine.parts.dist
     for path in candidates:
         reason = checkpoint_files.content_problem(path) if verify and dist.is_main else None
         if dist.all_true(reason is None):
+            refused = None
             try:
                 engine.restore(path)
-            except Exception as err:  # e.g. a file that passes the checks but does not unpickle
-                reason = f"it does not load ({type(err).__name__}: {err})"
+            except (
+                Exception,
+                CheckpointException,
+            ) as err:  # e.g. a file that passes the checks but does not unpickle
+                refused = refusal_in(err)
+                reason = f"it does not load ({type(err).__name__}: {refused or err})"
+            _stop_at_code(dist, path, refused)
             if not engine.weights_finite():
                 reason = reason or "its weights hold NaN or inf"
             if dist.all_true(reason is None):
@@ -92,6 +101,22 @@ def restore_newest(engine: Engine, candidates: list[Path], console: Console, *, 
             f"({', '.join(p.name for p in candidates)}; the warnings above say why). Resume from another run "
             "directory or checkpoint (resume=PATH), or start a new run (another run_dir)."
         )
+
+
+def _stop_at_code(dist: DistContext, path: Path, refused: RefusedFile | None) -> None:
+    """Every rank stops (ResumeError) when any rank was refused a file of `path` that names code.
+
+    Such a file was changed after it was written, which is not damage: resuming from an older
+    checkpoint instead would hide it, so the run stops and says which file (on the rank that read it).
+    """
+    names_code = refused is not None and refused.names_code
+    if dist.all_true(not names_code):
+        return
+    if names_code:
+        raise ResumeError(str(refused))
+    raise ResumeError(
+        f"another rank was refused a file of {path} that names code (its error names the file)."
+    )
 
 
 def _drop_replayed_metrics(engine: Engine) -> None:
@@ -182,6 +207,9 @@ def _run(spec_path: Path, stop: StopSignal) -> int:
     except ResumeError as err:
         console.print(f"error: {err}", markup=False)
         summary, code = engine.summary("resume_failed", time.perf_counter() - started), ExitStatus.FAILED
+    except RefusedFile as err:  # while building: a teacher's or a model folder's file that is not plain data
+        console.print(f"error: {err}", markup=False)
+        code = ExitStatus.FAILED
     except KeyboardInterrupt:  # a second Ctrl-C: stop at once, meeting no other rank
         at_once = True
         raise
@@ -192,7 +220,7 @@ def _run(spec_path: Path, stop: StopSignal) -> int:
             engine.observers.close()  # idempotent; all that is left after a crash
         del engine
         shutdown(barrier=not at_once)
-    if dist.is_main:
+    if dist.is_main and summary is not None:
         metrics.write_summary(run_dir, summary)
         if spec.log.summary_table:
             console.print(metrics.summary_table(summary))

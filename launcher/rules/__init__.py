@@ -31,6 +31,7 @@ from launcher.rules import (
     quantization,
     records,
     resume,
+    safe_files,
     sharding,
     slurm,
 )
@@ -48,6 +49,7 @@ AREAS = (
     mixture,
     launch,
     resume,
+    safe_files,
     slurm,
     memory,
     compiling,

@@ -11,7 +11,7 @@ from launcher.config.distill import LOSSES
 from launcher.config.model import vocab_size
 from launcher.rules.hardware import Hardware
 from launcher.rules.values import Rule
-from launcher.spec import RunSpec, SpecError, load_spec
+from launcher.spec import RunSpec, SpecError, SpecFileError, load_spec
 
 STRATEGIES = ("single", "ddp", "fsdp")
 """Where a teacher is placed like the student: a frozen copy per process (single, DDP) or FSDP2 shards."""
@@ -67,7 +67,10 @@ def _teacher_vocab(path: Path, spec: RunSpec) -> tuple[int | None, list[SpecErro
                     f"the run directory {path} holds no complete checkpoint to read the teacher from. Train it first, or name another run.",
                 )
             ]
-        teacher = load_spec(path / "spec.yaml")
+        try:
+            teacher = load_spec(path / "spec.yaml")
+        except SpecFileError as err:
+            return None, [SpecError(TEACHER, str(err))]
         problems = []
         if teacher.quantization.method != "none" or teacher.quantization.lora.rank > 0:
             problems.append(

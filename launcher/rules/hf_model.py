@@ -6,8 +6,10 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from launcher.components.model.hf_files import (
+    NO_REMOTE_CODE,
     PRESETS,
     WEIGHT_FILES,
+    custom_code_problem,
     has_weights,
     hf_config,
     is_preset,
@@ -95,6 +97,10 @@ def _local_config(spec: RunSpec, path: str, key: str) -> Iterator[SpecError]:
         config = read_local_config(path)
     except ValueError as err:
         yield SpecError((key,), f"'{path}/config.json' is not valid JSON ({err}).")
+        return
+    problem = custom_code_problem(path)
+    if problem:
+        yield SpecError((key,), f"{Path(path) / 'config.json'} was refused: {problem}. {NO_REMOTE_CODE}")
         return
     positions = config.get("max_position_embeddings", config.get("n_positions"))
     if isinstance(positions, int) and spec.data.seq_len > positions:

@@ -25,6 +25,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from launcher.components.data.tokenizer import refuse_custom_tokenizer
+from launcher.components.files.safe_load import refusing_folder
+from launcher.components.model.hf_files import refuse_custom_code
 from launcher.exits import ExitStatus
 from launcher.spec import load_spec
 from launcher.tools.hf_folder import ExportError, load_tokenizer
@@ -93,7 +96,10 @@ def folder_source(path: Path) -> Source:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     local = {"local_files_only": True, "trust_remote_code": False}
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, **local).eval()
+    refuse_custom_code(str(path))
+    with refusing_folder(path):  # pytorch_model.bin weights-only, safetensors' header checked
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, **local).eval()
+    refuse_custom_tokenizer(path)
     tokenizer = AutoTokenizer.from_pretrained(path, **local)
     config = model.config
     context = getattr(config, "n_positions", None) or getattr(config, "max_position_embeddings", None)
@@ -275,7 +281,11 @@ def main(argv: list[str] | None = None) -> int:
             raise ExportError(problem)
         source = open_source(args.source)
         ids = prompt_ids(source, args.prompt, chat=args.chat)
-    except (ExportError, KeyError) as err:
+    except (
+        ExportError,
+        KeyError,
+        ValueError,
+    ) as err:  # ValueError: a refused file (RefusedFile, SpecFileError)
         print(f"error: {err}", file=sys.stderr)
         return ExitStatus.INVALID_SPEC
     completion = generate(

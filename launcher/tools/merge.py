@@ -101,8 +101,8 @@ def main(argv: list[str] | None = None) -> int:
         if problem:  # before the (possibly long) merge
             raise FileExistsError(problem)
         merged, diff = merge_checkpoint(args.checkpoint)
-    except (FileNotFoundError, FileExistsError, KeyError) as err:
-        Console(stderr=True).print("[red]error:[/]", escape(str(err)), soft_wrap=True)
+    except (FileNotFoundError, FileExistsError, KeyError, ValueError) as err:  # ValueError: a refused file
+        Console(stderr=True, soft_wrap=True).print("[red]error:[/]", escape(str(err)))
         return ExitStatus.INVALID_SPEC
     args.out.parent.mkdir(parents=True, exist_ok=True)
     partial = args.out.with_name(args.out.name + ".partial")

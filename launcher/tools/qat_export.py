@@ -16,6 +16,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from launcher.components.files.safe_load import load_tensor_file
 from launcher.spec import RunSpec
 
 
@@ -54,5 +55,5 @@ def load_converted(path: Path, spec: RunSpec) -> nn.Module:
 
     model = build_model(spec.model)
     # assign: the saved torchao tensors replace the float parameters as they are
-    model.load_state_dict(torch.load(path, weights_only=True), assign=True)
+    model.load_state_dict(load_tensor_file(path), assign=True)
     return model.eval()

@@ -37,6 +37,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from launcher.components.files.safe_load import load_tensor_file
 from launcher.exits import ExitStatus
 from launcher.spec import RunSpec, load_spec
 from launcher.tools.hf_folder import ExportError, refuse_existing
@@ -208,7 +209,6 @@ def quantize(source: Path, out: Path, *, scheme: str, spec_path: Path | None = N
 
 def load_quantized(out: Path) -> nn.Module:
     """The quantized model `train-quantize` wrote to the folder `out`, in eval mode."""
-    import torch
 
     record = json.loads((out / "quantize.json").read_text())
     if record["kind"] == "run":
@@ -221,7 +221,7 @@ def load_quantized(out: Path) -> nn.Module:
 
         model = build_hf_model(ModelConfig(kind="hf", hf_config=str(out)), announce=False)
     # assign: the saved tensors (torchao subclasses) replace the float parameters as they are
-    model.load_state_dict(torch.load(out / "model.pt", weights_only=True), assign=True)
+    model.load_state_dict(load_tensor_file(out / "model.pt"), assign=True)
     return model.eval()
 
 

@@ -245,10 +245,11 @@ def _inner(module: str) -> str:
 # Inside a part, which of its sub-folders each sub-folder may import ("" = the part's own modules).
 INNER_ALLOWED: dict[str, dict[str, set[str]]] = {
     "components": {
-        "": {"data", "model", "loggers"},
-        "data": {"model"},
-        "model": set(),
+        "": {"data", "model", "loggers", "files"},
+        "data": {"model", "files"},
+        "model": {"files"},
         "loggers": set(),
+        "files": set(),
     },
 }
 

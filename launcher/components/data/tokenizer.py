@@ -18,6 +18,8 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any, Protocol
 
+from launcher.components.files.safe_load import RefusedFile
+from launcher.components.model.hf_files import NO_REMOTE_CODE
 from launcher.config.tokenizer import (
     INSTALL_HINT,
     MODEL_FILES,
@@ -169,6 +171,7 @@ def open_folder(path: str) -> Any:
     """A local tokenizer folder as transformers loads it (a slow tokenizer.model converted to a fast one), no download."""
     from transformers import AutoTokenizer
 
+    refuse_custom_tokenizer(path)
     return AutoTokenizer.from_pretrained(path, local_files_only=True, trust_remote_code=False)
 
 
@@ -187,10 +190,46 @@ def folder_problem(path: str | None) -> str | None:
     config = folder / "tokenizer_config.json"
     if config.is_file():
         try:
-            json.loads(config.read_text())
+            settings = json.loads(config.read_text())
         except (json.JSONDecodeError, UnicodeDecodeError) as err:
             return f"{config} is not valid JSON ({err})"
+        problem = _custom_code_problem(settings, config)
+        if problem:
+            return problem
     return _vocab_files_problem(folder) or _missing_packages(folder)
+
+
+def _custom_code_reason(settings: object) -> str | None:
+    """Why a tokenizer_config.json needs the folder's own code (auto_map to a class transformers lacks), or None."""
+    if not isinstance(settings, dict) or not settings.get("auto_map"):
+        return None
+    import transformers  # only for a folder that asks for code: is the class one transformers ships?
+
+    name = settings.get("tokenizer_class")
+    if isinstance(name, str) and any(
+        hasattr(transformers, n) for n in (name, f"{name}Fast", name.removesuffix("Fast"))
+    ):
+        return None
+    return (
+        f"it names code of its own (auto_map {settings['auto_map']} for tokenizer_class {name!r}, which "
+        "transformers does not ship)"
+    )
+
+
+def _custom_code_problem(settings: object, config: Path) -> str | None:
+    reason = _custom_code_reason(settings)
+    return f"{config} was refused: {reason}. {NO_REMOTE_CODE}" if reason else None
+
+
+def refuse_custom_tokenizer(folder: str | Path) -> None:
+    """RefusedFile naming the folder's tokenizer_config.json when it needs the folder's own code."""
+    config = Path(folder) / "tokenizer_config.json"
+    try:
+        reason = _custom_code_reason(json.loads(config.read_text()))
+    except (OSError, ValueError):
+        return
+    if reason:
+        raise RefusedFile(config, reason, True, advice=NO_REMOTE_CODE)
 
 
 def _vocab_files_problem(folder: Path) -> str | None:

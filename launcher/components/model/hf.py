@@ -25,6 +25,7 @@ import torch
 from rich.console import Console
 from torch import nn
 
+from launcher.components.files.safe_load import refusing_folder
 from launcher.components.model.hf_files import hf_config
 from launcher.config.model import ModelConfig
 
@@ -139,9 +140,10 @@ def _load(cfg: ModelConfig, config: Any, *, empty: bool) -> tuple[nn.Module, str
         hf.tie_weights()  # the empty build leaves a tied head as its own (meta) matrix
         return hf, f"weights from {cfg.path}, loaded after sharding"
     if cfg.path is not None:
-        hf = AutoModelForCausalLM.from_pretrained(
-            cfg.path, config=config, local_files_only=True, trust_remote_code=False, dtype=torch.float32
-        )
+        with refusing_folder(cfg.path):  # pytorch_model.bin weights-only, safetensors' header checked
+            hf = AutoModelForCausalLM.from_pretrained(
+                cfg.path, config=config, local_files_only=True, trust_remote_code=False, dtype=torch.float32
+            )
         return hf, f"weights from {cfg.path}"
     hf = AutoModelForCausalLM.from_config(config, trust_remote_code=False, dtype=torch.float32)
     return hf, f"random weights ({cfg.hf_config})"

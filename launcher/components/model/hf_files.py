@@ -12,6 +12,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from launcher.components.files.safe_load import RefusedFile
 from launcher.config.model import ModelConfig, ff_width, vocab_size
 
 PRESETS = ("llama", "gpt2")
@@ -67,6 +68,42 @@ def read_local_config(path: str) -> dict[str, Any]:
     return json.loads((Path(path) / "config.json").read_text())
 
 
+NO_REMOTE_CODE = (
+    "The launcher never runs code from a model or tokenizer folder (trust_remote_code stays off): use one whose "
+    "architecture transformers ships, or convert it to one."
+)
+
+
+def custom_code_problem(path: str) -> str | None:
+    """Why a local folder's config.json needs code of its own (auto_map for a model_type transformers lacks), or None.
+
+    transformers ignores auto_map for an architecture it ships (trust_remote_code stays off); any
+    other would need the folder's Python files, which the launcher never runs.
+    """
+    try:
+        config = read_local_config(path)
+    except (OSError, ValueError):
+        return None
+    if not isinstance(config, dict) or "auto_map" not in config:
+        return None
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING_NAMES
+
+    model_type = config.get("model_type")
+    if model_type in CONFIG_MAPPING_NAMES:
+        return None
+    return (
+        f"it names code of its own (auto_map {config['auto_map']} for model_type {model_type!r}, which "
+        "transformers does not ship)"
+    )
+
+
+def refuse_custom_code(path: str) -> None:
+    """RefusedFile naming `path`/config.json when it needs code of its own (custom_code_problem)."""
+    problem = custom_code_problem(path)
+    if problem:
+        raise RefusedFile(Path(path) / "config.json", problem, True, advice=NO_REMOTE_CODE)
+
+
 def local_vocab_size(path: str) -> int | None:
     """The vocab_size of a local model directory's config.json; None when it cannot be read."""
     try:
@@ -88,6 +125,7 @@ def hf_config(cfg: ModelConfig) -> Any:
     if folder is None:
         config = _preset_config(cfg)
     else:
+        refuse_custom_code(folder)
         config = AutoConfig.from_pretrained(folder, local_files_only=True, trust_remote_code=False)
     config.use_cache = False
     return config

@@ -1,0 +1,148 @@
+"""Reading files that may have been changed by someone else: data comes back, code never runs.
+
+Every pickle the launcher reads goes through an allowlist: torch files through torch's weights-only
+reader (`load_tensor_file`), DCP metadata through launcher.components.files.dcp_reader. A file that needs
+anything else is refused with `RefusedFile`, which names the file; nothing of it has run by then.
+A checkpoint's COMPLETE manifest holds SHA-256 digests against damage, not a signature: whoever can
+change a file can change its digest, so the readers never trust a file because its digest matches.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import pickle
+import re
+from collections.abc import Iterator
+from pathlib import Path
+from typing import IO
+
+
+class RefusedFile(ValueError):
+    """A file that holds more than data (a global outside the allowlist, or no valid structure); never loaded."""
+
+    def __init__(self, path: Path | str, reason: str, names_code: bool, advice: str | None = None) -> None:
+        self.path, self.reason, self.names_code, self.advice = Path(path), reason, names_code, advice
+        if names_code:
+            text = (
+                f"{path} was refused: {reason}, and only plain data is read from a file. Nothing in it was run. "
+                + (
+                    advice
+                    or "The launcher never writes such a file, so it was changed or replaced after it was written (a "
+                    "matching SHA-256 in the checkpoint's COMPLETE manifest proves nothing: whoever changed the file "
+                    "can update it). Delete that checkpoint, or restore the file from a source you trust, and run again."
+                )
+            )
+        else:
+            text = (
+                f"{path} was refused: it is not a valid file of its kind ({reason}). Nothing in it was run. "
+                + (advice or "It is damaged, or not the file the launcher wrote.")
+            )
+        super().__init__(text)
+
+    def __reduce__(self) -> tuple:
+        """Pickled whole: DCP gathers a rank's failure across processes."""
+        return (type(self), (self.path, self.reason, self.names_code, self.advice))
+
+
+def weights_only_reason(err: pickle.UnpicklingError) -> str | None:
+    """What torch's weights-only reader objected to, without its advice to load unsafely; None: not its error."""
+    text = str(err)
+    if not text.startswith("Weights only load failed"):
+        return None
+    named = re.search(r"GLOBAL ([\w.]+)", text)
+    if named:
+        return f"it names {named.group(1)}"
+    found = re.search(r"WeightsUnpickler error:\s*(.+?)(\n\n|$)", text, re.S)
+    return " ".join(found.group(1).split()) if found else "torch's weights-only reader refused it"
+
+
+def names_code(reason: str) -> bool:
+    """Whether a weights-only refusal was about a global (a callable or class) rather than a malformed pickle."""
+    return reason.startswith("it names ")
+
+
+def load_tensor_file(
+    path: Path | str | IO[bytes], *, name: Path | str | None = None, mmap: bool = False
+) -> object:
+    """torch.load with weights_only=True on the CPU; a file that needs more is refused (RefusedFile naming `name` or it)."""
+    import torch
+
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True, mmap=mmap or None)
+    except pickle.UnpicklingError as err:
+        reason = weights_only_reason(err)
+        if reason is None:
+            raise
+        raise RefusedFile(name or str(path), reason, names_code=names_code(reason)) from None
+
+
+def first_refused(paths: list[Path]) -> RefusedFile | None:
+    """The refusal of the first of `paths` that torch's weights-only reader will not load (mmap: no tensor is read)."""
+    for path in paths:
+        try:
+            load_tensor_file(path, mmap=True)
+        except RefusedFile as err:
+            return err
+        except (OSError, RuntimeError, pickle.UnpicklingError):
+            continue
+    return None
+
+
+def refusal_in(err: BaseException) -> RefusedFile | None:
+    """The RefusedFile behind `err`: itself, its cause or context, or one rank's failure inside DCP's CheckpointException."""
+    seen: set[int] = set()
+    todo = [err]
+    while todo:
+        current = todo.pop()
+        if current is None or id(current) in seen:
+            continue
+        seen.add(id(current))
+        if isinstance(current, RefusedFile):
+            return current
+        todo += [current.__cause__, current.__context__]
+        todo += [arg for arg in current.args if isinstance(arg, BaseException)]  # a cause lost in pickling
+        failures = getattr(current, "failures", None)  # torch.distributed.checkpoint's CheckpointException
+        if isinstance(failures, dict):
+            todo += [f[0] if isinstance(f, tuple) else f for f in failures.values()]
+    return None
+
+
+def _safetensors_problem(path: Path) -> str | None:
+    """Why safetensors will not open `path` (a header that is not JSON, offsets outside the file), or None."""
+    from safetensors import safe_open
+
+    try:
+        with safe_open(str(path), framework="pt") as handle:
+            handle.keys()
+    except Exception as err:  # safetensors raises its own SafetensorError, and OSError
+        return str(err)
+    return None
+
+
+_FOLDER_ADVICE = "Get the model folder again from a source you trust (model.safetensors holds tensors only)."
+
+
+@contextlib.contextmanager
+def refusing_folder(folder: Path | str) -> Iterator[None]:
+    """Turn a model folder's unreadable weights into RefusedFile naming the file.
+
+    transformers reads pytorch_model.bin weights-only and safetensors checks its header; their own
+    errors name no file, and torch's advises loading with weights_only=False.
+    """
+    try:
+        yield
+    except pickle.UnpicklingError as err:
+        reason = weights_only_reason(err)
+        if reason is None:
+            raise
+        refused = first_refused(sorted(Path(folder).glob("*.bin")))
+        path = refused.path if refused else folder
+        raise RefusedFile(path, reason, names_code(reason), advice=_FOLDER_ADVICE) from None
+    except Exception as err:
+        if type(err).__name__ != "SafetensorError":
+            raise
+        for path in sorted(Path(folder).glob("*.safetensors")):
+            problem = _safetensors_problem(path)
+            if problem:
+                raise RefusedFile(path, problem, False, advice=_FOLDER_ADVICE) from None
+        raise RefusedFile(folder, str(err), False, advice=_FOLDER_ADVICE) from None
