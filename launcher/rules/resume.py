@@ -164,9 +164,9 @@ def _deepspeed_fit(newest: Path, spec: RunSpec) -> Iterator[SpecError]:
             f"(x launcher.nnodes), or resume it with another strategy (parallel=ddp, fsdp, tp or single) on "
             f"{world} rank(s): its fp32 weights carry over, {OPTIMIZER_RESTARTS}.",
         )
-    elif kind == "deepspeed" and strategy != "deepspeed" and spec.quantization.lora.r > 0:
+    elif kind == "deepspeed" and strategy != "deepspeed" and spec.quantization.lora.rank > 0:
         yield SpecError(
-            ("resume", "parallel.strategy", "quantization.lora.r"),
+            ("resume", "parallel.strategy", "quantization.lora.rank"),
             f"{newest} is a DeepSpeed checkpoint of an adapter run, which only DeepSpeed resumes. Resume it with "
             f"`parallel=deepspeed` (launcher.nproc={_num_checkpoint_ranks(newest)}), or merge its adapters with "
             "`train-merge` and start a new run from the merged weights.",
@@ -196,18 +196,19 @@ def data_position(newest: Path, spec: RunSpec) -> Iterator[SpecError]:
     """
     written = _written_spec(newest)
     world, num_ranks = spec.launcher.world_size, _num_checkpoint_ranks(newest)
-    if written is None:
+    train = (written or {}).get("train")
+    if not isinstance(train, dict) or "micro_batch_size" not in train:
         if num_ranks and num_ranks != world:
             yield SpecError(
                 ("resume", "launcher.nproc"),
                 f"{newest} was written by {num_ranks} rank(s), this run has {world}, and no spec.yaml beside it "
-                "says how its data was laid out, so the data position cannot be carried to another world size. "
+                "(with its train section) says how its data was laid out, so the data position cannot be carried to another world size. "
                 f"Resume with {num_ranks} rank(s) (launcher.nproc), or restore its run directory's spec.yaml.",
             )
         return
     old_dp = _dp_size(written.get("parallel") or {}, num_ranks or world)
     new_dp = _dp_size(vars(spec.parallel), world)
-    old = _global_batch(written.get("train") or {}, old_dp)
+    old = _global_batch(train, old_dp)
     t = spec.train
     new = (t.micro_batch_size, t.grad_accum_steps, t.micro_batch_size * t.grad_accum_steps * new_dp)
     if spec.data.sources or (old, old_dp) == (new, new_dp):
