@@ -202,8 +202,9 @@ def data_position(newest: Path, spec: RunSpec) -> Iterator[SpecError]:
             yield SpecError(
                 ("resume", "launcher.nproc"),
                 f"{newest} was written by {num_ranks} rank(s), this run has {world}, and no spec.yaml beside it "
-                "(with its train section) says how its data was laid out, so the data position cannot be carried to another world size. "
-                f"Resume with {num_ranks} rank(s) (launcher.nproc), or restore its run directory's spec.yaml.",
+                "(with its train section) says how its data was laid out, so the data position cannot be carried "
+                f"to another world size. Resume with {num_ranks} rank(s) (launcher.nproc), or restore its run "
+                "directory's spec.yaml.",
             )
         return
     old_dp = _dp_size(written.get("parallel") or {}, num_ranks or world)
@@ -213,6 +214,15 @@ def data_position(newest: Path, spec: RunSpec) -> Iterator[SpecError]:
     new = (t.micro_batch_size, t.grad_accum_steps, t.micro_batch_size * t.grad_accum_steps * new_dp)
     if spec.data.sources or (old, old_dp) == (new, new_dp):
         return
+    yield from _unmapped(newest, spec, (*old, old_dp), (*new, new_dp), num_ranks)
+
+
+def _unmapped(newest: Path, spec: RunSpec, old: tuple, new: tuple, num_ranks: int) -> Iterator[SpecError]:
+    """Why the position of a checkpoint of layout `old` has no exact place in layout `new`, if it has none.
+
+    Each layout is (micro batch, accumulation, sequences per step, data-parallel ranks).
+    """
+    old_dp, new_dp, world = old[3], new[3], spec.launcher.world_size
     keys = ("resume", "train.micro_batch_size", "train.grad_accum_steps", "launcher.nproc")
     was = f"{old[0]} x {old[1]} accumulated x {old_dp} data-parallel ranks"
     if (
