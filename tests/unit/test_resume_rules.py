@@ -106,3 +106,23 @@ def test_deepspeed_checkpoints_carry_their_weights_to_other_strategies_only(tmp_
     into_ds = _errors(fsdp, "parallel=zero2", *_ranks(2), "train.micro_batch_size=4")
     assert [keys for keys, _ in into_ds] == [("resume", "parallel.strategy")]
     assert "DeepSpeed resumes only its own checkpoints" in into_ds[0][1] and "train-export" in into_ds[0][1]
+
+
+def test_a_rank_without_saved_rng_state_gets_the_derived_one(tmp_path: Path) -> None:
+    """rng_rank{R}.pt where the checkpoint has it; otherwise a pure function of (seed, step, rank)."""
+    import torch
+
+    from launcher.rank.rng import restore_rng, rng_state
+
+    torch.manual_seed(123)
+    torch.save(rng_state(), tmp_path / "rng_rank0.pt")
+    saved = torch.rand(3)
+
+    def draws(rank: int, step: int = 4) -> torch.Tensor:
+        torch.manual_seed(999)  # whatever state the process had before
+        restore_rng(tmp_path, rank=rank, seed=7, step=step)
+        return torch.rand(3)
+
+    assert torch.equal(draws(0), saved)
+    assert torch.equal(draws(2), draws(2))
+    assert not torch.equal(draws(2), draws(3)) and not torch.equal(draws(2), draws(2, step=5))
