@@ -13,6 +13,7 @@ Three layouts, chosen by what the parts are, each the format earlier versions wr
 
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 
 import torch
@@ -37,7 +38,12 @@ from launcher.components.adapters import (
 from launcher.components.checkpoint import load_tensor_file
 from launcher.components.checkpoint_files import CheckpointFiles
 from launcher.components.files.dcp_reader import SafeReader, load_full_state, read_metadata
-from launcher.parallel.checkpoint_layout import DCP_DIR, is_dcp_checkpoint
+from launcher.parallel.checkpoint_layout import DCP_DIR, checkpoint_kind, is_dcp_checkpoint
+from launcher.parallel.state_convert import (
+    load_dcp_into_whole,
+    load_deepspeed_weights,
+    load_files_into_sharded,
+)
 
 SCALER_FILE = "scaler.pt"
 LAYOUTS = ("files", "dcp", "stages")
@@ -95,18 +101,29 @@ class PartState:
             out.save(scaler.state_dict(), SCALER_FILE)
 
     def load(self, directory: Path, scaler: torch.amp.GradScaler | None) -> None:
-        """Restore what `save` wrote (DCP reshards to this run's mesh, or stage split).
+        """Restore a checkpoint: what `save` wrote (DCP reshards to this run's mesh, or stage split), or
+        another layout's (launcher.parallel.state_convert: files <-> dcp, DeepSpeed's weights).
 
         With adapters under DCP, the checkpoint's model keys must be exactly the trainable ones
         (checked on its metadata: DCP alone would ignore extra keys), and only those are set.
         """
-        if self.layout == "files":
+        written = checkpoint_kind(directory)
+        if written == "deepspeed":
+            load_deepspeed_weights(self._whole(), directory, sharded=self.layout != "files")
+        elif self.layout == "files" and written == "dcp":
+            load_dcp_into_whole(self._whole(), self.optimizer, directory)
+        elif self.layout == "files":
             load_checkpoint_state(self._whole(), load_tensor_file(directory / "model.pt"))
             self.optimizer.load_state_dict(load_tensor_file(directory / "optimizer.pt"))
+        elif written == "files":
+            load_files_into_sharded(self.model, self.optimizer, directory)
         else:
             self._load_dcp(directory)
-        if scaler is not None:
+        if scaler is not None and written != "deepspeed":
             scaler.load_state_dict(load_tensor_file(directory / SCALER_FILE))
+        elif scaler is not None and self.rank == 0:  # DeepSpeed keeps its loss scale inside its own files
+            warnings.warn(f"{directory} is DeepSpeed's: the fp16 loss scale restarts at its initial value.",
+                          stacklevel=2)  # fmt: skip
 
     def _load_dcp(self, directory: Path) -> None:
         model_state, optim_state, names = self._dcp_state()

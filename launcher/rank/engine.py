@@ -37,7 +37,7 @@ from launcher.parallel.state_bytes import is_dtensor
 from launcher.parallel.strategy import Strategy
 from launcher.rank.nonfinite import ADVICE, NonFiniteGuard, NonFiniteStop
 from launcher.rank.preemption import StopSignal
-from launcher.rank.rng import rng_state, set_rng_state
+from launcher.rank.rng import restore_rng, rng_state
 from launcher.rank.watchers import build_observers
 from launcher.spec import RunSpec
 
@@ -138,7 +138,7 @@ class Engine:
         self.session = int(state.get("session", 0)) + 1
         self.guard.load_state_dict(state)
         self.guard.start_session(self.step)
-        set_rng_state(checkpoint.load_tensor_file(directory / f"rng_rank{self.parts.dist.rank}.pt"))
+        restore_rng(directory, rank=self.parts.dist.rank, seed=self.spec.train.seed, step=self.step)
         self.resumed_from = str(directory)
 
     def save(self) -> Path:

@@ -220,3 +220,17 @@ def test_zero3_offload_through_train_matches_one_process(cached_run) -> None:
     # DeepSpeedCPUAdam's vectorized update against torch's AdamW: measured 2.1e-7 relative at most.
     _assert_close(got, want, rel=1e-5)
     assert all(math.isfinite(v) for v in got.values())
+
+
+def test_zero2_checkpoint_continues_in_one_process_with_its_weights(cached_run, tmp_path: Path) -> None:
+    """DeepSpeed -> single at world size 1 (launcher.parallel.state_convert): the fp32 weights carry over,
+    so step 11's loss (its forward runs before any update) equals the ZeRO run's; the optimizer state
+    restarts from zero, with a warning that says so, and step 12 departs from the ZeRO run."""
+    run_dir = cached_run(["parallel=zero2"])
+    resumed = tmp_path / "single"
+    argv = [*TINY, "train.micro_batch_size=8", f"resume={run_dir / 'checkpoints' / 'step_10'}"]
+    with pytest.warns(UserWarning, match=r"optimizer state .* restarts from zero"):
+        assert run_inline(argv, resumed) == 0
+    got, want = losses(resumed), losses(run_dir)
+    assert got[11] == pytest.approx(want[11], rel=1e-5)
+    assert got[12] != pytest.approx(want[12], rel=1e-5)

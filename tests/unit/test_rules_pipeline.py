@@ -192,7 +192,9 @@ def _fake_run(run_dir: Path, *, strategy: str | None, sharded: bool, ranks: int)
     checkpoint.save(run_dir, 10, write, keep=1)
     if strategy is not None:
         pp_size = 2 if strategy == "pp" else 1
-        (run_dir / "spec.yaml").write_text(f"parallel:\n  strategy: {strategy}\n  pp_size: {pp_size}\n")
+        (run_dir / "spec.yaml").write_text(
+            f"parallel:\n  strategy: {strategy}\n  pp_size: {pp_size}\ntrain:\n  micro_batch_size: 16\n"
+        )
 
 
 def test_checkpoints_cross_between_pp_and_other_strategies_only_through_export(tmp_path: Path) -> None:
@@ -213,8 +215,9 @@ def test_checkpoints_cross_between_pp_and_other_strategies_only_through_export(t
     assert any("single, ddp or deepspeed" in m for m in from_ddp), from_ddp
 
     assert _messages(f"run_dir={by_pp}", *resume, *PP2, "parallel.pp_schedule=gpipe") == []
-    grow = _messages(f"run_dir={by_pp}", *resume, *PP2, "launcher.nproc=4")
-    assert any("Resume with at most 2 ranks" in m for m in grow), grow
+    grow = _messages(f"run_dir={by_pp}", *resume, *PP2, "launcher.nproc=4")  # 2 data-parallel ranks of 16
+    assert any("32 (16 x 1 x 2)" in m for m in grow), grow
+    assert _messages(f"run_dir={by_pp}", *resume, *PP2, "launcher.nproc=4", "train.micro_batch_size=8") == []
     assert _messages(f"run_dir={by_fsdp}", *resume, "parallel=fsdp") == []  # fsdp -> fsdp unchanged
 
 
