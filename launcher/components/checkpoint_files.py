@@ -94,7 +94,8 @@ def file_digest(path: Path, *, sync: bool = False) -> tuple[int, str]:
         with ThreadPoolExecutor(max_workers=2) as pool:
             flushed = pool.submit(os.fsync, fd) if sync else None
             digest, size = hashlib.sha256(), 0
-            buffers = (bytearray(READ_BYTES), bytearray(READ_BYTES))
+            block = min(READ_BYTES, os.fstat(fd).st_size + 1)  # a small file: small buffers
+            buffers = (bytearray(block), bytearray(block))
             pending = pool.submit(os.preadv, fd, [buffers[0]], 0)
             for turn in itertools.count():
                 count = pending.result()

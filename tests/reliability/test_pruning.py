@@ -113,3 +113,18 @@ def test_a_session_never_removes_its_own_newest_or_the_one_it_resumed_from_too_e
     checkpoint.prune(run_dir, keep=1)  # the resumed-from one is damaged: set aside, step_12 counts
     assert _names(checkpoint.good_checkpoints(run_dir)) == ["step_12"]
     assert (run_dir / "checkpoints" / "latest").read_text().strip() == "step_12"
+
+
+def test_when_every_checkpoint_is_damaged_the_run_stops_and_stays_stopped(to_step_20, tmp_path) -> None:
+    run_dir = tmp_path / "run"
+    shutil.copytree(to_step_20, run_dir)
+    for step_dir in checkpoint.good_checkpoints(run_dir):
+        _damage(step_dir)
+    resume = [*RUN, "train.max_steps=25", "resume=auto"]
+    with pytest.warns(UserWarning, match="skipping checkpoint"):
+        assert run_inline(resume, run_dir) == 1
+    assert json.loads((run_dir / "summary.json").read_text())["exit_reason"] == "resume_failed"
+    assert _names(checkpoint.damaged(run_dir)) == ["step_10", "step_15", "step_20", "step_5"]
+    assert not checkpoint.good_checkpoints(run_dir)
+    assert run_inline(resume, run_dir) == 1  # set aside, they are still this run's: it does not start over
+    assert not checkpoint.good_checkpoints(run_dir) and not (run_dir / "checkpoints" / "latest").exists()
