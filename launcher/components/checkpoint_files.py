@@ -3,13 +3,13 @@
 Every rank writes its part of a checkpoint through a `CheckpointFiles`. `save` streams torch.save
 to the file and hashes each block in a second thread while the first writes it (both release the
 GIL), then fsyncs the file. torch's own CRC32 of every zip record is switched off for these files:
-torch.load never checks it, and the SHA-256 of the whole file, checked before every resume, takes
-its place; its cost is what pays for the hash. `adopt` seals files that a library wrote itself (DCP
-shards, DeepSpeed's files): fsync'ed while they are read back from the page cache and hashed. Each
-rank leaves its digests in `.digests_rank<R>.json`; rank 0 merges them into the COMPLETE marker
-(hashing any file nobody declared, so nothing goes unverified). `content_problem` re-reads a
-checkpoint, its files in parallel, and compares: a same-size overwrite is caught, not only a
-truncation.
+torch.load never checks it, the SHA-256 of the whole file, checked before every resume, takes its
+place, and the time it took goes to the hash instead. `adopt` seals files that a library wrote
+itself (DCP shards, DeepSpeed's files): fsync'ed while they are read back from the page cache and
+hashed. Each rank leaves its digests in `.digests_rank<R>.json`; rank 0 merges them into the
+COMPLETE marker (hashing any file nobody declared, so nothing goes unverified). `content_problem`
+re-reads a checkpoint, its files in parallel, and compares: a same-size overwrite is caught, not
+only a truncation.
 """
 
 from __future__ import annotations
