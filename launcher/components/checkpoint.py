@@ -6,22 +6,27 @@ renamed from `.partial_step_N` to `step_N`. Every rank must succeed: a failure o
 disk, an I/O error) removes the partial directory on every rank's word, and the previous checkpoint
 stays as it was. Resume scans the step directories newest first, skips any whose marker is
 missing or whose sizes differ (`good_checkpoints`), and, before loading, re-reads the files and
-compares their SHA-256 (`checkpoint_files.content_problem`). Pruning never deletes the newest
-checkpoint written before non-finite steps began.
+compares their SHA-256 (`checkpoint_files.content_problem`). Pruning counts only checkpoints that
+this session sealed or whose files it verified, keeps the one it resumed from until a newer one
+verifies and the newest one written before non-finite steps began, names every checkpoint it
+removes, and moves damaged ones into checkpoints/damaged/ instead of deleting them.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import shutil
 import warnings
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from launcher.components.checkpoint_files import (
     MARKER,
     CheckpointFiles,
+    content_problem,
     merge_digests,
     read_manifest,
     size_problem,
@@ -29,6 +34,11 @@ from launcher.components.checkpoint_files import (
 )
 from launcher.components.files import safe_load
 from launcher.config.checkpoint import LATEST, PARTIAL_PREFIX, SPACE_MARGIN
+
+LOG = logging.getLogger(__name__)
+"""Pruning names every checkpoint it removes or sets aside here, one line each (stderr by default)."""
+DAMAGED = "damaged"
+"""Under checkpoints/: damaged checkpoints, moved aside (not listed, not counted, not deleted)."""
 
 
 class CheckpointSaveError(RuntimeError):
@@ -138,6 +148,7 @@ def save(
             if is_main:
                 error = _attempt(_commit, partial, final, step, info or {})
                 if error is None:
+                    _sealed(run_dir, final)
                     prune(run_dir, keep)
         else:
             error = error or RuntimeError("another rank failed while writing its part")
@@ -222,19 +233,144 @@ def protected(good: list[Path]) -> Path | None:
     return good[-1] if len(good) > 1 else None  # skips in every interval: the oldest one left
 
 
+@dataclass
+class Session:
+    """What this process knows of a run's checkpoints: the ones it verified or sealed, the one it resumed from."""
+
+    trusted: set[str] = field(default_factory=set)
+    """Names of step directories whose files this session hashed: sealed by its saves or verified by it."""
+    resumed_from: str | None = None
+    """The step directory this session resumed from, when it is one of this run's."""
+    newest_sealed: str | None = None
+    """The step directory this session's last save wrote: never removed by its own pruning."""
+
+
+_SESSIONS: dict[Path, Session] = {}
+"""Each run's checkpoints directory -> this process's session record of it."""
+
+
+def session(run_dir: Path) -> Session:
+    """This process's record of the run's checkpoints (a new session until `start_session` or a save)."""
+    return _SESSIONS.setdefault(root(run_dir).resolve(), Session())
+
+
+def start_session(run_dir: Path) -> Session:
+    """Forget what an earlier session in this process knew: a new session trusts nothing it did not hash."""
+    _SESSIONS[root(run_dir).resolve()] = Session()
+    return session(run_dir)
+
+
+def _sealed(run_dir: Path, path: Path) -> None:
+    """Record a checkpoint this session wrote and hashed as it wrote it: trusted without a second read."""
+    state = session(run_dir)
+    state.trusted.add(path.name)
+    state.newest_sealed = path.name
+
+
+def is_own(run_dir: Path, path: Path) -> bool:
+    """Whether `path` is a checkpoint directory of this run (not of another run resumed from)."""
+    return Path(path).resolve().parent == root(run_dir).resolve()
+
+
+def resumed(run_dir: Path, path: Path, *, verified: bool) -> None:
+    """Record the checkpoint this session resumed from (kept until a newer one verifies)."""
+    if is_own(run_dir, path):
+        state = session(run_dir)
+        state.resumed_from = Path(path).name
+        if verified:
+            state.trusted.add(Path(path).name)
+
+
+def set_aside(run_dir: Path, path: Path) -> Path:
+    """Move a damaged checkpoint into checkpoints/damaged/ (never resumed from, never counted); its new place."""
+    base = root(run_dir)
+    damaged = base / DAMAGED
+    damaged.mkdir(exist_ok=True)
+    target = damaged / path.name
+    for copy in range(1, 1000):
+        if not target.exists():
+            break
+        target = damaged / f"{path.name}.{copy}"
+    os.replace(path, target)
+    session(run_dir).trusted.discard(path.name)
+    _repoint_latest(base)
+    return target
+
+
+def damaged(run_dir: Path) -> list[Path]:
+    """Checkpoints of a run that were set aside as damaged, oldest first."""
+    base = root(run_dir) / DAMAGED
+    return sorted(base.iterdir(), key=lambda p: p.name) if base.is_dir() else []
+
+
+def _repoint_latest(base: Path) -> None:
+    """Point `latest` at the newest complete checkpoint left, when what it named was moved or removed."""
+    pointer = base / LATEST
+    if not pointer.is_file() or (base / pointer.read_text().strip()).is_dir():
+        return
+    good = good_checkpoints(base.parent, warn=False)
+    if not good:
+        pointer.unlink()
+        return
+    staged = base / f"{LATEST}.tmp"
+    _fsync_write(staged, good[0].name + "\n")
+    os.replace(staged, pointer)
+
+
+def _verifies(run_dir: Path, path: Path) -> bool:
+    """Whether a checkpoint's files match its manifest: trusted ones are not read again; damaged ones are set aside."""
+    state = session(run_dir)
+    if path.name in state.trusted:
+        return True
+    reason = content_problem(path)
+    if reason is None:
+        state.trusted.add(path.name)
+        return True
+    LOG.warning("checkpoint %s is damaged (%s): moved aside to %s", path, reason, set_aside(run_dir, path))
+    return False
+
+
 def prune(run_dir: Path, keep: int) -> None:
-    """Delete complete checkpoints beyond the newest `keep` (never the protected one), and leftovers of failed saves."""
-    good = good_checkpoints(run_dir, warn=False)
-    spared = protected(good)
-    for old in good[max(keep, 1) :]:
-        if old != spared:
+    """Keep the newest `keep` checkpoints that verify; remove older ones, naming each; set damaged ones aside.
+
+    A checkpoint counts toward `keep` only when this session sealed it or its files match their
+    SHA-256 (read once per session); one that does not is moved to checkpoints/damaged/. The
+    session's newest checkpoint stays, the one it resumed from stays until a newer one verifies, and
+    the one written before the current run of non-finite steps stays, whatever `keep` says.
+    """
+    keep = max(keep, 1)
+    counted: list[Path] = []
+    for path in good_checkpoints(run_dir, warn=False):
+        if len(counted) == keep:
+            break
+        if _verifies(run_dir, path):
+            counted.append(path)
+    left = good_checkpoints(run_dir, warn=False)
+    state, base = session(run_dir), root(run_dir)
+    keepers = {*counted, protected(left)}
+    if state.newest_sealed is not None:  # kept even below higher-numbered ones of an earlier timeline
+        keepers.add(base / state.newest_sealed)
+    origin = state.resumed_from
+    if origin is not None and all(step_of(p) <= step_of(base / origin) for p in counted):
+        keepers.add(base / origin)
+    newer = ", ".join(p.name for p in counted)
+    for old in left:
+        if old not in keepers:
             shutil.rmtree(old, ignore_errors=True)
-    newest = step_of(good[0]) if good else -1
+            LOG.warning("removed checkpoint %s (checkpoint.keep=%d; newer ones verify: %s)", old, keep, newer)
+    _clear_leftovers(run_dir, newest=step_of(left[0]) if left else -1)
+
+
+def _clear_leftovers(run_dir: Path, *, newest: int) -> None:
+    """Remove what failed saves left (.partial_*); set aside step directories older than `newest` that are incomplete."""
     for path in root(run_dir).iterdir():
-        stale_partial = path.name.startswith(PARTIAL_PREFIX)
-        stale_incomplete = path.name.startswith("step_") and path not in good and step_of(path) < newest
-        if path.is_dir() and (stale_partial or stale_incomplete):
+        if path.is_dir() and path.name.startswith(PARTIAL_PREFIX):
             shutil.rmtree(path, ignore_errors=True)
+    for path in step_dirs(run_dir):
+        if step_of(path) < newest and (reason := problem(path)) is not None:
+            LOG.warning(
+                "checkpoint %s is incomplete (%s): moved aside to %s", path, reason, set_aside(run_dir, path)
+            )
 
 
 def load_tensor_file(path: Path) -> object:

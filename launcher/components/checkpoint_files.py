@@ -1,20 +1,28 @@
-"""The files of a checkpoint and their manifest: a SHA-256 of every file, taken while it is written.
+"""The files of a checkpoint and their manifest: a SHA-256 of every file, taken as it is written.
 
-Every rank writes its part of a checkpoint through a `CheckpointFiles`: `save` streams torch.save
-through SHA-256 as the bytes go to disk (no second read), `adopt` hashes files that a library
-wrote itself (DCP shards, DeepSpeed's files), right after they were written, while they are still
-in the page cache. Each rank leaves its digests in `.digests_rank<R>.json`; rank 0 merges them into
-the COMPLETE marker (hashing any file nobody declared, so nothing goes unverified). `verify`
-re-reads a checkpoint and compares: a same-size overwrite is caught, not only a truncation.
+Every rank writes its part of a checkpoint through a `CheckpointFiles`. `save` streams torch.save
+to the file and hashes each block in a second thread while the first writes it (both release the
+GIL), then fsyncs the file. torch's own CRC32 of every zip record is switched off for these files:
+torch.load never checks it, the SHA-256 of the whole file, checked before every resume, takes its
+place, and the time it took goes to the hash instead. `adopt` seals files that a library wrote
+itself (DCP shards, DeepSpeed's files): fsync'ed while they are read back from the page cache and
+hashed. Each rank leaves its digests in `.digests_rank<R>.json`; rank 0 merges them into the
+COMPLETE marker (hashing any file nobody declared, so nothing goes unverified). `content_problem`
+re-reads a checkpoint, its files in parallel, and compares: a same-size overwrite is caught, not
+only a truncation.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import io
+import itertools
 import json
 import os
-from collections.abc import Iterable
+import threading
+from collections.abc import Iterable, Iterator
+from concurrent.futures import Executor, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -22,15 +30,21 @@ MARKER = "COMPLETE"
 """The manifest, written last: its presence makes a checkpoint complete."""
 DIGESTS_PREFIX = ".digests_rank"
 """Per-rank digest files, merged into the manifest at commit and removed."""
-CHUNK_BYTES = 8 * 2**20
+READ_BYTES = 16 * 2**20
+"""One read while hashing: large, so that the read and SHA-256 each run long without the GIL."""
+HASH_THREADS = 4
+"""Files hashed at once when a whole checkpoint is verified or adopted."""
+PARALLEL_BYTES = 2**20
+"""Blocks of torch.save from this size on are hashed in a second thread while they are written."""
+_CRC_SWITCH = threading.Lock()
 
 
-class _HashingWriter(io.RawIOBase):
-    """A write-only file object that hashes what passes through it."""
+class _SealingWriter(io.RawIOBase):
+    """A write-only file object: each block is written here and hashed in `pool` at the same time."""
 
-    def __init__(self, handle: io.BufferedWriter) -> None:
+    def __init__(self, handle: io.BufferedWriter, pool: Executor) -> None:
         super().__init__()
-        self._handle = handle
+        self._handle, self._pool = handle, pool
         self.digest = hashlib.sha256()
         self.num_bytes = 0
 
@@ -38,36 +52,71 @@ class _HashingWriter(io.RawIOBase):
         return True
 
     def write(self, data: bytes) -> int:  # type: ignore[override]
-        view = memoryview(data)
-        self.digest.update(view)
+        view = memoryview(data).cast("B")
+        if view.nbytes < PARALLEL_BYTES:  # pickle bytes, headers, padding: not worth a hand-off
+            self.digest.update(view)
+            self._handle.write(view)
+        else:  # a tensor's storage: valid until this call returns, so the hash is awaited here
+            hashed = self._pool.submit(self.digest.update, view)
+            try:
+                self._handle.write(view)
+            finally:
+                hashed.result()
         self.num_bytes += view.nbytes
-        return self._handle.write(view)
+        return view.nbytes
 
     def flush(self) -> None:
         self._handle.flush()
 
 
-def _fsync(path: Path) -> None:
-    """Flush a file's data to disk (the manifest is written only after every file is durable)."""
+@contextlib.contextmanager
+def _without_zip_crc32() -> Iterator[None]:
+    """torch.save skips its CRC32 of every record meanwhile (process-wide; saves here take turns)."""
+    from torch.serialization import get_crc32_options, set_crc32_options
+
+    with _CRC_SWITCH:
+        before = get_crc32_options()
+        set_crc32_options(False)
+        try:
+            yield
+        finally:
+            set_crc32_options(before)
+
+
+def file_digest(path: Path, *, sync: bool = False) -> tuple[int, str]:
+    """(bytes, SHA-256 hex) of a file; with `sync`, the file is fsync'ed meanwhile, in another thread.
+
+    Two buffers alternate: one is read into (a thread) while the other is hashed, so a read from
+    the disk and the hashing overlap.
+    """
     fd = os.open(path, os.O_RDONLY)
     try:
-        os.fsync(fd)
+        with ThreadPoolExecutor(max_workers=2) as pool:
+            flushed = pool.submit(os.fsync, fd) if sync else None
+            digest, size = hashlib.sha256(), 0
+            block = min(READ_BYTES, os.fstat(fd).st_size + 1)  # a small file: small buffers
+            buffers = (bytearray(block), bytearray(block))
+            pending = pool.submit(os.preadv, fd, [buffers[0]], 0)
+            for turn in itertools.count():
+                count = pending.result()
+                if count == 0:
+                    break
+                size += count
+                pending = pool.submit(os.preadv, fd, [buffers[(turn + 1) % 2]], size)
+                digest.update(memoryview(buffers[turn % 2])[:count])
+            if flushed is not None:
+                flushed.result()
     finally:
         os.close(fd)
-
-
-def file_digest(path: Path) -> tuple[int, str]:
-    """(bytes, SHA-256 hex) of a file, read in chunks."""
-    digest, size = hashlib.sha256(), 0
-    with open(path, "rb") as handle:
-        while chunk := handle.read(CHUNK_BYTES):
-            digest.update(chunk)
-            size += len(chunk)
     return size, digest.hexdigest()
 
 
 class CheckpointFiles:
-    """One rank's writes into a partial checkpoint directory, each file with its SHA-256."""
+    """One rank's writes into a partial checkpoint directory, each file with its SHA-256.
+
+    Thread-safe: `save` and `adopt` may run in several threads at once (on different files); the
+    digests are guarded by a lock, and saves take turns only where torch's CRC32 switch is held.
+    """
 
     def __init__(self, directory: Path, rank: int) -> None:
         self.directory = Path(directory)
@@ -75,31 +124,41 @@ class CheckpointFiles:
         self.rank = rank
         """This rank."""
         self.digests: dict[str, dict[str, Any]] = {}
+        """name (relative to the directory) -> {"bytes", "sha256"} of every file this rank sealed."""
+        self._lock = threading.Lock()
 
     def save(self, obj: object, name: str) -> None:
-        """torch.save `obj` to directory/name, hashing the bytes as they are written."""
+        """torch.save `obj` to directory/name, hashing each block while it is written; fsync'ed before it returns."""
         import torch
 
         path = self.directory / name
         path.parent.mkdir(parents=True, exist_ok=True)
-        with open(path, "wb") as handle:
-            writer = _HashingWriter(handle)
-            torch.save(obj, writer)
+        with ThreadPoolExecutor(max_workers=1) as pool, open(path, "wb") as handle:
+            writer = _SealingWriter(handle, pool)
+            with _without_zip_crc32():
+                torch.save(obj, writer)
             handle.flush()
             os.fsync(handle.fileno())
-        self.digests[name] = {"bytes": writer.num_bytes, "sha256": writer.digest.hexdigest()}
+        self._record(name, writer.num_bytes, writer.digest.hexdigest())
 
     def adopt(self, paths: Iterable[Path]) -> None:
-        """Record files a library wrote into the directory (read back once, from the page cache)."""
-        for path in paths:
-            size, digest = file_digest(path)
-            _fsync(path)
-            self.digests[str(Path(path).relative_to(self.directory))] = {"bytes": size, "sha256": digest}
+        """Seal files a library wrote into the directory (fsync'ed and hashed from the page cache)."""
+        paths = list(paths)
+        with ThreadPoolExecutor(max_workers=HASH_THREADS) as pool:
+            sealed = list(pool.map(lambda p: file_digest(p, sync=True), paths))
+        for path, (size, digest) in zip(paths, sealed, strict=True):
+            self._record(str(Path(path).relative_to(self.directory)), size, digest)
+
+    def _record(self, name: str, size: int, digest: str) -> None:
+        with self._lock:
+            self.digests[name] = {"bytes": size, "sha256": digest}
 
     def finish(self) -> None:
         """Leave this rank's digests for rank 0's manifest."""
         target = self.directory / f"{DIGESTS_PREFIX}{self.rank}.json"
-        target.write_text(json.dumps(self.digests))
+        with self._lock:
+            text = json.dumps(self.digests)
+        target.write_text(text)
 
 
 def merge_digests(directory: Path) -> dict[str, dict[str, Any]]:
@@ -145,14 +204,21 @@ def size_problem(path: Path) -> str | None:
 
 
 def content_problem(path: Path) -> str | None:
-    """Why a checkpoint's contents differ from its manifest (every file is read and hashed), or None."""
+    """Why a checkpoint's contents differ from its manifest (every file is read and hashed), or None.
+
+    The files are hashed in parallel threads (the largest first), each with reads ahead of its hashing.
+    """
     problem = size_problem(path)
     if problem is not None:
         return problem
-    for name, entry in read_manifest(path)["files"].items():
-        if "sha256" not in entry:
-            continue  # written before content hashes: sizes were checked
-        if file_digest(Path(path) / name)[1] != entry["sha256"]:
+    hashed = {name: entry for name, entry in read_manifest(path)["files"].items() if "sha256" in entry}
+    order = sorted(
+        hashed, key=lambda name: hashed[name]["bytes"], reverse=True
+    )  # files before content hashes: sizes only
+    with ThreadPoolExecutor(max_workers=HASH_THREADS) as pool:
+        found = dict(zip(order, pool.map(lambda name: file_digest(Path(path) / name)[1], order), strict=True))
+    for name, entry in hashed.items():
+        if found[name] != entry["sha256"]:
             return f"file {name} does not match the SHA-256 its manifest recorded (changed on disk)"
     return None
 

@@ -20,7 +20,7 @@ class CheckpointConfig:
     every: int | None = 100
     """Optimizer steps between checkpoints; null turns periodic checkpoints off."""
     keep: int = 2
-    """Newest complete checkpoints kept on disk (the newest good one is never deleted)."""
+    """Newest checkpoints that verify kept on disk (damaged ones are moved to checkpoints/damaged/)."""
     save_final: bool = True
     """Also checkpoint after the last step, so a finished run can be extended or exported."""
     verify: bool = True

@@ -69,10 +69,12 @@ def restore_newest(engine: Engine, candidates: list[Path], console: Console, *, 
 
     Rank 0 re-reads each candidate and compares its files with their SHA-256 (checkpoint.verify);
     a checkpoint that differs, does not load or holds non-finite weights is named in a warning and
-    the next older one is tried. A file that names code (launcher.components.files.safe_load) stops
-    every rank instead. Every decision is agreed by all ranks.
+    the next older one is tried; one of this run whose files differ is moved to checkpoints/damaged/.
+    A file that names code (launcher.components.files.safe_load) stops every rank instead. Every
+    decision is agreed by all ranks. This starts the session pruning reads.
     """
     dist = engine.parts.dist
+    checkpoint.start_session(engine.run_dir)
     for path in candidates:
         reason = checkpoint_files.content_problem(path) if verify and dist.is_main else None
         if dist.all_true(reason is None):
@@ -89,10 +91,13 @@ def restore_newest(engine: Engine, candidates: list[Path], console: Console, *, 
             if not engine.weights_finite():
                 reason = reason or "its weights hold NaN or inf"
             if dist.all_true(reason is None):
+                checkpoint.resumed(engine.run_dir, path, verified=verify)
                 if dist.is_main:
                     console.print(f"resumed from {path} at step {engine.step}")
                     _drop_replayed_metrics(engine)
                 return
+        elif dist.is_main and checkpoint.is_own(engine.run_dir, path):  # its files differ: damaged
+            reason = f"{reason}; moved aside to {checkpoint.set_aside(engine.run_dir, path)}"
         if reason is not None:
             warnings.warn(f"skipping checkpoint {path}: {reason}", stacklevel=2)
     if candidates:
@@ -100,6 +105,12 @@ def restore_newest(engine: Engine, candidates: list[Path], console: Console, *, 
             f"none of the {len(candidates)} checkpoint(s) to resume from verifies and loads "
             f"({', '.join(p.name for p in candidates)}; the warnings above say why). Resume from another run "
             "directory or checkpoint (resume=PATH), or start a new run (another run_dir)."
+        )
+    if set_aside := checkpoint.damaged(engine.run_dir):  # an earlier session found them all damaged
+        raise ResumeError(
+            f"no checkpoint of {engine.run_dir} verifies: {', '.join(p.name for p in set_aside)} in "
+            f"{set_aside[0].parent} were found damaged, and the run does not start over on its own. Resume "
+            "from another run directory or checkpoint (resume=PATH), or start a new run (another run_dir)."
         )
 
 

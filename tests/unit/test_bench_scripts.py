@@ -1,0 +1,149 @@
+"""Every scripts/bench_* still runs: what it imports from the package exists, --help answers, and the
+cheap ones measure something tiny for real (the docs quote their numbers; a moved module must not
+leave them broken until someone reruns them)."""
+
+from __future__ import annotations
+
+import ast
+import importlib
+import json
+import subprocess
+import sys
+import types
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+SCRIPTS = sorted((ROOT / "scripts").glob("bench_*"))
+TINY_RUN = [
+    "model.n_layer=1",
+    "model.d_model=32",
+    "model.n_head=2",
+    "data.seq_len=16",
+    "data.max_bytes=100000",
+    "train.micro_batch_size=2",
+]
+
+
+def _package_references(script: Path) -> list[tuple[int, str, str]]:
+    """(line, module, name) for each name a script takes from the package, and each attribute it reads
+    off a package module it imported (`from launcher.parallel import dims` ... `dims.init`)."""
+    tree = ast.parse(script.read_text())
+    found: list[tuple[int, str, str]] = []
+    modules: dict[str, str] = {}  # local name -> package module it stands for
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("launcher"):
+            for alias in node.names:
+                found.append((node.lineno, node.module, alias.name))
+                modules[alias.asname or alias.name] = f"{node.module}.{alias.name}"
+        elif isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.name.startswith("launcher") and alias.asname:
+                    modules[alias.asname] = alias.name
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id in modules:
+            module = modules[node.value.id]
+            found.append((node.lineno, module, node.attr))
+    return found
+
+
+def _missing(module_name: str, name: str) -> str | None:
+    """Why `module_name` has no `name` (neither an attribute nor a submodule), or None."""
+    try:
+        module = importlib.import_module(module_name)
+    except ModuleNotFoundError:
+        parent, _, attr = module_name.rpartition(".")
+        try:  # `from launcher.x import function` then `function.attr`: not a module, not checked
+            if not isinstance(getattr(importlib.import_module(parent), attr), types.ModuleType):
+                return None
+        except (ImportError, AttributeError) as err:
+            return str(err)
+        raise
+    if hasattr(module, name):
+        return None
+    try:
+        importlib.import_module(f"{module_name}.{name}")
+    except ImportError as err:
+        return str(err)
+    return None
+
+
+def test_there_are_bench_scripts() -> None:
+    assert len(SCRIPTS) >= 12, SCRIPTS
+
+
+@pytest.mark.parametrize("script", SCRIPTS, ids=lambda p: p.name)
+def test_what_a_bench_script_takes_from_the_package_exists(script: Path) -> None:
+    problems = [
+        f"{script.name}:{line}: {module}.{name}: {why}"
+        for line, module, name in _package_references(script)
+        if (why := _missing(module, name)) is not None
+    ]
+    assert not problems, "\n".join(problems)
+
+
+def test_every_bench_script_answers_help() -> None:
+    started = {
+        script.name: subprocess.Popen(
+            [sys.executable, str(script), "--help"],
+            cwd=ROOT,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )  # fmt: skip
+        for script in SCRIPTS
+    }
+    failed = []
+    for name, proc in started.items():
+        out, err = proc.communicate(timeout=120)
+        if proc.returncode != 0 or "usage:" not in out:
+            failed.append(f"{name} (exit {proc.returncode}): {err[-1500:]}")
+    assert not failed, "\n".join(failed)
+
+
+def _run(script: str, *args: str, cwd: Path) -> subprocess.CompletedProcess:
+    result = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / script), *args], cwd=cwd, capture_output=True, text=True,
+        timeout=300,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    return result
+
+
+def test_bench_checkpoint_compares_a_sealed_save_and_a_verified_load_with_torch(tmp_path) -> None:
+    out = tmp_path / "numbers.json"
+    args = [
+        "--gib",
+        "0.004",
+        "--rounds",
+        "1",
+        "--keep-page-cache",
+        "--dir",
+        str(tmp_path),
+        "--json",
+        str(out),
+    ]
+    result = _run("bench_checkpoint", *args, cwd=tmp_path)
+    assert "sealed save / plain save" in result.stdout and "verify + load / plain load" in result.stdout
+    numbers = json.loads(out.read_text())
+    assert set(numbers["median_s"]["wall"]) == {"plain save", "sealed save", "plain load", "verify + load"}
+    assert all(value > 0 for value in numbers["ratios"]["wall"].values())
+    assert list(tmp_path.iterdir()) == [out]  # its files are gone
+
+
+def test_bench_overhead_times_the_engine_against_a_plain_loop(tmp_path) -> None:
+    out = tmp_path / "overhead.json"
+    _run("bench_overhead", "--rounds", "1", "--steps", "1", "--warmup", "0", "--json", str(out), *TINY_RUN,
+         cwd=tmp_path)  # fmt: skip
+    numbers = json.loads(out.read_text())
+    assert set(numbers["median_s"]) == {"plain", "engine"} and numbers["ratio_to_plain"]["engine"] > 0
+
+
+def test_bench_gpu_skips_cleanly_without_a_gpu(tmp_path) -> None:
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is visible: the script would measure (tests/gpu runs it)")
+    result = _run("bench_gpu", cwd=tmp_path)
+    assert "skipped, no CUDA GPU is visible" in result.stdout
