@@ -189,8 +189,9 @@ def data_position(newest: Path, spec: RunSpec) -> Iterator[SpecError]:
     """The data stream continues at the checkpoint's global position only where the new layout maps it exactly.
 
     A stream's position counts global sequences (packed, padded) or draws (a mixture), the same on
-    every rank; packed and padded streams test for an epoch's end at optimizer-step boundaries, so
-    the sequences per step must stay; length grouping sorts within groups of global micro batches,
+    every rank; packed and padded streams test for an epoch's end before every optimizer step
+    (counted in micro batches, not by the offset), so any global batch continues the epoch where it
+    stopped; length grouping sorts within groups of global micro batches,
     so the global micro batch must stay too; token-budget batches are cut per rank, so the
     data-parallel size must stay. A mixture's draws map to any layout.
     """
@@ -236,15 +237,6 @@ def _unmapped(newest: Path, spec: RunSpec, old: tuple, new: tuple, num_ranks: in
             f"train.grad_accum_steps={old[1]}; those batches are cut per rank, so its data position has no exact "
             f"place on {new_dp} rank(s) or another accumulation. Resume with {old_dp * (world // new_dp)} ranks and "
             f"train.grad_accum_steps={old[1]}, or start a new run from its exported weights.",
-        )
-    elif old[2] != new[2]:
-        yield SpecError(
-            keys,
-            f"{newest} was written with {old[2]} sequences per optimizer step ({was}); this run takes {new[2]} "
-            f"({new[0]} x {new[1]} x {new_dp}), so the data stream could not continue at the same global position "
-            "without repeating or skipping sequences. Keep the global batch: train.micro_batch_size x "
-            f"train.grad_accum_steps x data-parallel ranks = {old[2]} (e.g. train.micro_batch_size="
-            f"{max(old[2] // (new_dp * new[1]), 1)} with train.grad_accum_steps={new[1]} on {new_dp} rank(s)).",
         )
     elif (
         spec.data.batching == "group_by_length"

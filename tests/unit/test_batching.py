@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from launcher.components.data.batching import Documents, LengthGroupedStream, TokenBudgetStream
-from launcher.components.data.sequences import BatchStream
+from launcher.components.data.sequences import BatchStream, PackedSequences
 from launcher.components.data.tokens import TokenStore
 
 
@@ -102,3 +102,28 @@ def test_streams_resume_exactly() -> None:
     )  # a small corpus: the 50 batches span several epochs
     _continues_exactly(lambda: LengthGroupedStream(docs, micro_batch_size=4, seed=5, grad_accum_steps=2))
     _continues_exactly(lambda: TokenBudgetStream(docs, max_tokens=200, seed=5, grad_accum_steps=3))
+
+
+def test_a_position_resumed_with_another_global_batch_continues_the_epoch_and_ends_it_cleanly() -> None:
+    """Written with 4 sequences per step, resumed with 5 x 2 = 10 (12 taken: no multiple of 10): the epoch's
+    permutation goes on where it stopped (no sequence repeated or skipped), and the epoch ends before a step
+    that would run past it."""
+    data = PackedSequences(TokenStore.of_stream(_corpus(60)), seq_len=32)
+    n = len(data)
+    first = BatchStream(data, micro_batch_size=4, seed=3, grad_accum_steps=1)
+    taken = [first._next_indices() for _ in range(3)]  # 3 steps: 12 sequences
+    state = first.state_dict()
+    resumed = BatchStream(data, micro_batch_size=5, seed=3, grad_accum_steps=2)
+    resumed.load_state_dict(state)
+    for _ in range(n):  # bounded: a stream that never ends its epoch fails here, not by running on
+        before = resumed.state_dict()
+        step = [resumed._next_indices(), resumed._next_indices()]
+        if resumed.epoch > 0:
+            assert before["offset"] + 10 > n  # the epoch ended only where a whole step no longer fit
+            break
+        taken += step
+    assert resumed.epoch == 1, "the resumed stream ran past the end of its epoch"
+    order = torch.cat(taken)
+    assert len(set(order.tolist())) == len(order) == 12 + 10 * ((n - 12) // 10)
+    assert torch.equal(order, first._permutation(0)[: len(order)])
+    assert all(len(t) in (4, 5) for t in taken)

@@ -57,13 +57,11 @@ def test_dcp_and_files_checkpoints_resume_under_each_other_on_any_world_size(tmp
         assert _errors(run, "parallel=fsdp", "train.micro_batch_size=4", "train.grad_accum_steps=2") == []
 
 
-def test_another_global_batch_is_refused_with_the_one_that_keeps_the_position(tmp_path: Path) -> None:
+def test_another_global_batch_continues_the_position(tmp_path: Path) -> None:
+    """Packed streams count their position in global sequences and test the epoch's end before every step."""
     run = _fake_run(tmp_path / "fsdp", kind="dcp", ranks=2, parallel={"strategy": "fsdp"})
-    errors = _errors(run, "parallel=fsdp", *_ranks(4))  # 4 x 4: 16 sequences per step, not 8
-    assert [keys for keys, _ in errors] == [
-        ("resume", "train.micro_batch_size", "train.grad_accum_steps", "launcher.nproc")
-    ]
-    assert "8 sequences per optimizer step" in errors[0][1] and "train.micro_batch_size=2" in errors[0][1]
+    assert _errors(run, "parallel=fsdp", *_ranks(4)) == []  # 4 x 4: 16 sequences per step, was 8
+    assert _errors(run, "parallel=fsdp", *_ranks(2), "train.grad_accum_steps=3") == []
 
 
 def test_layouts_whose_position_has_no_exact_place_are_refused(tmp_path: Path) -> None:

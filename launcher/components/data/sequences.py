@@ -184,14 +184,31 @@ class BatchStream(EpochStream):
     def _plan_epoch(self, epoch: int) -> torch.Tensor:
         return self._permutation(epoch)
 
+    def _begin(self) -> None:
+        self._micro_batches_taken = 0
+        super()._begin()
+
     def _next_indices(self) -> torch.Tensor:
-        at_step_start = self._offset % self.step_size == 0
+        # A step's start by micro batches counted, not by the offset: a checkpoint written with another
+        # global batch leaves an offset that is no multiple of this run's step, and the end of the epoch
+        # must still be tested before every step.
+        at_step_start = self._micro_batches_taken % self.grad_accum_steps == 0
         if at_step_start and self._offset + self.step_size > len(self._plan):
             self._next_epoch()
         start = self._offset + self.rank * self.micro_batch_size
         indices = self._plan[start : start + self.micro_batch_size]
         self._offset += self.global_micro_batch
+        self._micro_batches_taken += 1
         return indices
+
+    def state_dict(self) -> dict[str, int]:
+        """The position in the data, identical on every rank, with the micro batches taken of the current step."""
+        return {**super().state_dict(), "step_micro": self._micro_batches_taken % self.grad_accum_steps}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        """Continue from a position `state_dict` returned (a step's start where it says none, as checkpoints are)."""
+        super().load_state_dict(state)
+        self._micro_batches_taken = int(state.get("step_micro", 0))
 
 
 def check_held_out(dataset: PackedSequences, world_size: int) -> None:
