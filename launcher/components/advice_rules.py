@@ -69,8 +69,10 @@ class DataWait:
         self._data = self._total = 0.0
 
     def check(self, record: dict[str, Any]) -> str | None:
-        phases = {
-            k: v for k, v in record.items() if k.startswith("time_") and k.endswith("_s") and _finite(v)
+        phases = {  # the step's phases; time_checkpoint_s is a save holding the loop, not step time
+            k: v
+            for k, v in record.items()
+            if k.startswith("time_") and k.endswith("_s") and _finite(v) and k != "time_checkpoint_s"
         }
         if "time_data_s" not in phases:
             return None

@@ -25,3 +25,7 @@ class CheckpointConfig:
     """Also checkpoint after the last step, so a finished run can be extended or exported."""
     verify: bool = True
     """Before resuming, re-read the checkpoint and compare every file's SHA-256 with its manifest."""
+    async_save: bool = True
+    """Copy the state to host memory and write it in the background while training goes on; the
+    commit (manifest, rename, latest, prune) follows once every rank has written (docs/reliability.md).
+    Named async_save because `async` is a Python keyword."""

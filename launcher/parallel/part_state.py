@@ -36,6 +36,7 @@ from launcher.components.adapters import (
     load_checkpoint_state,
 )
 from launcher.components.checkpoint import load_tensor_file
+from launcher.components.checkpoint_async import StagedFiles
 from launcher.components.checkpoint_files import CheckpointFiles
 from launcher.components.files.dcp_reader import SafeReader, load_full_state, read_metadata
 from launcher.parallel.checkpoint_layout import DCP_DIR, checkpoint_kind, is_dcp_checkpoint
@@ -86,7 +87,7 @@ class PartState:
             model_state = {k: v for k, v in model_state.items() if k not in frozen}
         return model_state, optim_state, {}
 
-    def save(self, out: CheckpointFiles, scaler: torch.amp.GradScaler | None) -> None:
+    def save(self, out: CheckpointFiles | StagedFiles, scaler: torch.amp.GradScaler | None) -> None:
         """Write this rank's part: rank 0 the replicated files, or every rank its DCP shards."""
         if self.layout == "files":
             if self.rank == 0:
@@ -94,9 +95,12 @@ class PartState:
                 out.save(self.optimizer.state_dict(), "optimizer.pt")
         else:
             model_state, optim_state, _ = self._dcp_state()
-            dcp_dir = out.directory / DCP_DIR
-            dcp.save({"model": model_state, "optim": optim_state}, checkpoint_id=dcp_dir)
-            out.adopt(dcp_dir.glob(f"__{self.rank}_*.distcp"))  # rank 0's manifest adds .metadata
+            state, own_files = {"model": model_state, "optim": optim_state}, f"__{self.rank}_*.distcp"
+            if isinstance(out, StagedFiles):  # an asynchronous save: torch's async_save writes it
+                out.save_dcp(state, DCP_DIR, own_files)
+            else:
+                dcp.save(state, checkpoint_id=out.directory / DCP_DIR)
+                out.adopt((out.directory / DCP_DIR).glob(own_files))  # rank 0's manifest adds .metadata
         if scaler is not None and self.rank == 0:
             out.save(scaler.state_dict(), SCALER_FILE)
 

@@ -1,4 +1,4 @@
-"""What the compression techniques (issue 14: pruning, QAT, distillation) add to a rank's memory.
+"""What the compression techniques (pruning, QAT, distillation) add to a rank's memory.
 
 Each term is (bytes, note) for one rank of the spec, counted from the config without building
 anything; `extra_bytes` sums them for launcher.plan.planner, which adds them to the buffers and

@@ -25,6 +25,7 @@ from rich.console import Console
 
 from launcher.components import checkpoint, metrics, profiling
 from launcher.components.batch_split import BatchSplit
+from launcher.components.checkpoint_async import AsyncSaver, StagedFiles
 from launcher.components.checkpoint_files import CheckpointFiles
 from launcher.components.data.batching import Batches
 from launcher.components.data.interleave import HeldOut
@@ -96,9 +97,15 @@ class Engine:
         self._last_result = None
         self._history: dict[str, list] = {"tokens_per_s": [], "loss": []}
         self._eval: dict[str, float] = {}
-        self._writer: metrics.MetricsFile | None = None
         self.observers = observers.Observers()
         """Rank 0's watchers of this session's records (log lines, trackers, advisor); the worker finishes them."""
+        dist = parts.dist
+        self.saver = (
+            AsyncSaver(self.run_dir, rank=dist.rank, world_size=dist.world_size, keep=self.spec.checkpoint.keep,
+                       agree=dist.all_true, timeout_s=self.spec.launcher.timeout_s)
+            if self.spec.checkpoint.async_save else None
+        )  # fmt: skip
+        """Writes checkpoints in the background (checkpoint.async_save), None where saves block the loop."""
 
     # ----- state -----------------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
@@ -111,7 +118,7 @@ class Engine:
             **self.guard.state_dict(),
         }
 
-    def _write_checkpoint(self, out: CheckpointFiles) -> None:
+    def _write_checkpoint(self, out: CheckpointFiles | StagedFiles) -> None:
         self.parts.strategy.save(out)
         if self.parts.dist.is_main:
             out.save(self.state_dict(), "trainer.pt")
@@ -141,13 +148,28 @@ class Engine:
         restore_rng(directory, rank=self.parts.dist.rank, seed=self.spec.train.seed, step=self.step)
         self.resumed_from = str(directory)
 
-    def save(self) -> Path:
-        """Write a complete checkpoint of the current step (every rank takes part).
+    def save(self, *, wait: bool = False) -> float:
+        """Checkpoint the current step (every rank takes part); the seconds the loop was held.
 
+        With checkpoint.async_save the state is copied to host memory and written in the background
+        (launcher.components.checkpoint_async); `wait` waits for that write and its commit too.
         Weights that are no longer finite are never saved: the run stops (exit status 3) and the
         newest checkpoint stays the last good one.
         """
+        started = time.perf_counter()
+        self._save()
+        if wait:
+            self.finish_saves()
+        return time.perf_counter() - started
+
+    def finish_saves(self) -> None:
+        """Wait for a background save and commit it (every rank calls it); raise CheckpointSaveError if it failed."""
+        if self.saver is not None:
+            self.saver.wait()
+
+    def _save(self) -> Path:
         dist = self.parts.dist
+        self.finish_saves()  # at most one save in flight; a failed one stops the run here
         self.guard.settle(self.step)  # the saved skip counters must include steps not yet logged
         if not self.weights_finite():
             raise NonFiniteStop(
@@ -156,22 +178,20 @@ class Engine:
             )
         if dist.is_main and (warning := checkpoint.space_warning(self.run_dir)):
             self.console.print(f"[yellow]warning:[/] {warning}")
+        info = {"nonfinite_skips": self.guard.nonfinite_skips}
+        if self.saver is not None:
+            return self.saver.start(self.step, self._write_checkpoint, info=info)
         return checkpoint.save(
-            self.run_dir,
-            self.step,
-            self._write_checkpoint,
-            keep=self.spec.checkpoint.keep,
-            rank=dist.rank,
-            agree=dist.all_true,
-            info={"nonfinite_skips": self.guard.nonfinite_skips},
-        )
+            self.run_dir, self.step, self._write_checkpoint, keep=self.spec.checkpoint.keep, rank=dist.rank,
+            agree=dist.all_true, info=info,
+        )  # fmt: skip
 
     # ----- the loop --------------------------------------------------------------------------------
     def run(self) -> dict[str, Any]:
         """Train from the current step to train.max_steps; returns the run summary."""
         t, dist = self.spec.train, self.parts.dist
         started = time.perf_counter()
-        writer = self._writer = metrics.MetricsFile(self.run_dir / "metrics.jsonl") if dist.is_main else None
+        writer = metrics.MetricsFile(self.run_dir / "metrics.jsonl") if dist.is_main else None
         if dist.is_main:
             self.observers = build_observers(self.spec, self._run_context())
         show = dist.is_main and self.spec.log.progress and self.console.is_terminal  # else: log lines
@@ -189,29 +209,17 @@ class Engine:
                 prof.step()
                 for hook in self.parts.after_step:
                     hook(self.step)
-                last = self.step == t.max_steps
-                if self.step % t.log_every == 0 or last:
-                    record = self._log_record()
-                    if writer:
+                records: list[dict[str, Any]] = []  # written after the save, which adds its time
+                try:
+                    stopping, signum = self._after_step(records, lambda **kw: progress.update(task, **kw))
+                finally:
+                    for record in records if writer else ():
                         writer.write(record)
                         self.observers.record(record)
-                    self.guard.check_loss_scale(record["loss_scale"], self.step)
-                    progress.update(task, loss=f"{record['loss']:.4f}", tps=f"{record['tokens_per_s']:,.0f}")
-                if t.eval_every and (self.step % t.eval_every == 0 or last):
-                    self.evaluate()
-                stopping = self.step == t.stop_after
-                # A stop signal on any rank stops every rank after this same step (collective).
-                signum = None if last else self.stop.agreed(dist)
-                every = self.spec.checkpoint.every
-                if (
-                    (every and self.step % every == 0)
-                    or signum
-                    or ((last or stopping) and self.spec.checkpoint.save_final)
-                ):
-                    self.save()
                 progress.update(task, completed=self.step)
                 if stopping or signum:
                     break
+        self.finish_saves()  # a session that ends without a final save still commits the one in flight
         if writer:
             writer.close()
         self.guard.settle(self.step)  # a session may end (stop_after, a signal) between log steps
@@ -224,6 +232,30 @@ class Engine:
         if signum:
             summary["signal"] = signal.Signals(signum).name
         return summary
+
+    def _after_step(
+        self, records: list[dict[str, Any]], show: Callable[..., None]
+    ) -> tuple[bool, int | None]:
+        """Log, evaluate, agree on a stop and checkpoint after a step; whether the session stops, and on
+        which signal. The step's record gets the seconds a save held the loop (`time_checkpoint_s`)."""
+        t, last = self.spec.train, self.step == self.spec.train.max_steps
+        if self.step % t.log_every == 0 or last:
+            records.append(record := self._log_record())
+            self.guard.check_loss_scale(record["loss_scale"], self.step)
+            show(loss=f"{record['loss']:.4f}", tps=f"{record['tokens_per_s']:,.0f}")
+        if t.eval_every and (self.step % t.eval_every == 0 or last):
+            records.append({"step": self.step, "session": self.session, **self.evaluate()})
+        stopping = self.step == t.stop_after
+        # A stop signal on any rank stops every rank after this same step (collective).
+        signum = None if last else self.stop.agreed(self.parts.dist)
+        every, final = self.spec.checkpoint.every, last or stopping or bool(signum)
+        if (every and self.step % every == 0) or signum or (final and self.spec.checkpoint.save_final):
+            held = {"time_checkpoint_s": round(self.save(wait=final), 6)}  # the session's last: written
+            if records and "loss" in records[0]:
+                records[0].update(held)
+            else:  # a step that is not logged gets a record of its own
+                records.append({"step": self.step, "session": self.session, **held})
+        return stopping, signum
 
     def _run_context(self) -> observers.RunContext:
         return observers.RunContext(
@@ -348,10 +380,6 @@ class Engine:
             loss, per_source = losses[""], {}
         self._eval = {"eval_loss": loss, "eval_ppl": math.exp(min(loss, 50.0)), "eval_step": self.step}
         self._eval.update(per_source)
-        if self._writer is not None:
-            record = {"step": self.step, "session": self.session, **self._eval}
-            self._writer.write(record)
-            self.observers.record(record)
         return self._eval
 
     def summary(self, exit_reason: str, wall_time_s: float) -> dict[str, Any]:

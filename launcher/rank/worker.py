@@ -211,6 +211,10 @@ def _run(spec_path: Path, stop: StopSignal) -> int:
         code = exit_status(summary)
     except NonFiniteStop as err:
         console.print("[red]error:[/]", escape(str(err)))
+        try:
+            engine.finish_saves()  # every rank stops at the same step: the save in flight is committed
+        except checkpoint.CheckpointSaveError as failed:
+            console.print("[red]error:[/]", escape(str(failed)))
         summary, code = engine.summary("nonfinite", time.perf_counter() - started), ExitStatus.NONFINITE
     except checkpoint.CheckpointSaveError as err:  # its text holds paths: printed as it is, not as markup
         console.print("[red]error:[/]", escape(str(err)))
@@ -226,6 +230,8 @@ def _run(spec_path: Path, stop: StopSignal) -> int:
         raise
     finally:
         if engine is not None:
+            if engine.saver is not None and not at_once:  # a failed run's write ends, uncommitted
+                engine.saver.close()
             if summary is not None:
                 engine.observers.finish(summary)  # observers may add to it (advice), then close
             engine.observers.close()  # idempotent; all that is left after a crash

@@ -90,13 +90,18 @@ def _mount_tmpfs(path, size_bytes: int) -> None:
         pytest.skip(f"cannot mount a small tmpfs here (root and mount are needed): {result.stderr.strip()}")
 
 
-def test_a_full_disk_during_a_save_keeps_the_previous_checkpoint_and_says_why(straight, tmp_path) -> None:
+@pytest.mark.parametrize("background", [False, True], ids=["sync", "async"])
+def test_a_full_disk_during_a_save_keeps_the_previous_checkpoint_and_says_why(
+    straight, tmp_path, background
+) -> None:
     one_checkpoint = total_bytes(checkpoint.good_checkpoints(straight)[0])
     disk = tmp_path / "disk"
     _mount_tmpfs(disk, int(1.5 * one_checkpoint) + 256 * 1024)  # room for one checkpoint, not two
     try:
         run_dir = disk / "run"
-        result = run_cli([*RUN, "checkpoint.keep=1", f"run_dir={run_dir}"], tmp_path)
+        result = run_cli(
+            [*RUN, "checkpoint.keep=1", f"checkpoint.async_save={background}", f"run_dir={run_dir}"], tmp_path
+        )
         out = " ".join((result.stdout + result.stderr).split())
         assert result.returncode == 1, out[-3000:]
         assert "Traceback" not in out
@@ -104,7 +109,10 @@ def test_a_full_disk_during_a_save_keeps_the_previous_checkpoint_and_says_why(st
         assert "could not write the checkpoint of step 10" in out and "bytes are free there now" in out
         assert "The previous checkpoint" in out and "step_5 is intact" in out
         summary = json.loads((run_dir / "summary.json").read_text())
-        assert summary["exit_reason"] == "checkpoint_failed" and summary["steps"] == 10
+        # a background save's failure stops the run where the next save (here the final one) waits for it
+        assert summary["exit_reason"] == "checkpoint_failed" and summary["steps"] == (
+            15 if background else 10
+        )
         assert [p.name for p in checkpoint.good_checkpoints(run_dir)] == ["step_5"]
         assert content_problem(run_dir / "checkpoints" / "step_5") is None
         assert not checkpoint.unfinished(run_dir)
