@@ -141,29 +141,26 @@ def save(
     partial, final = base / f"{PARTIAL_PREFIX}step_{step}", base / f"step_{step}"
     is_main = rank == 0
     # Every rank takes the same path through the agreements below (each is a collective).
-    error = _attempt(_prepare, partial) if is_main else None
+    error = attempt(prepare, partial) if is_main else None
     if agree(error is None):
-        error = _attempt(_write, partial, rank, write)
+        error = attempt(_write, partial, rank, write)
         if agree(error is None):
             if is_main:
-                error = _attempt(_commit, partial, final, step, info or {})
-                if error is None:
-                    _sealed(run_dir, final)
-                    prune(run_dir, keep)
+                error = attempt(lambda: commit(run_dir, partial, final, step, info or {}, keep=keep))
         else:
             error = error or RuntimeError("another rank failed while writing its part")
     else:
         error = error or RuntimeError("rank 0 could not prepare the checkpoint directory")
     if not agree(error is None):
         if is_main:
-            raise CheckpointSaveError(_failure_text(run_dir, partial, step, error))
+            raise CheckpointSaveError(failure_text(run_dir, partial, step, error))
         raise CheckpointSaveError(
             f"the checkpoint of step {step} was not written ({error or 'rank 0 failed'})."
         )
     return final
 
 
-def _attempt(action: Callable[..., None], *args: Any) -> BaseException | None:
+def attempt(action: Callable[..., None], *args: Any) -> BaseException | None:
     """Run `action`; the exception it raised, else None (torch raises RuntimeError on a full disk)."""
     try:
         action(*args)
@@ -172,7 +169,8 @@ def _attempt(action: Callable[..., None], *args: Any) -> BaseException | None:
     return None
 
 
-def _prepare(partial: Path) -> None:
+def prepare(partial: Path) -> None:
+    """Rank 0: an empty partial directory for a new checkpoint (a leftover of a failed save removed)."""
     partial.parent.mkdir(parents=True, exist_ok=True)
     shutil.rmtree(partial, ignore_errors=True)
     partial.mkdir()
@@ -184,7 +182,7 @@ def _write(partial: Path, rank: int, write: Callable[[CheckpointFiles], None]) -
     files.finish()
 
 
-def _failure_text(run_dir: Path, partial: Path, step: int, error: BaseException | None) -> str:
+def failure_text(run_dir: Path, partial: Path, step: int, error: BaseException | None) -> str:
     """Remove the partial directory; one paragraph: what failed, bytes needed and free, what is intact."""
     written = sum(p.stat().st_size for p in partial.rglob("*") if p.is_file()) if partial.exists() else 0
     shutil.rmtree(partial, ignore_errors=True)
@@ -212,6 +210,13 @@ def _commit(partial: Path, final: Path, step: int, info: dict[str, Any]) -> None
     pointer = final.parent / f"{LATEST}.tmp"
     _fsync_write(pointer, final.name + "\n")
     os.replace(pointer, final.parent / LATEST)
+
+
+def commit(run_dir: Path, partial: Path, final: Path, step: int, info: dict[str, Any], *, keep: int) -> None:
+    """Rank 0, once every rank's part is written: seal `partial` as `final`, record it as this session's, prune."""
+    _commit(partial, final, step, info)
+    _sealed(run_dir, final)
+    prune(run_dir, keep)
 
 
 def _nonfinite_count(path: Path) -> int:

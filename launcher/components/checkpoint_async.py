@@ -156,11 +156,11 @@ class AsyncSaver:
         self.wait()
         base = checkpoint.root(self.run_dir)
         job = _Job(step, base / f"{PARTIAL_PREFIX}step_{step}", base / f"step_{step}", info or {})
-        error = checkpoint._attempt(checkpoint._prepare, job.partial) if self.rank == 0 else None
+        error = checkpoint.attempt(checkpoint.prepare, job.partial) if self.rank == 0 else None
         if not self._agree(error is None):
             raise checkpoint.CheckpointSaveError(self._failure(job, error or RuntimeError("rank 0 failed")))
         files = StagedFiles(job.partial, self.rank, self._stager, self._group)
-        job.write_error = checkpoint._attempt(stage, files)
+        job.write_error = checkpoint.attempt(stage, files)
         self._job = job
         job.thread = threading.Thread(
             target=self._background, args=(job, files), name=f"checkpoint-step-{step}", daemon=True
@@ -172,11 +172,11 @@ class AsyncSaver:
         """Write this rank's part and mark it; rank 0 then commits once every rank has marked."""
         try:
             if job.write_error is None:
-                job.write_error = checkpoint._attempt(self._write, job, files)
+                job.write_error = checkpoint.attempt(self._write, job, files)
         finally:
             job.written.set()
         if self.rank == 0 and job.write_error is None:
-            job.commit_error = checkpoint._attempt(self._commit_when_written, job)
+            job.commit_error = checkpoint.attempt(self._commit_when_written, job)
 
     def _write(self, job: _Job, files: StagedFiles) -> None:
         files.write()
@@ -190,8 +190,7 @@ class AsyncSaver:
             time.sleep(POLL_S)
         for marker in markers:
             marker.unlink()
-        checkpoint._commit(job.partial, job.final, job.step, job.info)
-        checkpoint.prune(self.run_dir, self.keep)
+        checkpoint.commit(self.run_dir, job.partial, job.final, job.step, job.info, keep=self.keep)
 
     def wait(self) -> Path | None:
         """Wait for the save in flight and agree on it (every rank calls it); its directory, or None.
@@ -216,7 +215,7 @@ class AsyncSaver:
 
     def _failure(self, job: _Job, error: BaseException | None) -> str:
         if self.rank == 0:
-            return checkpoint._failure_text(self.run_dir, job.partial, job.step, error)
+            return checkpoint.failure_text(self.run_dir, job.partial, job.step, error)
         return f"the checkpoint of step {job.step} was not written ({error or 'rank 0 failed'})."
 
     def close(self, *, timeout_s: float | None = None) -> None:

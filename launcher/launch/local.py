@@ -88,7 +88,7 @@ def rank_main(
     logs.mkdir(exist_ok=True)
     (logs / f"rank_{os.environ['RANK']}.pid").write_text(f"{os.getpid()}\n")  # to find or signal a rank
     try:
-        return worker.run(Path(spec_path))
+        return worker.run_process(Path(spec_path))
     except Exception:
         traceback.print_exc()  # into this rank's .err log; the agent reports only the last line
         raise

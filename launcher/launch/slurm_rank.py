@@ -94,7 +94,7 @@ def run(spec_path: Path) -> int:
     except run_lock.RunLockError as err:
         print(f"error: {err}", file=sys.stderr, flush=True)
         return ExitStatus.INVALID_SPEC
-    code = worker.run(Path(spec_path), preemption=settings.signal)
+    code = worker.run_process(Path(spec_path), preemption=settings.signal)
     if lock is not None and not should_requeue(code, restart_count(os.environ), settings.max_requeues):
         run_lock.release(run_dir, lock)
     return _after_preemption(code, rank, job_id, settings.max_requeues)

@@ -179,7 +179,6 @@ def run(spec_path: Path, *, preemption: str | None = None) -> int:
     SIGINT and SIGTERM stop the run after the current step with a checkpoint (130, 143; a second
     one stops at once); `preemption` names a scheduler's warning signal too (SLURM: exit status 4).
     """
-    warning_lines.install()
     stop = StopSignal(INTERRUPT_SIGNALS, preemption=preemption)
     try:
         return _run(spec_path, stop)
@@ -244,9 +243,19 @@ def _run(spec_path: Path, stop: StopSignal) -> int:
     return int(code)
 
 
+def run_process(spec_path: Path, *, preemption: str | None = None) -> int:
+    """`run` in a process of its own (a rank a backend started): its warnings as one line each, once.
+
+    In-process callers (`train`'s inline backend, which installed the same display already, and
+    tests recording warnings) call `run`, which leaves Python's warning display as it is.
+    """
+    warning_lines.install()
+    return run(spec_path, preemption=preemption)
+
+
 def main() -> None:
     """`python -m launcher.rank.worker SPEC_YAML`: how launch backends start a rank."""
-    sys.exit(run(Path(sys.argv[1])))
+    sys.exit(run_process(Path(sys.argv[1])))
 
 
 if __name__ == "__main__":
