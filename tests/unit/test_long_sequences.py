@@ -11,8 +11,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from launcher.components import memory
 from launcher.components.distill import kd_loss_sum
 from launcher.components.model.build import build_model
-from launcher.components.model.loss import HeadOutputs, lm_loss
 from launcher.components.model.long_context import loss_chunk_count
+from launcher.components.model.loss import HeadOutputs, lm_loss
 from launcher.config.memory import MemoryConfig
 from launcher.config.model import ModelConfig
 
@@ -142,3 +142,45 @@ def test_selective_checkpointing_is_bitwise_and_saves_less(kind: str, matmuls: s
     sel_loss, sel_grads, sel_bytes = saved_bytes("selective")
     assert torch.equal(sel_loss, loss) and torch.equal(sel_grads, grads)
     assert sel_bytes < none_bytes
+
+
+@pytest.mark.parametrize(
+    ("argv", "keys", "phrase"),
+    [
+        (["model.attention=flex"], ("model.attention",), "CUDA only"),
+        (
+            ["model.attention=flex", "model.dropout=0.1"],
+            ("model.attention", "model.dropout"),
+            "no attention dropout",
+        ),
+        (["model.attention=dense"], ("model.attention",), "Choose one of"),
+        (["train.loss_chunks=0"], ("train.loss_chunks",), "auto or a whole number"),
+        (
+            ["memory.selective_matmuls=every_other"],
+            ("memory.selective_matmuls", "memory.activation_checkpointing"),
+            "memory=selective",
+        ),
+    ],
+)
+def test_long_sequence_rules(argv: list[str], keys: tuple[str, ...], phrase: str) -> None:
+    from launcher.front.cli import precheck
+
+    errors = {e.keys: e.message for e in precheck(argv)}
+    assert keys in errors, errors
+    assert phrase in errors[keys]
+
+
+def test_planner_counts_one_chunk_the_dense_mask_and_selective_saves() -> None:
+    from launcher.front.compose import compose, strip_hydra
+    from launcher.plan.planner import plan
+    from launcher.spec import to_spec
+
+    def activations(*argv: str) -> int:
+        base = ["data.seq_len=256", "train.micro_batch_size=8", "model.vocab_size=32000", "data.packing=true"]
+        return plan(to_spec(strip_hydra(compose([*base, *argv]))), device_type="cpu").activations
+
+    assert activations("train.loss_chunks=8") < activations("train.loss_chunks=1")
+    assert activations("model.attention=varlen") < activations("model.attention=sdpa")
+    none, blocks = activations(), activations("memory.activation_checkpointing=blocks")
+    selective = activations("memory.activation_checkpointing=selective")
+    assert blocks < selective < none
