@@ -54,6 +54,7 @@ def span_sizes(position_ids: torch.Tensor) -> list[int]:
     return (bounds[1:] - bounds[:-1]).tolist()
 
 
+@torch.compiler.disable  # the spans change every batch: compiled blocks call it eagerly instead of recompiling
 def varlen_attention(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sizes: list[int], *, dropout_p: float = 0.0,
     scale: float | None = None,
@@ -86,7 +87,10 @@ def flex_block_mask(position_ids: torch.Tensor) -> Any:
         return (document[b, q_idx] == document[b, kv_idx]) & (q_idx >= kv_idx)
 
     batch, seq = position_ids.shape
-    return create_block_mask(same_document_causal, batch, None, seq, seq, device=position_ids.device)
+    # compiled on CUDA, so the mask is built block by block; eager (CPU forward checks) evaluates it densely
+    return create_block_mask(
+        same_document_causal, batch, None, seq, seq, device=position_ids.device, _compile=position_ids.is_cuda
+    )
 
 
 @functools.cache
