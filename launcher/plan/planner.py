@@ -20,11 +20,11 @@ import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from launcher.components.model.long_context import loss_chunk_count, loss_chunking_bypass, resolve_attention
 from launcher.components.model.shape import model_shape
 from launcher.config.model import vocab_size
 from launcher.plan import activations as acts
 from launcher.plan import compression
+from launcher.plan.long_context import long_context_terms
 from launcher.spec import RunSpec
 
 MiB, GiB = 1024**2, 1024**3
@@ -322,24 +322,14 @@ def activation_shape(
     from launcher.components.device import resolve_device
 
     p, batch = spec.parallel, micro_batch or spec.train.micro_batch_size
-    chunks = 1
-    if loss_chunking_bypass(p, spec.model) is None:
-        vocab = vocab_size(gpt_view(spec).model)
-        chunks = loss_chunk_count(spec.train.loss_chunks, tokens=batch * spec.data.seq_len, vocab=vocab)
-    packed = spec.data.packing and spec.data.document_mask
-    path = resolve_attention(
-        spec.model.attention, packed=packed, device_type=device_type or resolve_device(spec.launcher.device),
-        dropout=spec.model.dropout,
-    )  # fmt: skip
+    device_type = device_type or resolve_device(spec.launcher.device)
     return acts.ActivationShape(
         micro_batch=batch,
         seq_len=spec.data.seq_len,
         act_bytes=2 if _mixed(spec) else 4,
         tp_size=max(p.tp_size, 1),
         sequence_parallel=p.sequence_parallel,
-        loss_chunks=chunks,
-        dense_mask=packed and path == "sdpa",
-        selective_matmuls=spec.memory.selective_matmuls,
+        **long_context_terms(spec, batch, device_type),
     )
 
 
