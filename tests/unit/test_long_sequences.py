@@ -48,11 +48,13 @@ class Shapes(TorchDispatchMode):
 def _step(
     kind: str = "gpt", attention: str = "sdpa", chunks: str = "1", mode: str = "none", matmuls: str = "all"
 ):
-    """(loss, flat gradients, shapes created) of one forward + backward of a fresh, seeded model."""
+    """(loss, flat gradients, shapes created) of one forward + backward of a fresh, seeded model.
+
+    kind: gpt (built-in), hf (transformers Llama preset) or hf-gpt2 (transformers GPT-2 preset).
+    """
     torch.manual_seed(0)
-    cfg = dataclasses.replace(
-        CFG, kind=kind, attention=attention, hf_config="llama" if kind == "hf" else None
-    )
+    preset = {"hf": "llama", "hf-gpt2": "gpt2"}.get(kind)
+    cfg = dataclasses.replace(CFG, kind="hf" if preset else "gpt", attention=attention, hf_config=preset)
     model = build_model(cfg)
     model.loss_chunks = chunks
     memory.apply(model, MemoryConfig(activation_checkpointing=mode, selective_matmuls=matmuls))
@@ -67,7 +69,7 @@ def _close(a: torch.Tensor, b: torch.Tensor, tol: float) -> None:
     assert ((a - b).norm() / b.norm()).item() < tol
 
 
-@pytest.mark.parametrize("kind", ["gpt", "hf"])
+@pytest.mark.parametrize("kind", ["gpt", "hf", "hf-gpt2"])
 def test_varlen_matches_the_dense_mask_and_allocates_no_t_by_t_tensor(kind: str) -> None:
     dense_loss, dense_grads, dense_shapes = _step(kind, "sdpa")
     loss, grads, shapes = _step(kind, "varlen")
