@@ -53,6 +53,9 @@ class TrainConfig:
     """Micro batches accumulated per optimizer step (global batch = micro x accum x world size)."""
     seed: int = 1234
     """Seed of model init, data order and every RNG the loop uses."""
+    loss_chunks: str = "auto"
+    """Final projection + cross-entropy over this many chunks of tokens, each recomputed in backward (1: whole
+    logits); auto chunks only when a micro batch's float32 logits pass 256 MiB (launcher.components.model.long_context)."""
     max_grad_norm: float | None = 1.0
     """Clip the global gradient norm to this value; null turns clipping off."""
     eval_every: int | None = 100

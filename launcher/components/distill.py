@@ -24,13 +24,18 @@ if TYPE_CHECKING:  # torch only on a rank: the launching process never needs it
     import torch
     from torch import nn
 
+    from launcher.components.model.loss import HeadOutputs
+
 
 def _chunk_kl(
-    student: torch.Tensor, teacher: torch.Tensor, mask: torch.Tensor, temperature: float, reverse: bool
-):
-    """Summed KL of the masked rows of one chunk of (rows, vocab) logits, in float32."""
+    student: torch.Tensor, teacher: torch.Tensor, mask: torch.Tensor, temperature: float, reverse: bool,
+    head: Callable | None = None,
+):  # fmt: skip
+    """Summed KL of the masked rows of one chunk of (rows, vocab) logits (or hidden rows and their head), in float32."""
     import torch.nn.functional as F
 
+    if head is not None:
+        student = head(student)
     log_s = F.log_softmax(student.float() / temperature, dim=-1)
     log_t = F.log_softmax(teacher.float() / temperature, dim=-1)
     kl = (log_s.exp() * (log_s - log_t)) if reverse else (log_t.exp() * (log_t - log_s))
@@ -38,7 +43,7 @@ def _chunk_kl(
 
 
 def kd_loss_sum(
-    student_logits: torch.Tensor,
+    student_logits: torch.Tensor | HeadOutputs,
     teacher_logits: torch.Tensor,
     labels: torch.Tensor,
     *,
@@ -47,10 +52,24 @@ def kd_loss_sum(
     chunk_rows: int = KD_CHUNK_ROWS,
     ignore_index: int = -100,
 ) -> torch.Tensor:
-    """temperature^2 x the KL summed over the trained positions (labels != ignore_index), chunk by chunk."""
+    """temperature^2 x the KL summed over the trained positions (labels != ignore_index), chunk by chunk.
+
+    A chunked student (HeadOutputs) is projected inside each recomputed chunk: its chunks, not KD_CHUNK_ROWS.
+    """
     import torch
     from torch.utils.checkpoint import checkpoint
 
+    from launcher.components.model.loss import HeadOutputs, head_chunks
+
+    if isinstance(student_logits, HeadOutputs):
+        mask = (labels != ignore_index).float()
+        total = torch.zeros((), dtype=torch.float32, device=labels.device)
+        for rows, teacher_rows, mask_rows in head_chunks(student_logits, teacher_logits.detach(), mask):
+            total = total + checkpoint(
+                _chunk_kl, rows, teacher_rows, mask_rows, temperature, loss == "reverse_kl", student_logits.head,
+                use_reentrant=False, preserve_rng_state=False,
+            )  # fmt: skip
+        return total * temperature**2
     vocab = student_logits.shape[-1]
     student, teacher = student_logits.reshape(-1, vocab), teacher_logits.reshape(-1, vocab).detach()
     mask = (labels.reshape(-1) != ignore_index).float()

@@ -2,7 +2,10 @@
 
 `apply` is a pure function of (model, MemoryConfig): it checkpoints activations of the built-in
 GPT's blocks (or of their attention only) with torch.utils.checkpoint, non-reentrant, by replacing
-the forward of each chosen module instance. Module names and state-dict keys stay as they are, so
+the forward of each chosen module instance. `selective` checkpoints the same blocks with an op-level
+policy (torch.utils.checkpoint.create_selective_checkpoint_contexts): the outputs of matmuls (all, or
+every other one) and of attention are saved, everything else (norms, activations, casts, adds) is
+recomputed in backward. Module names and state-dict keys stay as they are, so
 tensor-parallel plans, FSDP per-block sharding and checkpoints see the same model. Activation
 offload moves tensors saved for the backward pass to CPU memory between forward and backward.
 """
@@ -76,6 +79,53 @@ def alloc_conf_problems(text: str) -> list[str]:
     return problems
 
 
+def _op_sets() -> tuple[set, set]:
+    """(matmul ops, attention ops) of torch's dispatcher, as the selective policy sees them."""
+    import torch
+
+    aten = torch.ops.aten
+    matmuls = {aten.mm.default, aten.addmm.default, aten.bmm.default, aten.baddbmm.default}
+    names = (
+        "_scaled_dot_product_flash_attention", "_scaled_dot_product_efficient_attention",
+        "_scaled_dot_product_cudnn_attention", "_scaled_dot_product_flash_attention_for_cpu",
+        "_scaled_dot_product_fused_attention_overrideable",
+    )  # fmt: skip
+    attention = {getattr(aten, name).default for name in names if hasattr(aten, name)}
+    flex = getattr(torch.ops.higher_order, "flex_attention", None)
+    return matmuls, attention | ({flex} if flex is not None else set())
+
+
+def selective_context_fn(save_matmuls: str) -> Callable[[], object]:
+    """A checkpoint `context_fn` saving attention and the matmuls `save_matmuls` names (all, every_other)."""
+    from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts
+
+    matmuls, attention = _op_sets()
+
+    def context_fn() -> object:
+        counts = {False: 0, True: 0}  # matmuls seen in forward and in recomputation, counted alike
+
+        def policy(ctx: object, op: object, *args: object, **kwargs: object) -> CheckpointPolicy:
+            if op in attention:
+                return CheckpointPolicy.MUST_SAVE
+            if op in matmuls:
+                counts[ctx.is_recompute] += 1
+                if save_matmuls == "all" or counts[ctx.is_recompute] % 2 == 1:
+                    return CheckpointPolicy.MUST_SAVE
+            return CheckpointPolicy.PREFER_RECOMPUTE
+
+        return create_selective_checkpoint_contexts(policy)
+
+    return context_fn
+
+
+def checkpoint_kwargs(cfg: MemoryConfig) -> dict:
+    """Keyword arguments of torch.utils.checkpoint.checkpoint for the checkpointing `cfg` asks for."""
+    kwargs: dict = {"use_reentrant": False}
+    if cfg.activation_checkpointing == "selective":
+        kwargs["context_fn"] = selective_context_fn(cfg.selective_matmuls)
+    return kwargs
+
+
 def checkpointed_modules(model: nn.Module, cfg: MemoryConfig) -> list[nn.Module]:
     """The modules of the built-in GPT whose activations `cfg` recomputes (blocks or their attention)."""
     if cfg.activation_checkpointing == "none":
@@ -84,15 +134,15 @@ def checkpointed_modules(model: nn.Module, cfg: MemoryConfig) -> list[nn.Module]
     return [block.attn for block in chosen] if cfg.activation_checkpointing == "attention" else chosen
 
 
-def _checkpoint_forward(module: nn.Module) -> None:
-    """Make `module` recompute its forward in backward instead of saving its activations."""
+def _checkpoint_forward(module: nn.Module, options: dict) -> None:
+    """Make `module` recompute its forward (or, selective, part of it) in backward instead of saving it."""
     from torch.utils.checkpoint import checkpoint
 
     forward = module.forward
 
     @functools.wraps(forward)
     def recomputed(*args: object, **kwargs: object) -> object:
-        return checkpoint(forward, *args, use_reentrant=False, **kwargs)
+        return checkpoint(forward, *args, **options, **kwargs)
 
     module.forward = recomputed
 
@@ -105,12 +155,12 @@ def apply_checkpointing(model: nn.Module, cfg: MemoryConfig) -> nn.Module:
 
     if isinstance(getattr(model, "blocks", None), nn.ModuleList):
         for module in checkpointed_modules(model, cfg):
-            _checkpoint_forward(module)
+            _checkpoint_forward(module, checkpoint_kwargs(cfg))
         return model
     from launcher.components.model.hf import enable_checkpointing
 
-    # A Hugging Face model checkpoints whole layers through its own switch (rules refuse `attention`).
-    if not enable_checkpointing(model, every_n_layers=cfg.checkpoint_every):
+    # A Hugging Face model checkpoints its layers through its own switch (rules refuse `attention`).
+    if not enable_checkpointing(model, every_n_layers=cfg.checkpoint_every, options=checkpoint_kwargs(cfg)):
         raise ValueError(
             f"memory.activation_checkpointing={cfg.activation_checkpointing}: {type(model).__name__} has no "
             "`blocks` list and no checkpointing switch is known for it."

@@ -7,7 +7,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-ACTIVATION_CHECKPOINTING = ("none", "blocks", "attention")
+ACTIVATION_CHECKPOINTING = ("none", "blocks", "attention", "selective")
+SELECTIVE_MATMULS = ("all", "every_other")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -15,7 +16,10 @@ class MemoryConfig:
     """Memory-saving techniques applied to the model and the loop."""
 
     activation_checkpointing: str = "none"
-    """none: keep every activation; blocks: recompute whole transformer blocks in backward; attention: recompute only their attention."""
+    """none: keep every activation; blocks: recompute whole transformer blocks in backward; attention: recompute
+    only their attention; selective: recompute the blocks' cheap ops, keeping their matmul and attention outputs."""
+    selective_matmuls: str = "all"
+    """selective: which matmul outputs are kept, all or every_other (half of them recomputed too); attention's always."""
     checkpoint_every: int = 1
     """Checkpoint every k-th block (blocks 0, k, 2k, ...); 1 checkpoints every block."""
     offload_activations: bool = False

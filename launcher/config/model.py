@@ -4,6 +4,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+ATTENTION = ("auto", "sdpa", "varlen", "flex")
+"""model.attention's options (launcher.components.model.attention)."""
+
 
 @dataclass(frozen=True, kw_only=True)
 class ModelConfig:
@@ -35,6 +38,9 @@ class ModelConfig:
     """Give linear layers and LayerNorms a bias."""
     resize_embeddings: bool = False
     """kind=hf from a directory: resize its token embedding (and head) to the tokenizer (model.vocab_size)."""
+    attention: str = "auto"
+    """Packed documents: sdpa (dense [B,1,T,T] mask), varlen (SDPA per document span), flex (FlexAttention
+    block mask, CUDA), auto (flex on CUDA, varlen elsewhere; plain causal SDPA when nothing is packed)."""
 
 
 BYTE_VOCAB = 256

@@ -90,7 +90,9 @@ def apply_fsdp(
         raise ValueError(f"{type(model).__name__}: no decoder layers found to shard one by one.")
     for layer in layers:
         fully_shard(layer, **kwargs)
-    fully_shard(model, **kwargs)
+    # a chunked loss calls the root's head after forward: the root's parameters stay gathered until backward
+    chunked = str(getattr(model, "loss_chunks", "1")) != "1"
+    fully_shard(model, **{**kwargs, "reshard_after_forward": False} if chunked else kwargs)
     _set_prefetch(list(layers), parallel.prefetch_layers)
     return model
 

@@ -12,7 +12,11 @@ with dropout. This decoder differs in three ways, counted tensor by tensor below
 
 On top of the layers come the logits, which the loss turns into float32 log-probabilities and two
 float32 gradients of the same size during backward: batch*seq*vocab*4 bytes, three times over.
-For small models (and large vocabularies) they are often the largest single item.
+For small models (and large vocabularies) they are often the largest single item. A chunked loss
+(`train.loss_chunks`) keeps none of them and recomputes one chunk at a time: one chunk's worth is
+counted. Packed documents under `model.attention` resolving to sdpa add the dense [B, 1, T, T]
+boolean mask; varlen and flex add nothing of that size. `selective` checkpointing keeps each
+block's input and its matmul and attention outputs (all, or every other matmul's).
 """
 
 from __future__ import annotations
@@ -39,6 +43,12 @@ class ActivationShape:
     """Tensor-parallel degree: attention heads and MLP width are split over this many ranks."""
     sequence_parallel: bool = False
     """Norms and residuals are split along the sequence between tensor-parallel regions."""
+    loss_chunks: int = 1
+    """Chunks of token rows the loss projects and scores one at a time (1: the whole logits)."""
+    dense_mask: bool = False
+    """Packed documents are kept apart by a dense [B, 1, T, T] boolean mask (model.attention resolves to sdpa)."""
+    selective_matmuls: str = "all"
+    """Under selective checkpointing: all matmul outputs are kept, or every_other one."""
 
 
 def _attention_bytes(cfg: ModelConfig, shape: ActivationShape) -> int:
@@ -72,11 +82,34 @@ def _norm_bytes(cfg: ModelConfig, shape: ActivationShape) -> int:
     return (tokens * cfg.d_model * FP32 + 2 * tokens * FP32) // split
 
 
+def _selective_bytes(cfg: ModelConfig, shape: ActivationShape) -> int:
+    """Kept by a selectively checkpointed block: its input, attention's output, and the kept matmul outputs."""
+    tokens, act = shape.micro_batch * shape.seq_len, shape.act_bytes
+    local, ff = cfg.d_model // shape.tp_size, ff_width(cfg) // shape.tp_size
+    heads = max(cfg.n_head // shape.tp_size, 1)
+    # matmul outputs in call order: q, k, v, o, up, down; every_other keeps the 1st, 3rd and 5th
+    outputs = [tokens * local * act] * 3 + [
+        tokens * cfg.d_model * act,
+        tokens * ff * act,
+        tokens * cfg.d_model * act,
+    ]
+    kept = outputs if shape.selective_matmuls == "all" else outputs[::2]
+    sdpa_out = tokens * local * act + tokens * heads * FP32
+    return tokens * cfg.d_model * FP32 + sum(kept) + sdpa_out
+
+
+def mask_bytes(shape: ActivationShape) -> int:
+    """The dense document mask, one boolean per (query, key) pair of each sequence (0 without one)."""
+    return shape.micro_batch * shape.seq_len * shape.seq_len if shape.dense_mask else 0
+
+
 def layer_bytes(cfg: ModelConfig, shape: ActivationShape, mode: str = "none") -> int:
-    """Bytes one transformer block keeps for backward under a checkpointing mode (none, blocks, attention)."""
+    """Bytes one transformer block keeps for backward under a checkpointing mode (none, blocks, attention, selective)."""
     norms = 2 * _norm_bytes(cfg, shape)
     attention, mlp = _attention_bytes(cfg, shape), _mlp_bytes(cfg, shape)
     tokens = shape.micro_batch * shape.seq_len
+    if mode == "selective":
+        return _selective_bytes(cfg, shape)
     if mode == "blocks":
         return tokens * cfg.d_model * FP32  # the block's input only; the rest is recomputed
     if mode == "attention":
@@ -84,15 +117,21 @@ def layer_bytes(cfg: ModelConfig, shape: ActivationShape, mode: str = "none") ->
     return norms + attention + mlp
 
 
+def logit_rows(shape: ActivationShape) -> int:
+    """Token rows whose logits are alive at once: the whole micro batch, or one chunk of it."""
+    tokens = shape.micro_batch * shape.seq_len
+    return -(-tokens // max(shape.loss_chunks, 1))
+
+
 def loss_grad_bytes(cfg: ModelConfig, shape: ActivationShape) -> int:
-    """The loss's two float32 logits-sized gradients: alive only while one micro batch runs backward."""
-    return 2 * shape.micro_batch * shape.seq_len * vocab_size(cfg) * FP32
+    """The loss's two float32 logits-sized gradients (of one chunk): alive only while one micro batch runs backward."""
+    return 2 * logit_rows(shape) * vocab_size(cfg) * FP32
 
 
 def head_bytes(cfg: ModelConfig, shape: ActivationShape) -> int:
-    """Final norm, LM head input, logits and the loss's float32 log-probabilities and gradients."""
+    """Final norm, LM head input, logits and the loss's float32 log-probabilities and gradients (one chunk's)."""
     tokens = shape.micro_batch * shape.seq_len
-    logits = tokens * vocab_size(cfg)
+    logits = logit_rows(shape) * vocab_size(cfg)
     casts = logits * shape.act_bytes if shape.act_bytes != FP32 else 0  # the 16-bit logits before .float()
     ids = 2 * tokens * INDEX
     saved = _norm_bytes(cfg, shape) + tokens * cfg.d_model * shape.act_bytes + logits * FP32 + casts + ids
@@ -125,4 +164,4 @@ def activation_bytes(
     kept, recompute = layers_bytes(
         cfg, shape, range(cfg.n_layer), mode=mode, checkpoint_every=checkpoint_every
     )
-    return kept + recompute + head_bytes(cfg, shape)
+    return kept + recompute + head_bytes(cfg, shape) + mask_bytes(shape)

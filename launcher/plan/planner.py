@@ -24,6 +24,7 @@ from launcher.components.model.shape import model_shape
 from launcher.config.model import vocab_size
 from launcher.plan import activations as acts
 from launcher.plan import compression
+from launcher.plan.long_context import long_context_terms
 from launcher.spec import RunSpec
 
 MiB, GiB = 1024**2, 1024**3
@@ -314,15 +315,21 @@ def model_states(spec: RunSpec, n: int, counts: ParamCounts | None = None) -> Mo
     return dataclasses.replace(states, note=f"this pipeline rank's stages only; {states.note}")
 
 
-def activation_shape(spec: RunSpec, micro_batch: int | None = None) -> acts.ActivationShape:
+def activation_shape(
+    spec: RunSpec, micro_batch: int | None = None, device_type: str | None = None
+) -> acts.ActivationShape:
     """What one rank pushes through the model at a time (default: train.micro_batch_size sequences)."""
-    p = spec.parallel
+    from launcher.components.device import resolve_device
+
+    p, batch = spec.parallel, micro_batch or spec.train.micro_batch_size
+    device_type = device_type or resolve_device(spec.launcher.device)
     return acts.ActivationShape(
-        micro_batch=micro_batch or spec.train.micro_batch_size,
+        micro_batch=batch,
         seq_len=spec.data.seq_len,
         act_bytes=2 if _mixed(spec) else 4,
         tp_size=max(p.tp_size, 1),
         sequence_parallel=p.sequence_parallel,
+        **long_context_terms(spec, batch, device_type),
     )
 
 
@@ -373,16 +380,19 @@ def plan(spec: RunSpec, world: int | None = None, device_type: str | None = None
     kind = device_type or resolve_device(spec.launcher.device)
     states = model_states(spec, n)
     gpt = gpt_view(spec)  # activations of a Hugging Face model: those of the GPT of its shape
-    mem, shape = spec.memory, activation_shape(spec)
+    mem, shape = spec.memory, activation_shape(spec, device_type=kind)
     activations = acts.activation_bytes(
         gpt.model, shape, mode=mem.activation_checkpointing, checkpoint_every=mem.checkpoint_every
     )
     notes = [
         states.note,
         f"activations: micro batch {shape.micro_batch} x {shape.seq_len} tokens, "
-        f"checkpointing {mem.activation_checkpointing}, logits {shape.micro_batch * shape.seq_len}"
-        f" x {vocab_size(gpt.model)} x 4 B x 3",
+        f"checkpointing {mem.activation_checkpointing}, logits {acts.logit_rows(shape)}"
+        f" x {vocab_size(gpt.model)} x 4 B x 3"
+        + (f" (one of {shape.loss_chunks} loss chunks)" if shape.loss_chunks > 1 else ""),
     ]
+    if shape.dense_mask:
+        notes.append(f"dense document mask {shape.micro_batch} x {shape.seq_len}^2 B (model.attention: sdpa)")
     kept = acts.head_bytes(gpt.model, shape) + acts.layer_bytes(gpt.model, shape)
     extra, extra_notes = compression.extra_bytes(
         spec

@@ -40,6 +40,7 @@ from launcher.components.data.loader import BackgroundBatches, PrefetchedBatches
 from launcher.components.data.sequences import PackedSequences, check_held_out
 from launcher.components.data.tokens import Corpus, build_cache, load_corpus, uses_cache
 from launcher.components.model.build import build_model, flops_per_token
+from launcher.components.model.long_context import loss_chunking_bypass
 from launcher.components.objective import Objective
 from launcher.components.precision import apply_backend_flags, apply_fp8
 from launcher.components.scheduler import build_scheduler
@@ -126,6 +127,8 @@ def build(spec: RunSpec, dist: DistContext, run_dir: Path | None = None) -> Comp
     mesh = run_mesh(spec, dist)
     empty = pretrained.deferred(spec)
     model = build_model(spec.model, empty=empty)
+    if loss_chunking_bypass(spec.parallel, spec.model) is None:  # tp, pp and DeepSpeed keep whole logits
+        model.loss_chunks = spec.train.loss_chunks
     model = quantization.apply(
         model, spec.quantization, spec.precision, device=device, strategy=spec.parallel.data_parallel
     )

@@ -7,7 +7,8 @@ from collections.abc import Iterator
 from launcher.components.optimizer import OPTIMIZERS
 from launcher.config.data import DATA_KINDS
 from launcher.config.launcher import BACKENDS
-from launcher.config.memory import ACTIVATION_CHECKPOINTING
+from launcher.config.memory import ACTIVATION_CHECKPOINTING, SELECTIVE_MATMULS
+from launcher.config.model import ATTENTION
 from launcher.config.quantization import METHODS
 from launcher.config.scheduler import SCHEDULES
 from launcher.parallel.pipeline_split import SCHEDULES as PP_SCHEDULES
@@ -35,6 +36,8 @@ def _names(spec: RunSpec, hw: Hardware) -> Iterator[SpecError]:
         ACTIVATION_CHECKPOINTING,
         "activation checkpointing mode",
     )
+    yield from choice("memory.selective_matmuls", spec.memory.selective_matmuls, SELECTIVE_MATMULS, "option")
+    yield from choice("model.attention", spec.model.attention, ATTENTION, "attention path")
     yield from choice("launcher.backend", spec.launcher.backend, BACKENDS, "launch backend")
     yield from choice("train.on_nonfinite", spec.train.on_nonfinite, NONFINITE_POLICIES, "policy")
     yield from choice("launcher.device", spec.launcher.device, DEVICES, "device")

@@ -1,10 +1,12 @@
-"""Rules of the memory group: activation checkpointing, the automatic micro-batch search, fitting the GPU."""
+"""Rules of the memory group: activation checkpointing, long sequences (attention path, chunked loss), the
+automatic micro-batch search, fitting the GPU."""
 
 from __future__ import annotations
 
 from collections.abc import Iterator
 
 from launcher.components.memory import alloc_conf_problems
+from launcher.components.model.long_context import parse_loss_chunks
 from launcher.plan.fit import fixes, memory_error, too_large
 from launcher.plan.planner import plan
 from launcher.rules.hardware import Hardware
@@ -36,6 +38,35 @@ def _checkpointing(spec: RunSpec, hw: Hardware) -> Iterator[SpecError]:
     if m.empty_cache_steps is not None and m.empty_cache_steps <= 0:
         yield SpecError(
             ("memory.empty_cache_steps",), "must be positive; use null to never empty the CUDA cache."
+        )
+
+
+def _long_sequences(spec: RunSpec, hw: Hardware) -> Iterator[SpecError]:
+    attention = spec.model.attention
+    if attention == "flex" and hw.device_type != "cuda":
+        yield SpecError(
+            ("model.attention",),
+            f"flex: FlexAttention's backward runs on CUDA only (in torch 2.13), and this run trains on "
+            f"{hw.device_type}. Use model.attention=varlen (per-document SDPA, every device) or auto.",
+        )
+    if attention == "flex" and spec.model.dropout > 0:
+        yield SpecError(
+            ("model.attention", "model.dropout"),
+            "flex: FlexAttention has no attention dropout. Use model.attention=varlen, or model.dropout=0.",
+        )
+    try:
+        parse_loss_chunks(spec.train.loss_chunks)
+    except ValueError:
+        yield SpecError(
+            ("train.loss_chunks",),
+            f"must be auto or a whole number >= 1 (1: whole logits), got {spec.train.loss_chunks!r}.",
+        )
+    m = spec.memory
+    if m.selective_matmuls != "all" and m.activation_checkpointing != "selective":
+        yield SpecError(
+            ("memory.selective_matmuls", "memory.activation_checkpointing"),
+            f"selective_matmuls picks what selective checkpointing saves, but activation_checkpointing is "
+            f"{m.activation_checkpointing}. Use `memory=selective`, or drop selective_matmuls.",
         )
 
 
@@ -98,5 +129,5 @@ def _fits_device(spec: RunSpec, hw: Hardware) -> Iterator[SpecError]:
         yield memory_error(memory, hw.gpu_memory_bytes, fixes(spec))
 
 
-RULES: tuple[Rule, ...] = (_checkpointing, _cuda_alloc_conf, _auto_micro_batch, _fits_device)
+RULES: tuple[Rule, ...] = (_checkpointing, _long_sequences, _cuda_alloc_conf, _auto_micro_batch, _fits_device)
 """This module's rules, in the order they report."""

@@ -1,8 +1,11 @@
 """The built-in GPT decoder: pre-norm blocks, SDPA attention, learned positions, tied embeddings.
 
-`position_ids` that restart inside a row mark packed documents: positions restart there and a
-block-diagonal causal mask keeps attention inside each document, so a packed row gives every
+`position_ids` that restart inside a row mark packed documents: positions restart there and
+attention stays inside each document (`model.attention`: a dense mask, per-document spans or a
+FlexAttention block mask, launcher.components.model.attention), so a packed row gives every
 document the logits it gets alone. Without them attention is plain causal (the fused kernel).
+With a chunked loss (`loss_chunks`, set from train.loss_chunks) the model returns its final hidden
+states and head (HeadOutputs) instead of logits, and the loss projects them chunk by chunk.
 
 The module layout is kept stable and tensor-parallel friendly (separate q/k/v/o and up/down
 projections, head count derived from the local projection width) because parallel strategies
@@ -14,20 +17,12 @@ from __future__ import annotations
 import math
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
+from launcher.components.model.attention import Documents, attend, documents
+from launcher.components.model.long_context import loss_chunk_count
+from launcher.components.model.loss import HeadOutputs
 from launcher.config.model import ModelConfig, ff_width, vocab_size
-
-
-def document_mask(position_ids: torch.Tensor) -> torch.Tensor:
-    """[B, 1, T, T] boolean mask: causal, and only within the document (a position-0 token starts one)."""
-    document = (position_ids == 0).cumsum(dim=1)
-    same = document.unsqueeze(2) == document.unsqueeze(1)
-    causal = torch.ones(
-        position_ids.shape[1], position_ids.shape[1], dtype=torch.bool, device=position_ids.device
-    ).tril()
-    return (same & causal).unsqueeze(1)
 
 
 class CausalSelfAttention(nn.Module):
@@ -45,24 +40,18 @@ class CausalSelfAttention(nn.Module):
         self.attn_dropout = cfg.dropout
         self.resid_dropout = nn.Dropout(cfg.dropout)
 
-    def forward(self, x: torch.Tensor, attn_mask: torch.Tensor | None = None) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, attn_mask: Documents | None = None) -> torch.Tensor:
         """[B, T, d_model] -> [B, T, d_model]; heads counted from q's width so sharded q/k/v work.
 
-        `attn_mask` ([B, 1, T, T], True = may attend) replaces the causal mask when documents are packed.
+        `attn_mask` says how packed documents are kept apart (None: plain causal attention).
         """
         batch, seq, _ = x.shape
         q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
         num_local_heads = q.shape[-1] // self.head_dim
-        q, k, v = (t.reshape(batch, seq, num_local_heads, self.head_dim).transpose(1, 2) for t in (q, k, v))
-        y = F.scaled_dot_product_attention(
-            q,
-            k,
-            v,
-            attn_mask=attn_mask,
-            dropout_p=self.attn_dropout if self.training else 0.0,
-            is_causal=attn_mask is None,
-        )
-        y = y.transpose(1, 2).reshape(batch, seq, num_local_heads * self.head_dim)
+        q, k, v = (t.reshape(batch, seq, num_local_heads, self.head_dim) for t in (q, k, v))
+        dropout_p = self.attn_dropout if self.training else 0.0
+        y = attend(q, k, v, attn_mask or Documents(path="sdpa"), dropout_p=dropout_p)
+        y = y.reshape(batch, seq, num_local_heads * self.head_dim)
         return self.resid_dropout(self.o_proj(y))
 
 
@@ -91,7 +80,7 @@ class Block(nn.Module):
         self.norm_mlp = nn.LayerNorm(cfg.d_model, bias=cfg.bias)
         self.mlp = MLP(cfg)
 
-    def forward(self, x: torch.Tensor, attn_mask: torch.Tensor | None = None) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, attn_mask: Documents | None = None) -> torch.Tensor:
         """Apply both residual branches (the mask is a keyword, so tensor-parallel input hooks pass it on)."""
         x = x + self.attn(self.norm_attn(x), attn_mask=attn_mask)
         return x + self.mlp(self.norm_mlp(x))
@@ -103,6 +92,8 @@ class GPT(nn.Module):
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
         self.cfg = cfg
+        self.loss_chunks = "1"
+        """train.loss_chunks of the run (auto or a count); 1 returns logits."""
         self.tok_emb = nn.Embedding(vocab_size(cfg), cfg.d_model)
         self.pos_emb = nn.Embedding(cfg.max_seq_len, cfg.d_model)
         self.emb_dropout = nn.Dropout(cfg.dropout)
@@ -125,8 +116,12 @@ class GPT(nn.Module):
             nn.init.normal_(block.attn.o_proj.weight, mean=0.0, std=residual_std)
             nn.init.normal_(block.mlp.down.weight, mean=0.0, std=residual_std)
 
-    def forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor | None = None) -> torch.Tensor:
+    def forward(
+        self, input_ids: torch.Tensor, position_ids: torch.Tensor | None = None
+    ) -> torch.Tensor | HeadOutputs:
         """Token ids [B, T] (and positions [B, T] restarting at packed documents) -> logits [B, T, vocab_size].
+
+        With a chunked loss it returns HeadOutputs (normed hidden states and the head) instead.
 
         A pipeline stage (launcher.parallel.pipeline_stage) lacks the parts other stages hold: without
         embeddings it takes the previous stage's hidden states [B, T, d_model] instead of token ids,
@@ -135,17 +130,20 @@ class GPT(nn.Module):
         seq = input_ids.shape[1]
         if seq > self.cfg.max_seq_len:
             raise ValueError(f"sequence of {seq} tokens exceeds the context of {self.cfg.max_seq_len}.")
-        mask = None
+        docs = documents(self.cfg.attention, position_ids, input_ids.device.type, dropout=self.cfg.dropout)
         if position_ids is None:
             position_ids = torch.arange(seq, device=input_ids.device)
-        else:
-            mask = document_mask(position_ids)
         if self.tok_emb is None:
             x = input_ids
         else:
             x = self.emb_dropout(self.tok_emb(input_ids) + self.pos_emb(position_ids))
         for block in self.blocks:
-            x = block(x, attn_mask=mask)
+            x = block(x, attn_mask=docs)
         if self.lm_head is None:
             return x
+        chunks = loss_chunk_count(
+            self.loss_chunks, tokens=x.shape[0] * x.shape[1], vocab=vocab_size(self.cfg)
+        )
+        if chunks > 1:
+            return HeadOutputs(self.norm_f(x), self.lm_head, chunks)
         return self.lm_head(self.norm_f(x))

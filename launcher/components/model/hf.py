@@ -26,7 +26,10 @@ from rich.console import Console
 from torch import nn
 
 from launcher.components.files.safe_load import refusing_folder
+from launcher.components.model.attention import hf_implementation
 from launcher.components.model.hf_files import hf_config
+from launcher.components.model.long_context import loss_chunk_count
+from launcher.components.model.loss import HeadOutputs
 from launcher.config.model import ModelConfig
 
 
@@ -46,23 +49,44 @@ def conv1d_to_linear(model: nn.Module) -> nn.Module:
     return model
 
 
+SCALED_LOGITS = ("final_logit_softcapping", "logit_scale", "logits_scaling")
+"""Config keys of families whose head does more than project (their loss stays whole: chunking is bypassed)."""
+
+
 class HFCausalLM(nn.Module):
     """A transformers causal LM called as the loop calls every model: token ids -> logits."""
 
-    def __init__(self, hf: nn.Module) -> None:
+    def __init__(self, hf: nn.Module, attention: str = "auto") -> None:
         super().__init__()
         self.hf = hf
+        self.attention = attention
+        """model.attention: how packed documents are kept apart (launcher.components.model.attention)."""
+        self.loss_chunks = "1"
+        """train.loss_chunks of the run (auto or a count); 1 returns logits."""
         self.pipeline_stage = False
         """Set on a pipeline stage (hf_stage): the forward walks the parts this stage holds."""
 
-    def forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor | None = None) -> torch.Tensor:
+    def forward(
+        self, input_ids: torch.Tensor, position_ids: torch.Tensor | None = None
+    ) -> torch.Tensor | HeadOutputs:
         """Token ids [B, T] -> next-token logits [B, T, vocab_size], without a key-value cache.
 
-        Position ids that restart inside a row make transformers build a block-diagonal (packed
-        documents) mask in families that support it (Llama and its relatives).
+        Position ids that restart inside a row mark packed documents: sdpa has transformers build a
+        block-diagonal mask (families that support it: Llama and its relatives), varlen runs SDPA per
+        document through a registered attention function, flex uses transformers' FlexAttention.
+        With a chunked loss it returns HeadOutputs (final hidden states and the head) instead.
         """
+        impl = hf_implementation(
+            self.attention, packed=position_ids is not None, device_type=input_ids.device.type
+        )
+        if self.hf.config._attn_implementation != impl:
+            self.hf.set_attn_implementation(impl)
         if self.pipeline_stage:
             return self._stage_forward(input_ids, position_ids)
+        chunks = loss_chunk_count(self.loss_chunks, tokens=input_ids.numel(), vocab=self.hf.config.vocab_size)
+        if chunks > 1 and not any(getattr(self.hf.config, key, None) for key in SCALED_LOGITS):
+            hidden = self.hf.base_model(input_ids=input_ids, position_ids=position_ids, use_cache=False)
+            return HeadOutputs(hidden.last_hidden_state, self.hf.get_output_embeddings(), chunks)
         return self.hf(input_ids=input_ids, position_ids=position_ids, use_cache=False).logits
 
     def _stage_forward(self, inputs: torch.Tensor, position_ids: torch.Tensor | None) -> torch.Tensor:
@@ -168,7 +192,7 @@ def build_hf_model(cfg: ModelConfig, *, empty: bool = False, announce: bool = Tr
             "key-value cache only serves generation, so training turns it off",
             soft_wrap=True,
         )
-    return HFCausalLM(conv1d_to_linear(hf))
+    return HFCausalLM(conv1d_to_linear(hf), attention=cfg.attention)
 
 
 def decoder_layers(model: nn.Module) -> nn.ModuleList | None:
@@ -189,17 +213,18 @@ def decoder_layers(model: nn.Module) -> nn.ModuleList | None:
     return None
 
 
-def enable_checkpointing(model: nn.Module, every_n_layers: int = 1) -> bool:
+def enable_checkpointing(model: nn.Module, every_n_layers: int = 1, options: dict | None = None) -> bool:
     """Turn on the HF model's own activation checkpointing (non-reentrant); False if `model` is not HF.
 
     transformers 5 calls it `activation_checkpointing_enable` (`gradient_checkpointing_enable` is
-    deprecated there); older releases have only the latter. Inputs are made to require grad so a
+    deprecated there); older releases have only the latter. `options` go to torch's checkpoint (a
+    selective policy's context_fn). Inputs are made to require grad so a
     frozen embedding (LoRA) still lets gradients reach the adapters inside checkpointed layers.
     """
     if not isinstance(model, HFCausalLM):
         return False
     hf = model.hf
-    kwargs = {"use_reentrant": False}
+    kwargs = {"use_reentrant": False, **(options or {})}
     if hasattr(hf, "activation_checkpointing_enable"):
         hf.activation_checkpointing_enable(
             activation_checkpointing_kwargs=kwargs, every_n_layers=every_n_layers

@@ -1,0 +1,189 @@
+"""Attention over packed documents: a dense mask, per-document spans (varlen) or a FlexAttention block mask.
+
+`model.attention` picks how a row that packs several documents keeps attention inside each one:
+
+- sdpa: a dense [B, 1, T, T] boolean mask handed to SDPA (memory grows with T^2, and on a GPU a
+  mask rules out the flash kernel);
+- varlen: the rows are cut into their document spans and SDPA runs causal on each span
+  (`is_causal=True`, no mask at all); it works on every device. torch's jagged nested tensors
+  would batch the spans, but their SDPA refuses `is_causal=True` (torch 2.13), so spans it is;
+- flex: a FlexAttention block mask built from the document ids (compiled once per shape); its
+  backward runs on CUDA only in torch 2.13, so the rules refuse it for training elsewhere;
+- auto: flex on CUDA and varlen elsewhere when documents are packed, plain causal SDPA when not.
+
+A document starts at a position-0 token (and at the start of every row), as the packing collator
+writes position ids. Every path gives the logits the dense mask gives.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from launcher.components.model.long_context import resolve_attention
+from launcher.config.model import ATTENTION
+
+__all__ = ["ATTENTION", "attend", "documents", "hf_implementation", "resolve_attention"]
+
+
+def document_ids(position_ids: torch.Tensor) -> torch.Tensor:
+    """[B, T] index of each token's document within its row (a position-0 token starts one)."""
+    return (position_ids == 0).cumsum(dim=1)
+
+
+def document_mask(position_ids: torch.Tensor) -> torch.Tensor:
+    """[B, 1, T, T] boolean mask: causal, and only within the document (the dense path)."""
+    document = document_ids(position_ids)
+    same = document.unsqueeze(2) == document.unsqueeze(1)
+    seq = position_ids.shape[1]
+    causal = torch.ones(seq, seq, dtype=torch.bool, device=position_ids.device).tril()
+    return (same & causal).unsqueeze(1)
+
+
+def span_sizes(position_ids: torch.Tensor) -> list[int]:
+    """Lengths of the document spans of all rows, row after row (they tile B * T): one host sync."""
+    batch, seq = position_ids.shape
+    starts = position_ids == 0
+    starts[:, 0] = True
+    flat = torch.nonzero(starts.reshape(-1)).reshape(-1)
+    bounds = torch.cat([flat, flat.new_tensor([batch * seq])])
+    return (bounds[1:] - bounds[:-1]).tolist()
+
+
+@torch.compiler.disable  # the spans change every batch: compiled blocks call it eagerly instead of recompiling
+def varlen_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sizes: list[int], *, dropout_p: float = 0.0,
+    scale: float | None = None,
+) -> torch.Tensor:  # fmt: skip
+    """Causal SDPA on each document span of sequence-major q/k/v [B, T, H, D] -> [B, T, Hq, D].
+
+    Keys and values may have fewer heads than queries (grouped-query attention). Splitting the
+    flattened [B * T, H, D] tensors keeps every span contiguous, and their backward is one concat.
+    """
+    batch, seq, heads, dim = q.shape
+    gqa = k.shape[2] != heads
+    pieces = zip(*(t.reshape(batch * seq, t.shape[2], dim).split(sizes, 0) for t in (q, k, v)), strict=True)
+    outs = [
+        F.scaled_dot_product_attention(
+            qs.transpose(0, 1), ks.transpose(0, 1), vs.transpose(0, 1),
+            dropout_p=dropout_p, is_causal=True, enable_gqa=gqa, scale=scale,
+        ).transpose(0, 1)
+        for qs, ks, vs in pieces
+    ]  # fmt: skip
+    return torch.cat(outs, 0).reshape(batch, seq, heads, dim)
+
+
+def flex_block_mask(position_ids: torch.Tensor) -> Any:
+    """A FlexAttention BlockMask: causal within each packed document of each row."""
+    from torch.nn.attention.flex_attention import create_block_mask
+
+    document = document_ids(position_ids)
+
+    def same_document_causal(b: Any, h: Any, q_idx: Any, kv_idx: Any) -> Any:
+        return (document[b, q_idx] == document[b, kv_idx]) & (q_idx >= kv_idx)
+
+    batch, seq = position_ids.shape
+    # compiled on CUDA, so the mask is built block by block; eager (CPU forward checks) evaluates it densely
+    return create_block_mask(
+        same_document_causal, batch, None, seq, seq, device=position_ids.device, _compile=position_ids.is_cuda
+    )
+
+
+@functools.cache
+def _compiled_flex() -> Any:
+    """flex_attention compiled once (torch.compile caches one graph per shape bucket)."""
+    from torch.nn.attention.flex_attention import flex_attention
+
+    return torch.compile(flex_attention, dynamic=False)
+
+
+def flex_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, block_mask: Any) -> torch.Tensor:
+    """FlexAttention of head-major q/k/v [B, H, T, D]: compiled on CUDA, eager (forward checks) elsewhere."""
+    from torch.nn.attention.flex_attention import flex_attention as eager
+
+    fn = _compiled_flex() if q.is_cuda else eager
+    return fn(q, k, v, block_mask=block_mask, enable_gqa=k.shape[1] != q.shape[1])
+
+
+@dataclass(frozen=True)
+class Documents:
+    """How the blocks of one forward keep attention inside packed documents (built once per forward)."""
+
+    path: str
+    """sdpa (mask set, or None for plain causal), varlen (sizes set) or flex (block_mask set)."""
+    mask: torch.Tensor | None = None
+    sizes: list[int] | None = None
+    block_mask: Any = None
+
+
+def documents(
+    choice: str, position_ids: torch.Tensor | None, device_type: str, *, dropout: float = 0.0
+) -> Documents:
+    """The layout `model.attention=choice` gives a batch with these position ids (None: not packed)."""
+    path = resolve_attention(
+        choice, packed=position_ids is not None, device_type=device_type, dropout=dropout
+    )
+    if position_ids is None:
+        return Documents(path="sdpa")
+    if path == "varlen":
+        return Documents(path=path, sizes=span_sizes(position_ids))
+    if path == "flex":
+        return Documents(path=path, block_mask=flex_block_mask(position_ids))
+    return Documents(path="sdpa", mask=document_mask(position_ids))
+
+
+def attend(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, docs: Documents, *, dropout_p: float
+) -> torch.Tensor:
+    """Attention of sequence-major q/k/v [B, T, H, D] -> [B, T, H, D] along the documents' path."""
+    if docs.path == "varlen":
+        return varlen_attention(q, k, v, docs.sizes, dropout_p=dropout_p)
+    q, k, v = (t.transpose(1, 2) for t in (q, k, v))
+    if docs.path == "flex":
+        y = flex_attention(q, k, v, docs.block_mask)
+    else:
+        y = F.scaled_dot_product_attention(
+            q, k, v, attn_mask=docs.mask, dropout_p=dropout_p, is_causal=docs.mask is None
+        )
+    return y.transpose(1, 2)
+
+
+HF_VARLEN = "launcher_varlen"
+"""The name under which transformers' AttentionInterface knows `hf_varlen_attention`."""
+HF_IMPLEMENTATIONS = {"sdpa": "sdpa", "varlen": HF_VARLEN, "flex": "flex_attention"}
+"""transformers' attn_implementation for each path."""
+
+
+def hf_varlen_attention(
+    module: Any, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, attention_mask: Any,
+    dropout: float = 0.0, scaling: float | None = None, **kwargs: Any,
+) -> tuple[torch.Tensor, None]:  # fmt: skip
+    """transformers attention function: causal SDPA per packed document of head-major [B, H, T, D] inputs.
+
+    The documents come from the layer's position_ids; transformers builds no mask for a custom
+    implementation, so `attention_mask` is None here. Returns [B, T, H, D], as transformers expects.
+    """
+    position_ids = kwargs.get("position_ids")
+    if position_ids is None:
+        raise ValueError(
+            f"model.attention=varlen: {type(module).__name__} does not pass position_ids to its attention, "
+            "so packed documents cannot be found; use model.attention=sdpa for this model family."
+        )
+    sizes = span_sizes(position_ids.expand(query.shape[0], -1))
+    q, k, v = (t.transpose(1, 2) for t in (query, key, value))
+    out = varlen_attention(q, k, v, sizes, dropout_p=dropout if module.training else 0.0, scale=scaling)
+    return out, None
+
+
+def hf_implementation(choice: str, *, packed: bool, device_type: str) -> str:
+    """transformers' attn_implementation for `model.attention=choice` (registering the varlen function)."""
+    path = resolve_attention(choice, packed=packed, device_type=device_type)
+    if path == "varlen":
+        from transformers import AttentionInterface
+
+        AttentionInterface.register(HF_VARLEN, hf_varlen_attention)
+    return HF_IMPLEMENTATIONS[path]

@@ -1,0 +1,74 @@
+"""Long-sequence choices as pure arithmetic (no torch): the attention path and the loss's chunk count.
+
+`resolve_attention` says which path `model.attention` takes (launcher.components.model.attention
+runs it); the rest says how many chunks the loss splits a micro batch's tokens into (`train.loss_chunks`).
+
+The final projection and cross-entropy run over chunks of the flattened [B * T] token rows, each
+recomputed in backward, so at most one chunk's logits (and their float32 copy and gradient) are
+alive at a time instead of the whole [B, T, vocab] tensor.
+
+`auto` leaves the loss whole while the float32 logits of a micro batch stay under
+AUTO_MIN_LOGITS_MB (there chunking only adds a second head matmul in backward), and above it cuts
+them into chunks of about AUTO_CHUNK_MB each (at least 2, at most one per token).
+"""
+
+from __future__ import annotations
+
+from launcher.config.model import ModelConfig
+from launcher.config.parallel import ParallelConfig
+
+AUTO_MIN_LOGITS_MB = 256
+"""Float32 logits of a micro batch (MiB) from which `auto` chunks the loss."""
+AUTO_CHUNK_MB = 64
+"""Float32 logits per chunk (MiB) that `auto` aims for."""
+MB = 1 << 20
+
+
+def resolve_attention(choice: str, *, packed: bool, device_type: str, dropout: float = 0.0) -> str:
+    """The path `model.attention=choice` takes: sdpa (plain or dense mask), varlen or flex.
+
+    auto takes flex only where its backward runs (CUDA) and no attention dropout is asked for
+    (FlexAttention has none); varlen elsewhere; plain SDPA when no documents are packed.
+    """
+    if choice != "auto":
+        return choice
+    if not packed:
+        return "sdpa"
+    return "flex" if device_type == "cuda" and dropout == 0 else "varlen"
+
+
+def parse_loss_chunks(setting: str) -> int | None:
+    """The whole number `train.loss_chunks` names (None for auto); ValueError if it is neither."""
+    if str(setting) == "auto":
+        return None
+    count = int(str(setting))
+    if count < 1:
+        raise ValueError(f"train.loss_chunks must be auto or a whole number >= 1 (1: off), got {setting}")
+    return count
+
+
+def loss_chunk_count(setting: str, *, tokens: int, vocab: int) -> int:
+    """Chunks of `tokens` rows the loss runs over (1: the whole logits at once)."""
+    count = parse_loss_chunks(setting)
+    if count is None:
+        logits_bytes = tokens * vocab * 4
+        if logits_bytes < AUTO_MIN_LOGITS_MB * MB:
+            return 1
+        count = max(2, -(-logits_bytes // (AUTO_CHUNK_MB * MB)))
+    return max(1, min(count, tokens))
+
+
+def loss_chunking_bypass(parallel: ParallelConfig, model: ModelConfig) -> str | None:
+    """Why this run computes whole logits whatever train.loss_chunks says (None: chunking applies).
+
+    A vocabulary-sharded head (tensor parallel, loss_parallel) already holds only its shard of the
+    logits; a pipeline's last stage hands its logits to torch's schedule; DeepSpeed owns the
+    module calls of its engine. Each of these keeps the whole-logits loss.
+    """
+    if parallel.tp_size > 1:
+        return "tensor parallel shards the head over the vocabulary (each rank holds its slice of the logits)"
+    if parallel.pp_size > 1:
+        return "a pipeline's last stage returns logits to torch's schedule, which calls the loss"
+    if parallel.data_parallel == "deepspeed":
+        return "DeepSpeed's engine gathers and frees parameters around its own module calls"
+    return None
