@@ -26,7 +26,7 @@ from torch import nn
 
 from launcher.components.adapters import check_loaded_keys, frozen_keys, has_adapters
 from launcher.components.checkpoint_files import CheckpointFiles
-from launcher.components.files.safe_load import RefusedFile, first_refused, names_code, weights_only_reason
+from launcher.components.files.safe_load import weights_refusal
 from launcher.components.optimizer import build_optimizer, param_groups
 from launcher.parallel import deepspeed_user_config
 from launcher.parallel.checkpoint_layout import TAG
@@ -107,13 +107,10 @@ def weights_only_loads(folder: Path) -> Iterator[None]:
             try:
                 yield
             except pickle.UnpicklingError as err:
-                reason = weights_only_reason(err)
-                if reason is None:
+                refused = weights_refusal(err, sorted(Path(folder).rglob("*.pt")), folder)
+                if refused is None:
                     raise
-                files = sorted(Path(folder).rglob("*.pt"))
-                raise first_refused(files) or RefusedFile(
-                    folder, reason, names_code=names_code(reason)
-                ) from None
+                raise refused from None
     finally:
         os.environ.pop(_FORCE_ON, None)
         os.environ.update({name: value for name, value in previous.items() if value is not None})

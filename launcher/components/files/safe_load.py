@@ -88,6 +88,20 @@ def first_refused(paths: list[Path]) -> RefusedFile | None:
     return None
 
 
+def weights_refusal(
+    err: pickle.UnpicklingError, files: list[Path], fallback: Path | str, advice: str | None = None
+) -> RefusedFile | None:
+    """The refusal behind a library's weights-only UnpicklingError, naming the first of `files` that torch
+    refuses (else `fallback`); None when `err` is no weights-only refusal."""
+    reason = weights_only_reason(err)
+    if reason is None:
+        return None
+    refused = first_refused(files)
+    if refused is not None and advice is None:
+        return refused
+    return RefusedFile(refused.path if refused else fallback, reason, names_code(reason), advice=advice)
+
+
 def refusal_in(err: BaseException) -> RefusedFile | None:
     """The RefusedFile behind `err`: itself, its cause or context, or one rank's failure inside DCP's CheckpointException."""
     seen: set[int] = set()
@@ -132,12 +146,10 @@ def refusing_folder(folder: Path | str) -> Iterator[None]:
     try:
         yield
     except pickle.UnpicklingError as err:
-        reason = weights_only_reason(err)
-        if reason is None:
+        refused = weights_refusal(err, sorted(Path(folder).glob("*.bin")), folder, advice=_FOLDER_ADVICE)
+        if refused is None:
             raise
-        refused = first_refused(sorted(Path(folder).glob("*.bin")))
-        path = refused.path if refused else folder
-        raise RefusedFile(path, reason, names_code(reason), advice=_FOLDER_ADVICE) from None
+        raise refused from None
     except Exception as err:
         if type(err).__name__ != "SafetensorError":
             raise
