@@ -1,12 +1,12 @@
 """Atomic, verifiable checkpoints: write to a partial directory, mark complete last, rename, prune.
 
 A checkpoint counts only once its COMPLETE marker (a manifest of every file with its size and
-SHA-256, launcher.components.checkpoint_files) is written, after all files, and its directory is
+XXH3-128 digest, launcher.components.checkpoint_files) is written, after all files, and its directory is
 renamed from `.partial_step_N` to `step_N`. Every rank must succeed: a failure on any rank (a full
 disk, an I/O error) removes the partial directory on every rank's word, and the previous checkpoint
 stays as it was. Resume scans the step directories newest first, skips any whose marker is
 missing or whose sizes differ (`good_checkpoints`), and, before loading, re-reads the files and
-compares their SHA-256 (`checkpoint_files.content_problem`). Pruning counts only checkpoints that
+compares their digests (`checkpoint_files.verify_while`, beside the load). Pruning counts only checkpoints that
 this session sealed or whose files it verified, keeps the one it resumed from until a newer one
 verifies and the newest one written before non-finite steps began, names every checkpoint it
 removes, and moves damaged ones into checkpoints/damaged/ instead of deleting them.
@@ -339,7 +339,7 @@ def prune(run_dir: Path, keep: int) -> None:
     """Keep the newest `keep` checkpoints that verify; remove older ones, naming each; set damaged ones aside.
 
     A checkpoint counts toward `keep` only when this session sealed it or its files match their
-    SHA-256 (read once per session); one that does not is moved to checkpoints/damaged/. The
+    digests (read once per session); one that does not is moved to checkpoints/damaged/. The
     session's newest checkpoint stays, the one it resumed from stays until a newer one verifies, and
     the one written before the current run of non-finite steps stays, whatever `keep` says.
     """

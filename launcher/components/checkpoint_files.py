@@ -1,10 +1,15 @@
-"""The files of a checkpoint and their manifest: a SHA-256 of every file, taken as it is written.
+"""The files of a checkpoint and their manifest: a digest of every file, taken as it is written.
+
+The digest is XXH3-128 (`DIGEST`): it finds damage (a torn write, a same-size overwrite, bit rot)
+at over 20 GB/s on one core, where SHA-256 runs at about 1.8 GB/s and cost more CPU than the
+whole torch.save. The manifest is no signature whatever the hash (whoever can change a file can
+change the manifest), so a cryptographic hash bought nothing; files that name code are refused by
+launcher.components.files instead. Manifests written with SHA-256 verify as before.
 
 Every rank writes its part of a checkpoint through a `CheckpointFiles`. `save` streams torch.save
-to the file and hashes each block in a second thread while the first writes it (both release the
-GIL), then fsyncs the file. torch's own CRC32 of every zip record is switched off for these files:
-torch.load never checks it, the SHA-256 of the whole file, checked before every resume, takes its
-place, and the time it took goes to the hash instead. `adopt` seals files that a library wrote
+to the file and hashes each block in a second thread while the first writes it, then fsyncs the
+file. torch's own CRC32 of every zip record is switched off for these files: torch.load never
+checks it, and the digest of the whole file, checked before every resume, takes its place. `adopt` seals files that a library wrote
 itself (DCP shards, DeepSpeed's files): fsync'ed while they are read back from the page cache and
 hashed. Each rank leaves its digests in `.digests_rank<R>.json`; rank 0 merges them into the
 COMPLETE marker (hashing any file nobody declared, so nothing goes unverified). `content_problem`
@@ -21,17 +26,21 @@ import itertools
 import json
 import os
 import threading
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Executor, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 MARKER = "COMPLETE"
 """The manifest, written last: its presence makes a checkpoint complete."""
+DIGEST = "xxh3_128"
+"""The manifest's digest of every file written now (its key in each file's entry)."""
+DIGEST_NAMES = {DIGEST: "XXH3-128 digest", "sha256": "SHA-256"}
+"""Digests a manifest may hold (older checkpoints: SHA-256), as messages name them."""
 DIGESTS_PREFIX = ".digests_rank"
 """Per-rank digest files, merged into the manifest at commit and removed."""
 READ_BYTES = 16 * 2**20
-"""One read while hashing: large, so that the read and SHA-256 each run long without the GIL."""
+"""One read while hashing: large, so that each read runs long without the GIL."""
 HASH_THREADS = 4
 """Files hashed at once when a whole checkpoint is verified or adopted."""
 PARALLEL_BYTES = 2**20
@@ -45,7 +54,7 @@ class _SealingWriter(io.RawIOBase):
     def __init__(self, handle: io.BufferedWriter, pool: Executor) -> None:
         super().__init__()
         self._handle, self._pool = handle, pool
-        self.digest = hashlib.sha256()
+        self.digest = new_digest(DIGEST)
         self.num_bytes = 0
 
     def writable(self) -> bool:
@@ -83,8 +92,17 @@ def _without_zip_crc32() -> Iterator[None]:
             set_crc32_options(before)
 
 
-def file_digest(path: Path, *, sync: bool = False) -> tuple[int, str]:
-    """(bytes, SHA-256 hex) of a file; with `sync`, the file is fsync'ed meanwhile, in another thread.
+def new_digest(kind: str) -> Any:
+    """A fresh hash object of `kind` (DIGEST, or sha256 for older manifests)."""
+    if kind == "sha256":
+        return hashlib.sha256()
+    import xxhash
+
+    return xxhash.xxh3_128()
+
+
+def file_digest(path: Path, *, sync: bool = False, kind: str = DIGEST) -> tuple[int, str]:
+    """(bytes, hex digest of `kind`) of a file; with `sync`, the file is fsync'ed meanwhile, in another thread.
 
     Two buffers alternate: one is read into (a thread) while the other is hashed, so a read from
     the disk and the hashing overlap.
@@ -93,7 +111,7 @@ def file_digest(path: Path, *, sync: bool = False) -> tuple[int, str]:
     try:
         with ThreadPoolExecutor(max_workers=2) as pool:
             flushed = pool.submit(os.fsync, fd) if sync else None
-            digest, size = hashlib.sha256(), 0
+            digest, size = new_digest(kind), 0
             block = min(READ_BYTES, os.fstat(fd).st_size + 1)  # a small file: small buffers
             buffers = (bytearray(block), bytearray(block))
             pending = pool.submit(os.preadv, fd, [buffers[0]], 0)
@@ -112,7 +130,7 @@ def file_digest(path: Path, *, sync: bool = False) -> tuple[int, str]:
 
 
 class CheckpointFiles:
-    """One rank's writes into a partial checkpoint directory, each file with its SHA-256.
+    """One rank's writes into a partial checkpoint directory, each file with its digest.
 
     Thread-safe: `save` and `adopt` may run in several threads at once (on different files); the
     digests are guarded by a lock, and saves take turns only where torch's CRC32 switch is held.
@@ -124,7 +142,7 @@ class CheckpointFiles:
         self.rank = rank
         """This rank."""
         self.digests: dict[str, dict[str, Any]] = {}
-        """name (relative to the directory) -> {"bytes", "sha256"} of every file this rank sealed."""
+        """name (relative to the directory) -> {"bytes", DIGEST} of every file this rank sealed."""
         self._lock = threading.Lock()
 
     def save(self, obj: object, name: str) -> None:
@@ -151,7 +169,7 @@ class CheckpointFiles:
 
     def _record(self, name: str, size: int, digest: str) -> None:
         with self._lock:
-            self.digests[name] = {"bytes": size, "sha256": digest}
+            self.digests[name] = {"bytes": size, DIGEST: digest}
 
     def finish(self) -> None:
         """Leave this rank's digests for rank 0's manifest."""
@@ -162,7 +180,7 @@ class CheckpointFiles:
 
 
 def merge_digests(directory: Path) -> dict[str, dict[str, Any]]:
-    """Every file of the directory with its bytes and SHA-256: the ranks' digests, plus any file none declared."""
+    """Every file of the directory with its bytes and digest: the ranks' digests, plus any file none declared."""
     files: dict[str, dict[str, Any]] = {}
     for digest_file in sorted(directory.glob(f"{DIGESTS_PREFIX}*.json")):
         files.update(json.loads(digest_file.read_text()))
@@ -171,7 +189,7 @@ def merge_digests(directory: Path) -> dict[str, dict[str, Any]]:
         name = str(path.relative_to(directory))
         if path.is_file() and name != MARKER and name not in files:
             size, digest = file_digest(path)
-            files[name] = {"bytes": size, "sha256": digest}
+            files[name] = {"bytes": size, DIGEST: digest}
     return files
 
 
@@ -211,16 +229,49 @@ def content_problem(path: Path) -> str | None:
     problem = size_problem(path)
     if problem is not None:
         return problem
-    hashed = {name: entry for name, entry in read_manifest(path)["files"].items() if "sha256" in entry}
-    order = sorted(
-        hashed, key=lambda name: hashed[name]["bytes"], reverse=True
-    )  # files before content hashes: sizes only
+    hashed = {  # files before content hashes: sizes only
+        name: (kind, entry[kind])
+        for name, entry in read_manifest(path)["files"].items()
+        for kind in [next((k for k in DIGEST_NAMES if k in entry), None)]
+        if kind is not None
+    }
+    order = sorted(hashed, key=lambda name: os.path.getsize(Path(path) / name), reverse=True)
+
+    def digest_of(name: str) -> str:
+        return file_digest(Path(path) / name, kind=hashed[name][0])[1]
+
     with ThreadPoolExecutor(max_workers=HASH_THREADS) as pool:
-        found = dict(zip(order, pool.map(lambda name: file_digest(Path(path) / name)[1], order), strict=True))
-    for name, entry in hashed.items():
-        if found[name] != entry["sha256"]:
-            return f"file {name} does not match the SHA-256 its manifest recorded (changed on disk)"
+        found = dict(zip(order, pool.map(digest_of, order), strict=True))
+    for name, (kind, expected) in hashed.items():
+        if found[name] != expected:
+            return (
+                f"file {name} does not match the {DIGEST_NAMES[kind]} its manifest recorded (changed on disk)"
+            )
     return None
+
+
+def verify_while(
+    path: Path,
+    action: Callable[[], None],
+    *,
+    verify: bool = True,
+    errors: tuple[type[BaseException], ...] = (Exception,),
+) -> tuple[str | None, BaseException | None]:
+    """Run `action` (loading the checkpoint at `path`) while its files are re-read and compared in other threads.
+
+    Both read the same files, so the disk is read about once (the page cache serves the second
+    reader) and the verification costs little more than the load. Returns (why the contents differ
+    from the manifest or None, the exception of `errors` that `action` raised or None): a caller
+    that finds a problem throws away what `action` loaded.
+    """
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        checked = pool.submit(content_problem, path) if verify else None
+        error = None
+        try:
+            action()
+        except errors as err:
+            error = err
+        return (checked.result() if checked is not None else None), error
 
 
 def total_bytes(path: Path) -> int:

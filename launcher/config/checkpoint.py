@@ -24,7 +24,7 @@ class CheckpointConfig:
     save_final: bool = True
     """Also checkpoint after the last step, so a finished run can be extended or exported."""
     verify: bool = True
-    """Before resuming, re-read the checkpoint and compare every file's SHA-256 with its manifest."""
+    """Before resuming, re-read the checkpoint and compare every file's digest with its manifest (beside the load)."""
     async_save: bool = True
     """Copy the state to host memory and write it in the background while training goes on; the
     commit (manifest, rename, latest, prune) follows once every rank has written (docs/reliability.md).

@@ -82,7 +82,7 @@ class Strategy(Protocol):
         ...
 
     def save(self, out: CheckpointFiles) -> None:
-        """Write this rank's part of a checkpoint through `out` (every rank calls it; each file gets its SHA-256)."""
+        """Write this rank's part of a checkpoint through `out` (every rank calls it; each file gets its digest)."""
         ...
 
     def load(self, directory: Path) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import os
 import shutil
 import signal
@@ -67,8 +68,9 @@ class ResumeError(RuntimeError):
 def restore_newest(engine: Engine, candidates: list[Path], console: Console, *, verify: bool) -> None:
     """Load the newest checkpoint that verifies and loads, the same one on every rank.
 
-    Rank 0 re-reads each candidate and compares its files with their SHA-256 (checkpoint.verify);
-    a checkpoint that differs, does not load or holds non-finite weights is named in a warning and
+    Every rank loads each candidate while rank 0 re-reads its files beside the load and compares them
+    with their digests (checkpoint.verify; what a checkpoint that differs loaded is thrown away when
+    the next one loads); a checkpoint that differs, does not load or holds non-finite weights is named in a warning and
     the next older one is tried; one of this run whose files differ is moved to checkpoints/damaged/.
     A file that names code (launcher.components.files.safe_load) stops every rank instead. Every
     decision is agreed by all ranks. This starts the session pruning reads.
@@ -76,17 +78,16 @@ def restore_newest(engine: Engine, candidates: list[Path], console: Console, *, 
     dist = engine.parts.dist
     checkpoint.start_session(engine.run_dir)
     for path in candidates:
-        reason = checkpoint_files.content_problem(path) if verify and dist.is_main else None
-        if dist.all_true(reason is None):
-            refused = None
-            try:
-                engine.restore(path)
-            except (
-                Exception,
-                CheckpointException,
-            ) as err:  # e.g. a file that passes the checks but does not unpickle
-                refused = refusal_in(err)
-                reason = f"it does not load ({type(err).__name__}: {refused or err})"
+        reason, error = checkpoint_files.verify_while(
+            path,
+            functools.partial(engine.restore, path),
+            verify=verify and dist.is_main,
+            errors=(Exception, CheckpointException),  # CheckpointException: DCP gathers ranks' failures
+        )
+        if dist.all_true(reason is None):  # the files are the ones written: what the load made of them counts
+            refused = refusal_in(error) if error is not None else None
+            if error is not None:  # e.g. a file that passes the checks but does not unpickle
+                reason = f"it does not load ({type(error).__name__}: {refused or error})"
             _stop_at_code(dist, path, refused)
             if not engine.weights_finite():
                 reason = reason or "its weights hold NaN or inf"

@@ -23,7 +23,7 @@ SHORT = [*TINY, "train.max_steps=12", "checkpoint.every=4", "train.eval_every=nu
 
 
 def _hashes(step_dir: Path) -> dict[str, str]:
-    return {name: entry["sha256"] for name, entry in read_manifest(step_dir)["files"].items()}
+    return {name: entry["xxh3_128"] for name, entry in read_manifest(step_dir)["files"].items()}
 
 
 def _resume_from(run_dir: Path, copy: Path, step: int) -> Path:

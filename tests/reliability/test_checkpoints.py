@@ -37,8 +37,8 @@ def test_same_size_corruption_is_caught_and_the_previous_checkpoint_resumes(stra
         handle.write(os.urandom(4096))
     assert model.stat().st_size == size
     assert checkpoint.problem(model.parent) is None  # the sizes alone cannot tell
-    assert "model.pt does not match the SHA-256" in content_problem(model.parent)
-    with pytest.warns(UserWarning, match=r"step_10: file model.pt does not match the SHA-256"):
+    assert "model.pt does not match the XXH3-128 digest" in content_problem(model.parent)
+    with pytest.warns(UserWarning, match=r"step_10: file model.pt does not match the XXH3-128 digest"):
         assert run_inline([*RUN, "resume=auto"], run_dir) == 0
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["resumed_from"].endswith("step_5") and summary["exit_reason"] == "completed"
@@ -49,7 +49,7 @@ def test_the_manifest_holds_a_hash_of_every_file(straight) -> None:
     newest = checkpoint.good_checkpoints(straight)[0]
     files = read_manifest(newest)["files"]
     on_disk = {str(p.relative_to(newest)) for p in newest.rglob("*") if p.is_file() and p.name != "COMPLETE"}
-    assert set(files) == on_disk and all(len(entry["sha256"]) == 64 for entry in files.values())
+    assert set(files) == on_disk and all(len(entry["xxh3_128"]) == 32 for entry in files.values())
     assert content_problem(newest) is None
 
 

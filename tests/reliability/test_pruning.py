@@ -60,7 +60,7 @@ def test_damaged_newer_checkpoints_never_cost_the_last_good_one(to_step_20, tmp_
     out = " ".join((result.stdout + result.stderr).split())
     assert result.returncode == 0, out[-3000:]
     assert f"resumed from {base / 'step_10'} at step 10" in out
-    assert f"skipping checkpoint {base / 'step_20'}: file model.pt does not match the SHA-256" in out
+    assert f"skipping checkpoint {base / 'step_20'}: file model.pt does not match the XXH3-128 digest" in out
     assert f"moved aside to {base / 'damaged' / 'step_15'}" in out
     assert _names(checkpoint.damaged(run_dir)) == ["step_15", "step_20"]
     kept = ["step_12", "step_10"][:keep]  # step_10 goes only once step_12, newer, verifies
@@ -89,7 +89,9 @@ def test_pruning_sets_aside_what_does_not_verify_and_counts_only_what_does(tmp_p
     lines = [record.getMessage() for record in caplog.records]
     assert _names(checkpoint.good_checkpoints(run_dir)) == ["step_25", "step_10"]
     assert _names(checkpoint.damaged(run_dir)) == ["step_15", "step_20"]
-    assert any("step_20 is damaged (file model.pt does not match the SHA-256" in line for line in lines)
+    assert any(
+        "step_20 is damaged (file model.pt does not match the XXH3-128 digest" in line for line in lines
+    )
     assert [line for line in lines if line.startswith("removed")] == [
         f"removed checkpoint {run_dir / 'checkpoints' / 'step_5'} (checkpoint.keep=2; newer ones verify: "
         "step_25, step_10)"

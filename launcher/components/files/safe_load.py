@@ -3,7 +3,7 @@
 Every pickle the launcher reads goes through an allowlist: torch files through torch's weights-only
 reader (`load_tensor_file`), DCP metadata through launcher.components.files.dcp_reader. A file that needs
 anything else is refused with `RefusedFile`, which names the file; nothing of it has run by then.
-A checkpoint's COMPLETE manifest holds SHA-256 digests against damage, not a signature: whoever can
+A checkpoint's COMPLETE manifest holds digests against damage, not a signature: whoever can
 change a file can change its digest, so the readers never trust a file because its digest matches.
 """
 
@@ -28,7 +28,7 @@ class RefusedFile(ValueError):
                 + (
                     advice
                     or "The launcher never writes such a file, so it was changed or replaced after it was written (a "
-                    "matching SHA-256 in the checkpoint's COMPLETE manifest proves nothing: whoever changed the file "
+                    "matching digest in the checkpoint's COMPLETE manifest proves nothing: whoever changed the file "
                     "can update it). Delete that checkpoint, or restore the file from a source you trust, and run again."
                 )
             )
