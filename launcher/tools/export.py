@@ -219,6 +219,15 @@ def export_adapter(source: Path, out: Path, *, merge: bool, force: bool) -> Path
     return step_dir
 
 
+SWITCHES = {
+    "--merge": "fold LoRA adapters and dequantize int8/nf4 weights first",
+    "--adapter": "write the LoRA/DoRA adapters alone as a PEFT folder (PeftModel.from_pretrained(base, OUT))",
+    "--force": "replace an existing OUT file or non-empty OUT folder",
+    "--qat-convert": "a QAT run: write the really quantized model (torchao convert of its qat.scheme) as a .pt state dict",
+}
+"""train-export's on/off options and their help, in the order --help lists them."""
+
+
 def main(argv: list[str] | None = None) -> int:
     """Console entry point of `train-export`."""
     parser = tool_parser("train-export", DESCRIPTION)
@@ -226,22 +235,8 @@ def main(argv: list[str] | None = None) -> int:
         "out", type=Path, help="the .pt file (--format pt) or the folder (--format hf) to write"
     )
     parser.add_argument("--format", choices=FORMATS, default="pt", dest="fmt", help="pt (default) or hf")
-    parser.add_argument(
-        "--merge", action="store_true", help="fold LoRA adapters and dequantize int8/nf4 weights first"
-    )
-    parser.add_argument(
-        "--adapter",
-        action="store_true",
-        help="write the LoRA/DoRA adapters alone as a PEFT folder (PeftModel.from_pretrained(base, OUT))",
-    )
-    parser.add_argument(
-        "--force", action="store_true", help="replace an existing OUT file or non-empty OUT folder"
-    )
-    parser.add_argument(
-        "--qat-convert",
-        action="store_true",
-        help="a QAT run: write the really quantized model (torchao convert of its qat.scheme) as a .pt state dict",
-    )
+    for flag, text in SWITCHES.items():
+        parser.add_argument(flag, action="store_true", help=text)
     args = parser.parse_args(argv)
     try:
         if args.adapter:
