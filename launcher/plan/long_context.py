@@ -17,7 +17,11 @@ def long_context_terms(spec: RunSpec, micro_batch: int, device_type: str) -> dic
         chunks = loss_chunk_count(spec.train.loss_chunks, tokens=micro_batch * spec.data.seq_len, vocab=vocab)
     packed = spec.data.packing and spec.data.document_mask
     path = resolve_attention(
-        spec.model.attention, packed=packed, device_type=device_type, dropout=spec.model.dropout
+        spec.model.attention,
+        packed=packed,
+        device_type=device_type,
+        dropout=spec.model.dropout,
+        seq_len=spec.data.seq_len,
     )
     return {
         "loss_chunks": chunks,

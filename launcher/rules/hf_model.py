@@ -48,7 +48,7 @@ def _hf_model(spec: RunSpec, hw: Hardware) -> Iterator[SpecError]:
         folder_errors = list(_pretrained_folder(m.path))
         yield from folder_errors
         yield from _local_config(spec, m.path, "model.path")
-        if not folder_errors:
+        if not folder_errors and not custom_code_problem(m.path):  # _local_config names the code it needs
             yield from _known_family(m.path, "model.path") or _weights(spec, m.path)
         return
     if m.hf_config is None:

@@ -254,9 +254,13 @@ def test_a_tokenizer_folder_with_custom_code_is_refused(hf_tokenizer, tmp_path) 
 
 @pytest.fixture(scope="module")
 def zero2_run(tmp_path_factory) -> Path:
-    """One process under DeepSpeed ZeRO-2: module states and optimizer shards in DeepSpeed's own files."""
+    """One process under DeepSpeed ZeRO-2: module states and optimizer shards in DeepSpeed's own files.
+
+    A process of its own (`train`): DeepSpeed keeps its process group, so an engine started in this
+    pytest process would stop any later in-process DeepSpeed run of the suite from starting."""
     run_dir = tmp_path_factory.mktemp("zero2") / "run"
-    assert run_inline([*RUN, "parallel=zero2"], run_dir) == 0
+    result = run_cli([*RUN, "parallel=zero2", f"run_dir={run_dir}"], run_dir.parent, timeout=900)
+    assert result.returncode == 0, (result.stdout + result.stderr)[-3000:]
     return run_dir
 
 

@@ -98,7 +98,7 @@ def test_sound_folders_pass(folders, name: str) -> None:
         ("sharded_truncated", "safetensors' is truncated: 100 bytes, shorter than its own header"),
         ("reshaped", "do not fit the model its config.json describes (6 tensors: model.layers.0.mlp.gate_proj.weight [128, 64] in the files, [256, 64] for config.json"),
         ("deeper", "lack 9 parameters of the model its config.json describes (model.layers.2."),
-        ("custom", "names model_type 'mystery_lm', a family this transformers release does not hold. Its auto_map"),
+        ("custom", "it names code of its own (auto_map {'AutoModelForCausalLM': 'm.M'} for model_type 'mystery_lm'"),
         ("payload", "pytorch_model.bin' is refused by weights-only loading"),
     ],
 )  # fmt: skip

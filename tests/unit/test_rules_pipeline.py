@@ -216,7 +216,7 @@ def test_checkpoints_cross_between_pp_and_other_strategies_only_through_export(t
 
     assert _messages(f"run_dir={by_pp}", *resume, *PP2, "parallel.pp_schedule=gpipe") == []
     grow = _messages(f"run_dir={by_pp}", *resume, *PP2, "launcher.nproc=4")  # 2 data-parallel ranks of 16
-    assert any("32 (16 x 1 x 2)" in m for m in grow), grow
+    assert grow == [], grow  # another global batch continues the epoch where the checkpoint stopped
     assert _messages(f"run_dir={by_pp}", *resume, *PP2, "launcher.nproc=4", "train.micro_batch_size=8") == []
     assert _messages(f"run_dir={by_fsdp}", *resume, "parallel=fsdp") == []  # fsdp -> fsdp unchanged
 

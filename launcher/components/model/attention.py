@@ -125,7 +125,11 @@ def documents(
 ) -> Documents:
     """The layout `model.attention=choice` gives a batch with these position ids (None: not packed)."""
     path = resolve_attention(
-        choice, packed=position_ids is not None, device_type=device_type, dropout=dropout
+        choice,
+        packed=position_ids is not None,
+        device_type=device_type,
+        dropout=dropout,
+        seq_len=None if position_ids is None else position_ids.shape[-1],
     )
     if position_ids is None:
         return Documents(path="sdpa")
@@ -179,9 +183,9 @@ def hf_varlen_attention(
     return out, None
 
 
-def hf_implementation(choice: str, *, packed: bool, device_type: str) -> str:
+def hf_implementation(choice: str, *, packed: bool, device_type: str, seq_len: int | None = None) -> str:
     """transformers' attn_implementation for `model.attention=choice` (registering the varlen function)."""
-    path = resolve_attention(choice, packed=packed, device_type=device_type)
+    path = resolve_attention(choice, packed=packed, device_type=device_type, seq_len=seq_len)
     if path == "varlen":
         from transformers import AttentionInterface
 

@@ -77,7 +77,10 @@ class HFCausalLM(nn.Module):
         With a chunked loss it returns HeadOutputs (final hidden states and the head) instead.
         """
         impl = hf_implementation(
-            self.attention, packed=position_ids is not None, device_type=input_ids.device.type
+            self.attention,
+            packed=position_ids is not None,
+            device_type=input_ids.device.type,
+            seq_len=input_ids.shape[-1],
         )
         if self.hf.config._attn_implementation != impl:
             self.hf.set_attn_implementation(impl)

@@ -17,6 +17,10 @@ from __future__ import annotations
 from launcher.config.model import ModelConfig
 from launcher.config.parallel import ParallelConfig
 
+AUTO_VARLEN_MIN_TOKENS = 2048
+"""Sequence length from which `auto` runs packed documents through varlen off CUDA; below it the
+dense mask (B x T x T bytes: 16 MiB for 16 x 1024) is small, and measured on this CPU it was faster
+and held less memory than per-document spans (docs/memory.md)."""
 AUTO_MIN_LOGITS_MB = 256
 """Float32 logits of a micro batch (MiB) from which `auto` chunks the loss."""
 AUTO_CHUNK_MB = 64
@@ -24,17 +28,22 @@ AUTO_CHUNK_MB = 64
 MB = 1 << 20
 
 
-def resolve_attention(choice: str, *, packed: bool, device_type: str, dropout: float = 0.0) -> str:
+def resolve_attention(
+    choice: str, *, packed: bool, device_type: str, dropout: float = 0.0, seq_len: int | None = None
+) -> str:
     """The path `model.attention=choice` takes: sdpa (plain or dense mask), varlen or flex.
 
     auto takes flex only where its backward runs (CUDA) and no attention dropout is asked for
-    (FlexAttention has none); varlen elsewhere; plain SDPA when no documents are packed.
+    (FlexAttention has none); elsewhere varlen from AUTO_VARLEN_MIN_TOKENS tokens per sequence
+    (`seq_len`; None: long) and the dense mask below; plain SDPA when no documents are packed.
     """
     if choice != "auto":
         return choice
     if not packed:
         return "sdpa"
-    return "flex" if device_type == "cuda" and dropout == 0 else "varlen"
+    if device_type == "cuda" and dropout == 0:
+        return "flex"
+    return "varlen" if seq_len is None or seq_len >= AUTO_VARLEN_MIN_TOKENS else "sdpa"
 
 
 def parse_loss_chunks(setting: str) -> int | None:
