@@ -199,6 +199,7 @@ def _activations(
         else:
             saved += boundary
             once = max(once, recompute)
+        saved += acts.mask_bytes(shape)  # each stage builds the batch's dense document mask (sdpa) itself
         total += count * saved
     return total + once, kept
 

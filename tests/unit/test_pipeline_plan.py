@@ -7,7 +7,7 @@ from rich.console import Console
 
 from launcher.front import compose, dryrun
 from launcher.plan import planner
-from launcher.plan.activations import activation_bytes, layer_bytes
+from launcher.plan.activations import activation_bytes, layer_bytes, mask_bytes
 from launcher.plan.pipeline import pipeline_plan
 from launcher.spec import RunSpec, to_spec
 
@@ -97,8 +97,10 @@ def test_one_micro_batch_through_all_stages_is_the_unsplit_models_activations() 
         whole = activation_bytes(spec.model, shape, mode=mode)
         second_recompute = layer_bytes(spec.model, shape) - layer_bytes(spec.model, shape, mode)
         split = sum(r.memory.activations for r in pipeline.ranks)
-        # each stage recomputes one checkpointed layer at its peak, the whole model one in all
-        assert split == whole + boundary + second_recompute
+        # each stage recomputes one checkpointed layer at its peak, the whole model one in all, and
+        # each stage builds its own dense document mask (128 tokens: auto keeps sdpa on the CPU)
+        assert shape.dense_mask
+        assert split == whole + boundary + second_recompute + mask_bytes(shape)
 
 
 @pytest.mark.parametrize(
