@@ -110,3 +110,28 @@ def listening_sockets(pids: list[int]) -> list[tuple[int, str, int]]:
 def send(proc: subprocess.Popen, number: signal.Signals) -> None:
     """Send a signal to the `train` process alone (ranks get it through the launcher)."""
     os.kill(proc.pid, number)
+
+
+def mount_tmpfs(path: Path, size_bytes: int) -> None:
+    """A small tmpfs at `path` (made here) for a disk that fills up; the test skips where it cannot mount."""
+    import pytest
+
+    path.mkdir()
+    result = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", f"size={size_bytes // 1024}k", "tmpfs", str(path)],
+        capture_output=True,
+        text=True,
+    )
+    if result.returncode != 0:
+        pytest.skip(f"cannot mount a small tmpfs here (root and mount are needed): {result.stderr.strip()}")
+
+
+def stale_lock(run_dir: Path, **fields: object) -> int:
+    """Leave a run lock whose holder is gone (a process that already exited); its pid. `fields` add to the record."""
+    from launcher.launch import run_lock
+
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    record = {"pid": gone.pid, "pid_start": 1, "host": socket.gethostname(), "slurm_job": None, **fields}
+    run_lock.lock_path(run_dir).write_text(json.dumps(record))
+    return gone.pid

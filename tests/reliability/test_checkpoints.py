@@ -11,6 +11,7 @@ import shutil
 import subprocess
 
 import pytest
+from processes import mount_tmpfs
 
 from conftest import TINY, losses, run_cli, run_inline
 from launcher.components import checkpoint
@@ -79,24 +80,13 @@ def test_pruning_keeps_the_checkpoint_from_before_the_non_finite_steps(tmp_path)
     assert kept == ["step_40", "step_30", "step_20"]  # keep=2, plus step_20: the last one before the skips
 
 
-def _mount_tmpfs(path, size_bytes: int) -> None:
-    path.mkdir()
-    result = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", f"size={size_bytes // 1024}k", "tmpfs", str(path)],
-        capture_output=True,
-        text=True,
-    )
-    if result.returncode != 0:
-        pytest.skip(f"cannot mount a small tmpfs here (root and mount are needed): {result.stderr.strip()}")
-
-
 @pytest.mark.parametrize("background", [False, True], ids=["sync", "async"])
 def test_a_full_disk_during_a_save_keeps_the_previous_checkpoint_and_says_why(
     straight, tmp_path, background
 ) -> None:
     one_checkpoint = total_bytes(checkpoint.good_checkpoints(straight)[0])
     disk = tmp_path / "disk"
-    _mount_tmpfs(disk, int(1.5 * one_checkpoint) + 256 * 1024)  # room for one checkpoint, not two
+    mount_tmpfs(disk, int(1.5 * one_checkpoint) + 256 * 1024)  # room for one checkpoint, not two
     try:
         run_dir = disk / "run"
         result = run_cli(

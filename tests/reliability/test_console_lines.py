@@ -4,14 +4,12 @@ per warning (once, without Python's `UserWarning` prefix and source line), no "s
 
 from __future__ import annotations
 
-import json
 import socket
 import subprocess
 
-import pytest
+from processes import mount_tmpfs, stale_lock
 
 from conftest import run_cli
-from launcher.launch import run_lock
 from launcher.launch.local import failure_message
 
 SMALL = [
@@ -22,12 +20,7 @@ SMALL = [
 
 def test_a_full_disk_error_is_printed_as_text_not_as_markup(tmp_path) -> None:
     disk = tmp_path / "disk"
-    disk.mkdir()
-    mounted = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", "size=160k", "tmpfs", str(disk)], capture_output=True
-    )
-    if mounted.returncode != 0:
-        pytest.skip(f"cannot mount a small tmpfs here (root and mount are needed): {mounted.stderr!r}")
+    mount_tmpfs(disk, 160 * 1024)
     try:  # the run's files fit in 160 KiB, its first checkpoint (about 144 KB) does not
         result = run_cli(
             [*SMALL, "train.max_steps=2", "checkpoint.every=2", f"run_dir={disk / 'run'}"], tmp_path
@@ -45,15 +38,7 @@ def test_warnings_print_once_as_one_line_and_a_lock_without_a_start_time_is_desc
     first = run_cli([*SMALL, "train.max_steps=4", "checkpoint.every=2", f"run_dir={run_dir}"], tmp_path)
     assert first.returncode == 0, first.stderr[-3000:]
     (run_dir / "checkpoints" / "step_4" / "COMPLETE").unlink()
-    gone = subprocess.Popen(["true"])
-    gone.wait()
-    record = {
-        "pid": gone.pid,
-        "pid_start": 1,
-        "host": socket.gethostname(),
-        "slurm_job": None,
-    }  # no "started"
-    run_lock.lock_path(run_dir).write_text(json.dumps(record))
+    gone_pid = stale_lock(run_dir)  # no "started"
     again = run_cli(
         [*SMALL, "train.max_steps=6", "checkpoint.every=2", "resume=auto", f"run_dir={run_dir}"], tmp_path
     )
@@ -62,7 +47,7 @@ def test_warnings_print_once_as_one_line_and_a_lock_without_a_start_time_is_desc
     skipped = [line for line in lines if "skipping checkpoint" in line]
     assert skipped == [f"warning: skipping checkpoint {run_dir}/checkpoints/step_4: no COMPLETE marker (the save did not finish)"]  # fmt: skip
     taken = [line for line in lines if "taking over the lock" in line]
-    assert taken == [f"warning: taking over the lock of {run_dir}: its holder (pid {gone.pid} on host {socket.gethostname()}) is gone"]  # fmt: skip
+    assert taken == [f"warning: taking over the lock of {run_dir}: its holder (pid {gone_pid} on host {socket.gethostname()}) is gone"]  # fmt: skip
     assert "UserWarning" not in again.stderr and "None" not in again.stderr
 
 

@@ -6,10 +6,9 @@ from __future__ import annotations
 import json
 import signal
 import socket
-import subprocess
 
 import pytest
-from processes import LONG_DDP, send, start_train, wait_for_steps
+from processes import LONG_DDP, send, stale_lock, start_train, wait_for_steps
 
 from conftest import TINY, run_cli
 from launcher.launch import run_lock
@@ -34,16 +33,7 @@ def test_a_second_run_on_a_live_run_dir_is_refused_naming_the_holder(tmp_path) -
 def test_a_stale_lock_is_taken_over_with_a_warning(tmp_path) -> None:
     run_dir = tmp_path / "run"
     run_dir.mkdir()
-    gone = subprocess.Popen(["true"])
-    gone.wait()
-    record = {
-        "pid": gone.pid,
-        "pid_start": 1,
-        "host": socket.gethostname(),
-        "started": "earlier",
-        "slurm_job": None,
-    }
-    run_lock.lock_path(run_dir).write_text(json.dumps(record))
+    stale_lock(run_dir, started="earlier")
     result = run_cli([*TINY, "train.max_steps=3", "checkpoint.every=null", f"run_dir={run_dir}"], tmp_path)
     assert result.returncode == 0, result.stderr[-3000:]
     assert "taking over the lock" in " ".join(result.stderr.split())
