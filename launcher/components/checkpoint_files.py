@@ -221,6 +221,12 @@ def size_problem(path: Path) -> str | None:
     return None
 
 
+def _recorded(entry: dict[str, Any]) -> tuple[str, str] | None:
+    """(kind, hex) of the digest a manifest entry recorded; None for one written before content hashes."""
+    kind = next((k for k in DIGEST_NAMES if k in entry), None)
+    return None if kind is None else (kind, entry[kind])
+
+
 def content_problem(path: Path) -> str | None:
     """Why a checkpoint's contents differ from its manifest (every file is read and hashed), or None.
 
@@ -229,12 +235,8 @@ def content_problem(path: Path) -> str | None:
     problem = size_problem(path)
     if problem is not None:
         return problem
-    hashed = {  # files before content hashes: sizes only
-        name: (kind, entry[kind])
-        for name, entry in read_manifest(path)["files"].items()
-        for kind in [next((k for k in DIGEST_NAMES if k in entry), None)]
-        if kind is not None
-    }
+    entries = read_manifest(path)["files"].items()
+    hashed = {name: digest for name, entry in entries if (digest := _recorded(entry)) is not None}
     order = sorted(hashed, key=lambda name: os.path.getsize(Path(path) / name), reverse=True)
 
     def digest_of(name: str) -> str:
