@@ -105,6 +105,7 @@ _RANKS_SCRIPT = textwrap.dedent(
         outcome = str(err)
     saver.close()
     print(json.dumps({"committed_before_wait": committed_before_wait, "outcome": outcome}))
+    dist.barrier()  # neither rank tears its groups down while the other still uses them
     dist.destroy_process_group()
     """
 )
