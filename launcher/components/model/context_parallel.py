@@ -16,7 +16,7 @@ them, so a document crossing a chunk border is seen whole. Queries use their glo
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -116,27 +116,42 @@ class ContextGroup:
             starts = whole == 0
             starts[:, 0] = True  # a row starts a document
             documents = starts.cumsum(dim=1)
-            seq = whole.shape[1]
-            index = torch.arange(seq, device=whole.device)
+            packed = bool((documents[:, -1] > 1).any())  # one document per row needs the causal mask alone
         return ContextLayout(
-            context=self,
-            query_index=shard_sequence(index, self.rank, self.size, dim=0),
-            query_documents=shard_sequence(documents, self.rank, self.size),
-            key_documents=documents,
+            context=self, key_documents=documents if packed else None, seq_len=whole.shape[1]
         )
 
 
 @dataclass(frozen=True)
 class ContextLayout:
-    """What every block's attention needs in one forward: global query indices and the documents of queries and keys."""
+    """What every block's attention needs in one forward: the documents of the keys, and the masks built once."""
 
     context: ContextGroup
-    query_index: torch.Tensor
-    """[T/size] global index of each local query."""
-    query_documents: torch.Tensor
-    """[B, T/size] document of each local query."""
-    key_documents: torch.Tensor
-    """[B, T] document of each key, in sequence order."""
+    key_documents: torch.Tensor | None
+    """[B, T] document of each key, in sequence order (None: one document per row)."""
+    seq_len: int
+    """Tokens of the whole sequence."""
+    masks: dict = field(default_factory=dict)
+    """dtype -> each local chunk's additive mask [B or 1, 1, T / (2 size), keys up to the chunk's end]: built
+    once per forward and shared by every block (each block's attention keeps a reference, not a copy)."""
+
+    def _masks(self, dtype: torch.dtype, device: torch.device) -> list[torch.Tensor]:
+        """Causal at each chunk's global offset, and inside each packed document."""
+        if dtype not in self.masks:
+            c = self.context
+            chunk = self.seq_len // (2 * c.size)
+            masks = []
+            for number in chunk_order(c.rank, c.size):
+                end = (number + 1) * chunk  # keys after the chunk's last query are never seen
+                index = torch.arange(number * chunk, end, device=device)
+                allowed = (index.unsqueeze(1) >= torch.arange(end, device=device).unsqueeze(0)).unsqueeze(0)
+                if self.key_documents is not None:
+                    keys = self.key_documents[:, :end]
+                    allowed = allowed & (keys[:, number * chunk : end].unsqueeze(2) == keys.unsqueeze(1))
+                mask = torch.zeros(allowed.shape, dtype=dtype, device=device)
+                masks.append(mask.masked_fill_(~allowed, float("-inf")).unsqueeze(1))
+            self.masks[dtype] = masks
+        return self.masks[dtype]
 
     def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, dropout_p: float) -> torch.Tensor:
         """Attention of this rank's sequence-major queries [B, T/size, H, D] over every rank's keys and values."""
@@ -144,14 +159,12 @@ class ContextLayout:
         keys, values = (gather_sequence(t, c.group, c.rank, c.size) for t in (k, v))
         chunk = q.shape[1] // 2
         outs = []
-        for half, number in enumerate(chunk_order(c.rank, c.size)):
-            local = slice(half * chunk, (half + 1) * chunk)
-            index = self.query_index[local]
-            end = (number + 1) * chunk  # keys after the chunk's last query are never seen
-            causal = index.unsqueeze(1) >= torch.arange(end, device=q.device).unsqueeze(0)
-            same = self.query_documents[:, local].unsqueeze(2) == self.key_documents[:, :end].unsqueeze(1)
-            mask = (causal.unsqueeze(0) & same).unsqueeze(1)
-            qh, kh, vh = (t.transpose(1, 2) for t in (q[:, local], keys[:, :end], values[:, :end]))
+        for half, mask in enumerate(self._masks(q.dtype, q.device)):
+            end = mask.shape[-1]
+            qh, kh, vh = (
+                t.transpose(1, 2)
+                for t in (q[:, half * chunk : (half + 1) * chunk], keys[:, :end], values[:, :end])
+            )
             y = F.scaled_dot_product_attention(qh, kh, vh, attn_mask=mask, dropout_p=dropout_p)
             outs.append(y.transpose(1, 2))
         return torch.cat(outs, dim=1)
