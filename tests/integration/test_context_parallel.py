@@ -2,12 +2,13 @@
 
 Real gloo ranks, fp32, the tiny GPT, 3 steps: cp=2 alone (strategy single, 2 ranks) with packed
 documents, and cp=2 x data-parallel 2 under FSDP2 (4 ranks, the shard mesh dp_shard x cp
-flattened) must give one process's losses on the same global batch to 1e-5; a 2-rank run resumed
-from its step-2 checkpoint gives the straight run's step 3 bitwise.
+flattened, with a held-out evaluation) must give one process's losses on the same global batch to
+1e-5; a 2-rank run resumed from its step-2 checkpoint gives the straight run's step 3 bitwise.
 """
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -46,7 +47,10 @@ def test_cp2_with_packed_documents_matches_one_process_and_resumes_bitwise(tmp_p
 
 
 def test_cp2_by_fsdp2_matches_one_process(tmp_path) -> None:
-    """4 ranks: 2 data-parallel groups of 4 sequences, each sequence over 2 context-parallel ranks."""
+    """4 ranks: 2 data-parallel groups of 4 sequences, each sequence over 2 context-parallel ranks; held-out loss too."""
+    held_out = ["train.eval_every=3", "train.eval_batches=1"]
     one = tmp_path / "one"
-    assert run_inline([*BASE, "train.micro_batch_size=8"], one) == 0
-    _same(_ranks(["parallel=fsdp", "parallel.cp_size=2"], tmp_path / "cp", 4), losses(one))
+    assert run_inline([*BASE, *held_out, "train.micro_batch_size=8"], one) == 0
+    _same(_ranks(["parallel=fsdp", "parallel.cp_size=2", *held_out], tmp_path / "cp", 4), losses(one))
+    evals = [json.loads((run / "summary.json").read_text())["eval_loss"] for run in (one, tmp_path / "cp")]
+    assert evals[1] == pytest.approx(evals[0], rel=1e-5), evals
