@@ -1,5 +1,5 @@
 """The parallel group's schema: the data-parallel strategy, the mesh axes beside it (pp_size, tp_size,
-replicate_degree), and every setting.
+cp_size, replicate_degree), and every setting.
 
 The strategies' capabilities are launcher/parallel/registry.py; the mesh degrees are checked and
 laid out by launcher/parallel/dims.py.
@@ -58,6 +58,10 @@ class ParallelConfig:
     """Tensor-parallel degree (column/row-wise attention and MLP); with fsdp, a 2-D mesh dp x tp."""
     sequence_parallel: bool = False
     """Run the norms on sequence shards between tensor-parallel regions (needs tp_size > 1)."""
+    # --- context parallel ---
+    cp_size: int = 1
+    """Context-parallel degree: each sequence is split over cp_size ranks (load-balanced causal chunks) whose
+    attention gathers the keys and values; a mesh axis between the data-parallel and tensor-parallel ones."""
     # --- pipeline parallel ---
     pp_size: int = 1
     """Pipeline stages' ranks: the layers are split into pp_size (x pp_stages_per_rank) consecutive stages."""

@@ -1,11 +1,13 @@
 """The parallel topology of a run, with one owner: degrees -> device mesh -> ranks, and the process group.
 
-Every fact of the layout lives here: the degrees (pp x dp_replicate x dp_shard x tp, room for a
-context-parallel axis between dp_shard and tp) are checked against the world size by
+Every fact of the layout lives here: the degrees (pp x dp_replicate x dp_shard x cp x tp, context
+parallel between dp_shard and tp) are checked against the world size by
 `degree_errors` (the rules call it before launch, and a rank's `ParallelDims.of` refuses what it
 refuses), the one device mesh with every axis is built by `ParallelDims.build_mesh` (row-major:
 pipeline outermost, tensor parallel innermost, so consecutive ranks form a tensor-parallel group),
-and a rank's pipeline, data- and tensor-parallel ranks are read from the same layout. Which stages a
+and a rank's pipeline, data-, context- and tensor-parallel ranks are read from the same layout. The
+ranks of one context-parallel group read the same batch (the same data-parallel rank) and each keeps
+its own chunks of every sequence. Which stages a
 pipeline rank holds is `stage_plan`'s answer, the one place a rank asks it. `init_process_group` is the one place a process
 group is created, a one-rank group for a single-process job included.
 """
@@ -30,7 +32,7 @@ if TYPE_CHECKING:  # torch.distributed only on a rank: the rules check degrees w
     from launcher.config.parallel import ParallelConfig
     from launcher.parallel.pipeline_stage import StagePlan
 
-MESH_DIMS = ("pp", "dp_replicate", "dp_shard", "tp")
+MESH_DIMS = ("pp", "dp_replicate", "dp_shard", "cp", "tp")
 """Names of the mesh dimensions, outermost first (a degree of 1 keeps its dimension)."""
 
 
@@ -46,6 +48,8 @@ class ParallelDims:
     """Replicas of the sharded group (FSDP2 hybrid sharding); 1 without."""
     dp_shard: int = 1
     """Ranks one data-parallel group spans: FSDP2 shards over them, DDP and ZeRO replicate or partition over them."""
+    cp: int = 1
+    """Context-parallel degree: ranks that split each sequence of one batch between them."""
     tp: int = 1
     """Tensor-parallel degree (innermost: consecutive ranks form a tensor-parallel group)."""
 
@@ -55,29 +59,42 @@ class ParallelDims:
         errors = degree_errors(parallel, world_size)
         if errors:
             raise ValueError("; ".join(str(e) for e in errors))
-        tp, replicate, pp = parallel.tp_size, parallel.replicate_degree, parallel.pp_size
-        last = rank_of_stage(pp * parallel.pp_stages_per_rank - 1, pp, parallel.pp_schedule)
-        return cls(
-            pp=pp, pp_last=last, dp_replicate=replicate, dp_shard=world_size // (tp * replicate * pp), tp=tp
+        tp, replicate, pp, cp = (
+            parallel.tp_size,
+            parallel.replicate_degree,
+            parallel.pp_size,
+            parallel.cp_size,
         )
+        last = rank_of_stage(pp * parallel.pp_stages_per_rank - 1, pp, parallel.pp_schedule)
+        shard = world_size // (tp * replicate * pp * cp)
+        return cls(pp=pp, pp_last=last, dp_replicate=replicate, dp_shard=shard, cp=cp, tp=tp)
 
     @property
     def world_size(self) -> int:
         """Ranks of the mesh."""
-        return self.pp * self.dp_replicate * self.dp_shard * self.tp
+        return self.pp * self.dp_replicate * self.dp_shard * self.cp * self.tp
 
     @property
     def dp_size(self) -> int:
         """Data-parallel degree: how many different batches one step reads."""
         return self.dp_replicate * self.dp_shard
 
+    @property
+    def batch_ranks(self) -> int:
+        """Ranks holding different tokens of one step (data x context parallel): the count gradients average over."""
+        return self.dp_size * self.cp
+
     def dp_rank(self, rank: int) -> int:
-        """Which data shard the tensor-parallel group of `rank` reads."""
-        return (rank // self.tp) % self.dp_size
+        """Which data shard the tensor- and context-parallel group of `rank` reads."""
+        return (rank // (self.tp * self.cp)) % self.dp_size
+
+    def cp_rank(self, rank: int) -> int:
+        """Position of `rank` inside its context-parallel group: which chunks of each sequence it keeps."""
+        return (rank // self.tp) % self.cp
 
     def pp_rank(self, rank: int) -> int:
         """Which pipeline stage (or stages) `rank` holds: its position along the outermost dimension."""
-        return rank // (self.dp_size * self.tp)
+        return rank // (self.dp_size * self.cp * self.tp)
 
     def counts_data(self, rank: int) -> bool:
         """Whether `rank` reports its data group's tokens and loss: tensor-parallel peers and earlier
@@ -89,10 +106,10 @@ class ParallelDims:
         return rank % self.tp
 
     def build_mesh(self, device_type: str) -> DeviceMesh:
-        """The one named mesh ("pp", "dp_replicate", "dp_shard", "tp") over the process group, row-major."""
+        """The one named mesh ("pp", "dp_replicate", "dp_shard", "cp", "tp") over the process group, row-major."""
         from torch.distributed.device_mesh import init_device_mesh
 
-        shape = (self.pp, self.dp_replicate, self.dp_shard, self.tp)
+        shape = (self.pp, self.dp_replicate, self.dp_shard, self.cp, self.tp)
         return init_device_mesh(device_type, shape, mesh_dim_names=MESH_DIMS)
 
     def stage_plan(
@@ -109,17 +126,28 @@ class ParallelDims:
 def degree_errors(parallel: ParallelConfig, world_size: int) -> list[SpecError]:
     """Why the spec's degrees do not fit `world_size` ranks (empty when they do)."""
     p = parallel
-    if p.tp_size < 1 or p.replicate_degree < 1 or p.pp_size < 1:
+    if p.tp_size < 1 or p.replicate_degree < 1 or p.pp_size < 1 or p.cp_size < 1:
         return [
             SpecError(
-                ("parallel.tp_size", "parallel.replicate_degree", "parallel.pp_size"),
-                f"tp_size ({p.tp_size}), replicate_degree ({p.replicate_degree}) and pp_size ({p.pp_size}) "
-                "must be at least 1.",
+                ("parallel.tp_size", "parallel.replicate_degree", "parallel.pp_size", "parallel.cp_size"),
+                f"tp_size ({p.tp_size}), replicate_degree ({p.replicate_degree}), pp_size ({p.pp_size}) and "
+                f"cp_size ({p.cp_size}) must be at least 1.",
             )
         ]
     errors = []
     group = p.tp_size * p.replicate_degree * p.pp_size
-    if world_size % group and p.pp_size == 1:
+    if p.cp_size > 1 and world_size % (group * p.cp_size):
+        errors.append(
+            SpecError(
+                ("parallel.cp_size", "launcher.nproc", "launcher.nnodes", "parallel.tp_size"),
+                f"the world size ({world_size} = launcher.nnodes x launcher.nproc) must be a multiple of "
+                f"parallel.cp_size x parallel.tp_size x parallel.replicate_degree x parallel.pp_size "
+                f"({p.cp_size} x {p.tp_size} x {p.replicate_degree} x {p.pp_size} = {group * p.cp_size}): each "
+                "context-parallel group of parallel.cp_size ranks splits one sequence. Change launcher.nproc "
+                "or parallel.cp_size.",
+            )
+        )
+    elif world_size % group and p.pp_size == 1:
         errors.append(
             SpecError(
                 ("launcher.nproc", "launcher.nnodes", "parallel.tp_size", "parallel.replicate_degree"),
@@ -207,7 +235,7 @@ class DistContext:
         return tensor.tolist()
 
     def data_mean(self, value: int) -> int | torch.Tensor:
-        """The mean of `value` over data-parallel ranks, left on the device (no host sync); `value` itself alone.
+        """The mean of `value` over data- (and context-) parallel ranks, on the device (no host sync); `value` alone.
 
         The loop divides each rank's summed token loss by the mean trained-token count, so that the
         gradient average over ranks is the mean over every trained token of the step, however
@@ -221,7 +249,7 @@ class DistContext:
         counted = value if self.dims.counts_data(self.rank) else 0
         tensor = torch.tensor(float(counted), dtype=torch.float32, device=self.device)
         dist.all_reduce(tensor)
-        return tensor / self.dp_size
+        return tensor / self.dims.batch_ranks
 
     def data_sum(self, values: list[float]) -> list[float]:
         """Sum numbers over data-parallel groups, each counted once (tensor-parallel peers hold the same,

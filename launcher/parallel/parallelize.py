@@ -33,12 +33,14 @@ def data_parallel_wrap(spec: RunSpec, dims: ParallelDims) -> str:
     entry = STRATEGIES[spec.parallel.strategy]
     if not entry.wrap_one_rank and dims.dp_size == 1:
         return "none"  # the pp alias: plain stages where no other rank holds the same stage
+    if entry.wrap == "none" and dims.cp > 1:
+        return "ddp"  # context-parallel ranks hold different tokens: their gradients are averaged
     return entry.wrap
 
 
 def run_mesh(spec: RunSpec, dist: DistContext) -> DeviceMesh | None:
     """The run's one device mesh, built once where DTensors or a pipeline need it (None elsewhere)."""
-    if STRATEGIES[spec.parallel.strategy].device_mesh or dist.dims.pp > 1:
+    if STRATEGIES[spec.parallel.strategy].device_mesh or dist.dims.pp > 1 or dist.dims.cp > 1:
         return dist.dims.build_mesh(dist.device.type)
     return None
 
@@ -52,7 +54,7 @@ def parallelize(
     empty: bool = False,
     measure: Callable[[nn.Module], None] | None = None,
 ) -> nn.Module:
-    """Apply TP -> activation checkpointing/offload -> (measure) -> compile -> data-parallel wrap to `part`.
+    """Apply (the cp group) -> TP -> activation checkpointing/offload -> (measure) -> compile -> data-parallel wrap.
 
     `empty`: the part was built without weights (a pretrained folder under fsdp/tp); they are read
     into its shards after the wrap.
@@ -61,6 +63,13 @@ def parallelize(
     wrap = data_parallel_wrap(spec, dims)
     if not empty and wrap != "engine":  # DeepSpeed places the model itself
         part = part.to(device)
+    # 0. context parallel: the part's attention gathers keys and values over the mesh's cp axis
+    if dims.cp > 1:
+        from launcher.components.model.context_parallel import ContextGroup
+
+        part.context_parallel = ContextGroup(
+            group=mesh["cp"].get_group(), rank=dims.cp_rank(dist.rank), size=dims.cp
+        )
     # 1. tensor parallelism splits the blocks' projections into DTensors over the mesh's tp axis
     if dims.tp > 1:
         # DTensor and DCP take about a second to import: only a tensor-parallel run pays for them
@@ -79,7 +88,7 @@ def parallelize(
 
         part = apply_fsdp(
             part,
-            data_mesh(mesh, dims.dp_replicate),
+            data_mesh(mesh, dims.dp_replicate, dims.cp),
             parallel=spec.parallel,
             precision=spec.precision,
             pin_memory=device.type == "cuda",

@@ -15,7 +15,9 @@ float32 gradients of the same size during backward: batch*seq*vocab*4 bytes, thr
 For small models (and large vocabularies) they are often the largest single item. A chunked loss
 (`train.loss_chunks`) keeps none of them and recomputes one chunk at a time: one chunk's worth is
 counted. Packed documents under `model.attention` resolving to sdpa add the dense [B, 1, T, T]
-boolean mask; varlen and flex add nothing of that size. `selective` checkpointing keeps each
+boolean mask; varlen and flex add nothing of that size. Context parallel (`parallel.cp_size`) divides
+the tokens of a rank by cp_size and adds, per block, the keys and values gathered from the other
+ranks, and once per forward the chunks' masks. `selective` checkpointing keeps each
 block's input and its matmul and attention outputs (all, or every other matmul's).
 """
 
@@ -49,6 +51,9 @@ class ActivationShape:
     """Packed documents are kept apart by a dense [B, 1, T, T] boolean mask (model.attention resolves to sdpa)."""
     selective_matmuls: str = "all"
     """Under selective checkpointing: all matmul outputs are kept, or every_other one."""
+    cp_size: int = 1
+    """Context-parallel degree: seq_len is this rank's share of a sequence (its two chunks), and each block
+    keeps the keys and values gathered from the other cp_size - 1 ranks."""
 
 
 def _attention_bytes(cfg: ModelConfig, shape: ActivationShape) -> int:
@@ -62,7 +67,8 @@ def _attention_bytes(cfg: ModelConfig, shape: ActivationShape) -> int:
     sdpa_out = tokens * local * act + tokens * heads * FP32  # output + log-sum-exp
     o_input = tokens * local * act  # the output reshaped to [b, s, h]: a copy
     masks = 2 * tokens * d if cfg.dropout > 0 else 0  # attention and residual dropout (bool)
-    return proj_inputs + qkv + sdpa_out + o_input + masks
+    gathered = 2 * tokens * (shape.cp_size - 1) * local * act  # cp: the other ranks' keys and values
+    return proj_inputs + qkv + sdpa_out + o_input + masks + gathered
 
 
 def _mlp_bytes(cfg: ModelConfig, shape: ActivationShape) -> int:
@@ -99,7 +105,15 @@ def _selective_bytes(cfg: ModelConfig, shape: ActivationShape) -> int:
 
 
 def mask_bytes(shape: ActivationShape) -> int:
-    """The dense document mask, one boolean per (query, key) pair of each sequence (0 without one)."""
+    """The dense document mask, one boolean per (query, key) pair of each sequence (0 without one).
+
+    Under context parallel, the additive masks of this rank's two chunks, built once per forward in the
+    compute dtype: chunk c of 2 x cp_size sees the keys up to its end, (c + 1) chunks, and a rank's two
+    chunks r and 2 cp_size - 1 - r together see 2 cp_size + 1 chunks of keys.
+    """
+    if shape.cp_size > 1:
+        chunk = shape.seq_len // 2
+        return shape.micro_batch * chunk * chunk * (2 * shape.cp_size + 1) * shape.act_bytes
     return shape.micro_batch * shape.seq_len * shape.seq_len if shape.dense_mask else 0
 
 

@@ -14,7 +14,8 @@ def long_context_terms(spec: RunSpec, micro_batch: int, device_type: str) -> dic
     if loss_chunking_bypass(spec.parallel, spec.model) is None:
         model = spec.model if spec.model.kind == "gpt" else model_shape(spec.model).equivalent
         vocab = vocab_size(model)
-        chunks = loss_chunk_count(spec.train.loss_chunks, tokens=micro_batch * spec.data.seq_len, vocab=vocab)
+        tokens = micro_batch * spec.data.seq_len // max(spec.parallel.cp_size, 1)  # this rank's share
+        chunks = loss_chunk_count(spec.train.loss_chunks, tokens=tokens, vocab=vocab)
     packed = spec.data.packing and spec.data.document_mask
     path = resolve_attention(
         spec.model.attention,
@@ -25,6 +26,6 @@ def long_context_terms(spec: RunSpec, micro_batch: int, device_type: str) -> dic
     )
     return {
         "loss_chunks": chunks,
-        "dense_mask": packed and path == "sdpa",
+        "dense_mask": packed and path == "sdpa" and spec.parallel.cp_size < 2,  # cp masks its own chunks
         "selective_matmuls": spec.memory.selective_matmuls,
     }

@@ -323,9 +323,11 @@ def activation_shape(
 
     p, batch = spec.parallel, micro_batch or spec.train.micro_batch_size
     device_type = device_type or resolve_device(spec.launcher.device)
+    cp = max(p.cp_size, 1)
     return acts.ActivationShape(
         micro_batch=batch,
-        seq_len=spec.data.seq_len,
+        seq_len=spec.data.seq_len // cp,  # context parallel: this rank's chunks of each sequence
+        cp_size=cp,
         act_bytes=2 if _mixed(spec) else 4,
         tp_size=max(p.tp_size, 1),
         sequence_parallel=p.sequence_parallel,
@@ -393,6 +395,8 @@ def plan(spec: RunSpec, world: int | None = None, device_type: str | None = None
     ]
     if shape.dense_mask:
         notes.append(f"dense document mask {shape.micro_batch} x {shape.seq_len}^2 B (model.attention: sdpa)")
+    if shape.cp_size > 1:
+        notes.append(f"context parallel: {shape.seq_len} tokens a rank, KV of {shape.cp_size} ranks a block")
     kept = acts.head_bytes(gpt.model, shape) + acts.layer_bytes(gpt.model, shape)
     extra, extra_notes = compression.extra_bytes(
         spec

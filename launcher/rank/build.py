@@ -18,7 +18,8 @@ The order, and why:
 6. the strategy over the parts (DeepSpeed wraps its engine here) with the optimizer over the
    parameters it finally owns; the LR schedule wraps that optimizer; the runner the loop calls
    for a step: the whole model, or the pipeline's schedule;
-7. data, last, sharded by data-parallel rank with the chosen batch split (tokenized once, cached).
+7. data, last, sharded by data-parallel rank with the chosen batch split (tokenized once, cached);
+   the ranks of a context-parallel group read the same batches and each keeps its chunks of them.
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ from launcher.components.data.loader import BackgroundBatches, PrefetchedBatches
 from launcher.components.data.sequences import PackedSequences, check_held_out
 from launcher.components.data.tokens import Corpus, build_cache, load_corpus, uses_cache
 from launcher.components.model.build import build_model, flops_per_token
+from launcher.components.model.context_parallel import shard_batch
 from launcher.components.model.long_context import loss_chunking_bypass
 from launcher.components.objective import Objective
 from launcher.components.precision import apply_backend_flags, apply_fp8
@@ -186,4 +188,9 @@ def build(spec: RunSpec, dist: DistContext, run_dir: Path | None = None) -> Comp
             if extra
         ],
         before_step=[qat_switch] if qat_switch else [],
+        local_batch=(
+            partial(shard_batch, rank=dist.dims.cp_rank(dist.rank), size=dist.dims.cp)
+            if dist.dims.cp > 1
+            else None
+        ),
     )

@@ -75,6 +75,8 @@ class Components:
     """Called with the step number after every optimizer step (e.g. memory.empty_cache_steps)."""
     before_step: list[Callable[[int], None]] = field(default_factory=list)
     """Called with the 0-based index of the step about to run, before its first forward (e.g. the QAT switch)."""
+    local_batch: Callable[[dict[str, torch.Tensor]], dict[str, torch.Tensor]] | None = None
+    """This rank's part of a batch its group reads whole (context parallel: its chunks of every sequence)."""
 
 
 class Engine:
@@ -87,6 +89,8 @@ class Engine:
         self.console = console or Console()
         self.stop = stop or StopSignal()
         self.device = parts.dist.device
+        # a context-parallel group reads each sequence once between its ranks: its first rank counts it
+        self._counts_samples = parts.dist.dims.cp_rank(parts.dist.rank) == 0
         self.step = 0
         self.session = 0
         """Sessions before this one in the run directory (resumes and restarts), recorded in every metrics record."""
@@ -272,6 +276,9 @@ class Engine:
         self.guard.check_learning_rate(self.parts.scheduler.get_last_lr()[0], self.step)
         self.timer.start("data")
         batches = [self.parts.stream.next_batch() for _ in range(self.parts.batch.grad_accum_steps)]
+        samples = sum(len(b["input_ids"]) for b in batches) if self._counts_samples else 0
+        if self.parts.local_batch is not None:
+            batches = [self.parts.local_batch(b) for b in batches]
         num_tokens = sum(int((b["labels"] != -100).sum()) for b in batches)  # CPU tensors: no device sync
         batches = [{k: v.to(self.device, non_blocking=True) for k, v in b.items()} for b in batches]
         # The data phase is making batches only: the collective below waits for the slowest rank (on
@@ -291,7 +298,7 @@ class Engine:
         self.timer.stop()
         self._interval["loss"] += loss_sum
         self._interval["tokens"] += num_tokens
-        self._interval["samples"] += sum(len(b["input_ids"]) for b in batches)
+        self._interval["samples"] += samples
         self._last_result = result
         self.guard.record(result, self.step + 1)
 
@@ -352,6 +359,8 @@ class Engine:
             world_size=dist.dp_size,
         )
         for batch in batches:
+            if self.parts.local_batch is not None:
+                batch = self.parts.local_batch(batch)
             batch = {k: v.to(self.device, non_blocking=True) for k, v in batch.items()}
             loss_sum, n = self.parts.runner.eval_loss(batch, eval_dtype(self.spec.precision))
             total += loss_sum

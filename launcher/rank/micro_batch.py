@@ -13,6 +13,9 @@ the last size that fit and the first that did not. Ranks take the smallest choic
 Optimizer state does not exist yet, so each try also holds a ballast of two fp32 values per
 trainable parameter (AdamW's moments; an upper bound for 8-bit and SGD optimizers). Under
 distillation the teacher is already on the device and each try runs its forward and the KD term too.
+Under context parallel each rank tries its chunks of the sequences, and a size fits only where it
+fits on every rank (the ranks of a group gather keys and values from each other, so they try the
+same sizes in step).
 """
 
 from __future__ import annotations
@@ -33,6 +36,8 @@ import torch.distributed as dist
 from torch import nn
 
 from launcher.components.batch_split import BatchSplit
+from launcher.components.model.context_parallel import shard_batch
+from launcher.components.model.loss import model_inputs
 from launcher.components.objective import CrossEntropy, Objective
 from launcher.components.precision import autocast, train_dtype
 from launcher.config.model import vocab_size
@@ -134,7 +139,10 @@ def _try_size(
         ballast = torch.zeros(ballast_numel, dtype=torch.float32, device=device)  # zeros: pages touched
         with autocast(train_dtype(spec.precision), device.type):
             batch = {"input_ids": ids[:, :-1], "labels": ids[:, 1:]}
-            logits = model(input_ids=batch["input_ids"])
+            group = getattr(model, "context_parallel", None)
+            if group is not None:  # this rank's chunks; the other ranks of its group run the same try
+                batch = shard_batch(batch, group.rank, group.size)
+            logits = model(**model_inputs(batch))
             # the objective's own state counts too (a teacher's logits and KL chunks, a training step's)
             loss_sum, count = objective.loss_sum(logits, batch)
             del logits
@@ -174,6 +182,8 @@ def _search(
 
     def fits(size: int) -> bool:
         ok, peak = _try_size(model, spec, size, device, search.budget_bytes, objective)
+        if getattr(model, "context_parallel", None) is not None:  # every rank takes the same next try
+            ok = _agree(int(ok), device) == 1
         search.tries.append({"micro_batch_size": size, "peak_bytes": peak, "fits": ok})
         return ok
 

@@ -21,7 +21,7 @@ def build_observers(spec: RunSpec, context: RunContext) -> Observers:
 def advisor(spec: RunSpec, context: RunContext) -> Advisor:
     """The run-time advisor, given plain values from the spec (groups never read a RunSpec)."""
     t, p = spec.train, spec.parallel
-    dp_size = max(context.world_size // (max(p.tp_size, 1) * max(p.pp_size, 1)), 1)
+    dp_size = max(context.world_size // (max(p.tp_size, 1) * max(p.pp_size, 1) * max(p.cp_size, 1)), 1)
     precision = "bf16" if spec.precision.bf16 else "fp16" if spec.precision.fp16 else "fp32"
     return Advisor(
         context,

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from launcher.rules import (
     choices,
+    context,
     data,
     ddp,
     deepspeed,
@@ -66,6 +67,7 @@ AREAS = (
     ddp,
     sharding,
     pipeline,
+    context,
 )
 """The rule modules `check` runs, in the order their errors are reported."""
 

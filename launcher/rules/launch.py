@@ -32,12 +32,16 @@ def _hardware(spec: RunSpec, hw: Hardware) -> Iterator[SpecError]:
 
 def _strategy_fits_world(spec: RunSpec, hw: Hardware) -> Iterator[SpecError]:
     n, stages = spec.launcher.world_size, max(spec.parallel.pp_size, 1)
-    if spec.parallel.strategy == "single" and n > stages:
+    cp = max(spec.parallel.cp_size, 1)
+    if spec.parallel.strategy == "single" and n > stages * cp:
         held = (
             "the model on one rank"
             if stages == 1
             else f"each of the {stages} pipeline ranks' stages on one rank"
         )
+        if cp > 1:
+            held += f" (or on each of parallel.cp_size={cp} context-parallel ranks)"
+            stages = cp
         yield SpecError(
             ("parallel.strategy", "launcher.nproc", "launcher.nnodes"),
             f"parallel=single keeps one copy of {held}, but the job has {n} ranks "

@@ -180,8 +180,9 @@ def _global_batch(train: dict, dp_size: int) -> tuple[int, int, int]:
 
 
 def _dp_size(parallel: dict, world: int) -> int:
-    """Data-parallel ranks of `world` ranks under a parallel section (tensor and pipeline ranks read one batch)."""
+    """Data-parallel ranks of `world` ranks under a parallel section (tensor, context and pipeline ranks read one batch)."""
     per_batch = int(parallel.get("tp_size", 1) or 1) * int(parallel.get("pp_size", 1) or 1)
+    per_batch *= int(parallel.get("cp_size", 1) or 1)
     return max(world // per_batch, 1)
 
 

@@ -114,10 +114,13 @@ class Documents:
     """How the blocks of one forward keep attention inside packed documents (built once per forward)."""
 
     path: str
-    """sdpa (mask set, or None for plain causal), varlen (sizes set) or flex (block_mask set)."""
+    """sdpa (mask set, or None for plain causal), varlen (sizes set), flex (block_mask set) or cp (layout set)."""
     mask: torch.Tensor | None = None
     sizes: list[int] | None = None
     block_mask: Any = None
+    layout: Any = None
+    """Context parallel: the layout whose `attend` gathers keys and values over the group
+    (launcher.components.model.context_parallel.ContextLayout)."""
 
 
 def documents(
@@ -144,6 +147,8 @@ def attend(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, docs: Documents, *, dropout_p: float
 ) -> torch.Tensor:
     """Attention of sequence-major q/k/v [B, T, H, D] -> [B, T, H, D] along the documents' path."""
+    if docs.path == "cp":
+        return docs.layout.attend(q, k, v, dropout_p=dropout_p)
     if docs.path == "varlen":
         return varlen_attention(q, k, v, docs.sizes, dropout_p=dropout_p)
     q, k, v = (t.transpose(1, 2) for t in (q, k, v))

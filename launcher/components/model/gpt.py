@@ -20,6 +20,7 @@ import torch
 from torch import nn
 
 from launcher.components.model.attention import Documents, attend, documents
+from launcher.components.model.context_parallel import ContextGroup, shard_sequence
 from launcher.components.model.long_context import loss_chunk_count
 from launcher.components.model.loss import HeadOutputs
 from launcher.config.model import ModelConfig, ff_width, vocab_size
@@ -94,6 +95,9 @@ class GPT(nn.Module):
         self.cfg = cfg
         self.loss_chunks = "1"
         """train.loss_chunks of the run (auto or a count); 1 returns logits."""
+        self.context_parallel: ContextGroup | None = None
+        """Set under parallel.cp_size > 1: the inputs are this rank's chunks of each sequence, and attention
+        gathers keys and values over the group (launcher.components.model.context_parallel)."""
         self.tok_emb = nn.Embedding(vocab_size(cfg), cfg.d_model)
         self.pos_emb = nn.Embedding(cfg.max_seq_len, cfg.d_model)
         self.emb_dropout = nn.Dropout(cfg.dropout)
@@ -130,7 +134,12 @@ class GPT(nn.Module):
         seq = input_ids.shape[1]
         if seq > self.cfg.max_seq_len:
             raise ValueError(f"sequence of {seq} tokens exceeds the context of {self.cfg.max_seq_len}.")
-        docs = documents(self.cfg.attention, position_ids, input_ids.device.type, dropout=self.cfg.dropout)
+        if self.context_parallel is not None:
+            position_ids, docs = self._context_layout(input_ids, position_ids)
+        else:
+            docs = documents(
+                self.cfg.attention, position_ids, input_ids.device.type, dropout=self.cfg.dropout
+            )
         if position_ids is None:
             position_ids = torch.arange(seq, device=input_ids.device)
         if self.tok_emb is None:
@@ -147,3 +156,13 @@ class GPT(nn.Module):
         if chunks > 1:
             return HeadOutputs(self.norm_f(x), self.lm_head, chunks)
         return self.lm_head(self.norm_f(x))
+
+    def _context_layout(
+        self, input_ids: torch.Tensor, position_ids: torch.Tensor | None
+    ) -> tuple[torch.Tensor, Documents]:
+        """Context parallel: the local tokens' global positions (when none are given) and the attention layout."""
+        group = self.context_parallel
+        if position_ids is None:  # not packed: positions are the tokens' indices in the whole sequence
+            whole = torch.arange(input_ids.shape[1] * group.size, device=input_ids.device)
+            position_ids = shard_sequence(whole, group.rank, group.size, dim=0).expand(input_ids.shape[0], -1)
+        return position_ids, Documents(path="cp", layout=group.layout(position_ids))
