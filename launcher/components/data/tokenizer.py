@@ -177,11 +177,11 @@ class HFTokenizer:
 
     def _ids(self, texts: list[str]) -> list[list[int]]:
         """Token ids of each text as `self.tok(texts, add_special_tokens=False)` gives them; straight from the
-        Rust tokenizer without offsets once that gave the same ids on a first batch (`_direct`)."""
+        Rust tokenizer without offsets when the class adds nothing to it and the first texts agree (`_direct`)."""
         if self._direct is None:
-            expected = self.tok(texts, add_special_tokens=False, **_IDS_ONLY)["input_ids"]
-            self._direct = _plain_call(self.tok) and _fast_ids(self.tok, texts) == expected
-            return expected
+            sample = texts[:CHECKED_TEXTS]
+            expected = self.tok(sample, add_special_tokens=False, **_IDS_ONLY)["input_ids"]
+            self._direct = _plain_call(self.tok) and _fast_ids(self.tok, sample) == expected
         if self._direct:
             return _fast_ids(self.tok, texts)
         return self.tok(texts, add_special_tokens=False, **_IDS_ONLY)["input_ids"]
@@ -217,6 +217,8 @@ class HFTokenizer:
         return bool(getattr(self.tok, "chat_template", None))
 
 
+CHECKED_TEXTS = 32
+"""Texts of the first batch encoded both ways before ids are taken straight from the Rust tokenizer."""
 _IDS_ONLY = {"return_attention_mask": False, "return_token_type_ids": False}
 """What a call of the tokenizer leaves out: only ids (and offsets where asked) are read."""
 
