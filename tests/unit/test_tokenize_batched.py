@@ -42,8 +42,10 @@ def _tok_cfg(kind: str, hf_tokenizer) -> TokenizerConfig:
 
 
 @pytest.mark.parametrize("kind", ["hf", "bytes"])
-@pytest.mark.parametrize("train_on", ["completion", "all"])
-@pytest.mark.parametrize("fmt", list(RECORDS))
+@pytest.mark.parametrize(
+    ("fmt", "train_on"),
+    [(fmt, "completion") for fmt in RECORDS] + [("chat", "all"), ("instruction", "all")],
+)
 def test_a_batch_encodes_as_each_record_alone(fmt, train_on, kind, hf_tokenizer) -> None:
     tok_cfg = _tok_cfg(kind, hf_tokenizer)
     if kind == "hf":  # bos and eos around text and instruction documents
