@@ -121,9 +121,8 @@ class HFTokenizer:
         self.vocab_size = len(self.tok)
         self.bos_id = self.tok.bos_token_id
         self.eos_id = self.tok.eos_token_id
-        self._direct: bool | None = (
-            None  # whether _ids may ask the Rust tokenizer alone (None: not known yet)
-        )
+        # whether _ids may ask the Rust tokenizer alone (None: not known until the first batch)
+        self._direct: bool | None = None
 
     def encode(self, segments: list[tuple[str, bool]]) -> tuple[list[int], list[bool]]:
         """Tokenize the joined text once; a token is trained when its first character is in a trained segment."""

@@ -196,8 +196,8 @@ def _chunks(items: Iterator[Any], size: int) -> Iterator[list[Any]]:
 
 @contextmanager
 def _serial_tokenizers() -> Iterator[None]:
-    """Worker processes forked inside encode on one thread each (TOKENIZERS_PARALLELISM=false): num_proc
-    processes use num_proc cores, and the fast tokenizer's threads are not forked after use."""
+    """Processes forked inside run the fast tokenizer on one thread each (TOKENIZERS_PARALLELISM=false), so
+    num_proc processes use num_proc cores and the tokenizer's threads, used before, are not forked."""
     before = os.environ.get("TOKENIZERS_PARALLELISM")
     os.environ["TOKENIZERS_PARALLELISM"] = "false"
     try:
