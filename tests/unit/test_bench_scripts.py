@@ -147,3 +147,12 @@ def test_bench_gpu_skips_cleanly_without_a_gpu(tmp_path) -> None:
         pytest.skip("a GPU is visible: the script would measure (tests/gpu runs it)")
     result = _run("bench_gpu", cwd=tmp_path)
     assert "skipped, no CUDA GPU is visible" in result.stdout
+
+
+def test_bench_tokenize_times_the_launcher_against_datasets_on_the_same_tokens(tmp_path) -> None:
+    out = tmp_path / "tokenize.json"
+    args = ["--mb", "0.05", "--vocab", "300", "--rounds", "1", "--json", str(out)]
+    result = _run("bench_tokenize", *args, cwd=tmp_path)  # it exits non-zero when the token counts differ
+    assert "launcher / datasets" in result.stdout
+    numbers = json.loads(out.read_text())
+    assert numbers["tokens"] > 0 and numbers["ratio"] > 0 and numbers["cpu_ratio"] > 0

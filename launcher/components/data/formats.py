@@ -15,7 +15,7 @@ Every problem is a RecordError naming the record (`where`), the key and the fix.
 from __future__ import annotations
 
 import string
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from launcher.components.data.chat import chat_conversation, merge_system, sharegpt_conversation
 from launcher.components.data.layouts import detect, reason
@@ -24,6 +24,9 @@ from launcher.components.data.sources import RecordError
 from launcher.components.data.tokenizer import Tokenizer
 from launcher.config.data import DataConfig
 from launcher.config.tokenizer import TokenizerConfig
+
+if TYPE_CHECKING:  # numpy only where records are encoded in batches (not in the checks before launch)
+    import numpy as np
 
 INSTRUCTION_TEMPLATE = "### Instruction:\n{instruction}\n\n### Input:\n{input}\n\n### Response:\n"
 """The alpaca prompt for a record with an input."""
@@ -136,38 +139,74 @@ def _pretokenized(record: dict, cfg: DataConfig, vocab_size: int, where: str) ->
     return list(ids), [label != -100 for label in labels]
 
 
-def encode_record(
-    record: Any, cfg: DataConfig, tok_cfg: TokenizerConfig, tokenizer: Tokenizer, where: str
-) -> tuple[list[int], list[bool]]:
-    """(token ids, trained flags) of one record in the configured format, bos/eos added as configured."""
-    if not isinstance(record, dict):
-        raise RecordError(f"{where}: a record must be a JSON object, not {type(record).__name__}.")
-    if cfg.format == "pretokenized":
-        return _pretokenized(record, cfg, tokenizer.vocab_size, where)
+def _segments(record: Any, cfg: DataConfig, tokenizer: Tokenizer, where: str) -> list[tuple[str, bool]]:
+    """The record's text segments, each trained or not (any format but pretokenized)."""
     if cfg.format in ("chat", "sharegpt"):
-        return tokenizer.encode(_conversation(record, cfg, tokenizer, where))
+        return _conversation(record, cfg, tokenizer, where)
     if cfg.format == "auto":  # front/data_format.py resolves it before the checks; this is a last guard
         raise RecordError(
             f"{where}: data.format=auto found no records to choose a format from; set data.format."
         )
     if cfg.format == "instruction":
-        segments = _instruction(record, cfg, where)
-    else:
-        segments = [
-            (
-                _text(
-                    record,
-                    field_of(cfg),
-                    where,
-                    "Set data.field to the field that holds the text.",
-                    suggest=True,
-                ),
-                True,
-            )
-        ]
-    ids, trained = tokenizer.encode(segments)
-    if tok_cfg.add_bos and tokenizer.bos_id is not None:
-        ids, trained = [tokenizer.bos_id, *ids], [False, *trained]
-    if tok_cfg.add_eos and tokenizer.eos_id is not None:
-        ids, trained = [*ids, tokenizer.eos_id], [*trained, True]
+        return _instruction(record, cfg, where)
+    hint = "Set data.field to the field that holds the text."
+    return [(_text(record, field_of(cfg), where, hint, suggest=True), True)]
+
+
+def _checked(record: Any, where: str) -> dict:
+    if not isinstance(record, dict):
+        raise RecordError(f"{where}: a record must be a JSON object, not {type(record).__name__}.")
+    return record
+
+
+def _specials(
+    cfg: DataConfig, tok_cfg: TokenizerConfig, tokenizer: Tokenizer
+) -> tuple[int | None, int | None]:
+    """(bos, eos) ids to put around a text or instruction document (None: not added); chat templates write their own."""
+    if cfg.format in ("chat", "sharegpt"):
+        return None, None
+    bos = tokenizer.bos_id if tok_cfg.add_bos else None
+    return bos, tokenizer.eos_id if tok_cfg.add_eos else None
+
+
+def encode_record(
+    record: Any, cfg: DataConfig, tok_cfg: TokenizerConfig, tokenizer: Tokenizer, where: str
+) -> tuple[list[int], list[bool]]:
+    """(token ids, trained flags) of one record in the configured format, bos/eos added as configured."""
+    record = _checked(record, where)
+    if cfg.format == "pretokenized":
+        return _pretokenized(record, cfg, tokenizer.vocab_size, where)
+    ids, trained = tokenizer.encode(_segments(record, cfg, tokenizer, where))
+    bos, eos = _specials(cfg, tok_cfg, tokenizer)
+    if bos is not None:
+        ids, trained = [bos, *ids], [False, *trained]
+    if eos is not None:
+        ids, trained = [*ids, eos], [*trained, True]
     return ids, trained
+
+
+def encode_records(
+    items: list[tuple[str, Any]], cfg: DataConfig, tok_cfg: TokenizerConfig, tokenizer: Tokenizer
+) -> list[tuple[np.ndarray, np.ndarray]]:
+    """`encode_record` of each (where, record) as (ids, trained) arrays, the texts encoded in one tokenizer call."""
+    import numpy as np
+
+    if cfg.format == "pretokenized":
+        pairs = [
+            _pretokenized(_checked(record, where), cfg, tokenizer.vocab_size, where)
+            for where, record in items
+        ]
+        return [(np.asarray(ids, dtype=np.int64), np.asarray(flags, dtype=bool)) for ids, flags in pairs]
+    encoded = tokenizer.encode_batch(
+        [_segments(_checked(record, where), cfg, tokenizer, where) for where, record in items]
+    )
+    bos, eos = _specials(cfg, tok_cfg, tokenizer)
+    if bos is None and eos is None:
+        return encoded
+    head = np.array([] if bos is None else [bos], dtype=np.int64)
+    tail = np.array([] if eos is None else [eos], dtype=np.int64)
+    head_flags, tail_flags = np.zeros(len(head), dtype=bool), np.ones(len(tail), dtype=bool)
+    return [
+        (np.concatenate([head, ids, tail]), np.concatenate([head_flags, flags, tail_flags]))
+        for ids, flags in encoded
+    ]

@@ -34,7 +34,7 @@ class Side(Protocol):
         """Whether the side's token cap is reached."""
         ...
 
-    def add(self, ids: list[int], trained: list[bool]) -> None:
+    def add(self, ids: np.ndarray, trained: np.ndarray) -> None:
         """Append one encoded document."""
         ...
 
@@ -71,7 +71,7 @@ class Splitter:
         """Whether data.path ended before HASH_SPLIT_MIN_DOCUMENTS documents (the tail rule applies)."""
         return self.head is not None
 
-    def add(self, side: str, key: str, ids: list[int], trained: list[bool]) -> bool:
+    def add(self, side: str, key: str, ids: np.ndarray, trained: np.ndarray) -> bool:
         """Place one encoded document; False once every side is full (tokenizing may stop)."""
         if side == "train" and self.head is not None:
             self.head.add(ids, trained)
