@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 DATA_KINDS = ("stdlib", "text", "jsonl", "files")
-FORMATS = ("text", "instruction", "chat", "sharegpt", "pretokenized", "auto")
+FORMATS = ("text", "instruction", "chat", "sharegpt", "pretokenized", "preference", "kto", "auto")
 TRAIN_ON = ("completion", "all")
 BATCHING = ("fixed", "group_by_length", "token_budget")
 

@@ -54,6 +54,7 @@ from launcher.parallel.strategy import Setup, Strategy
 from launcher.rank.engine import Components
 from launcher.rank.micro_batch import fit_micro_batch
 from launcher.rank.mixture_data import build_mixture, epochs_extra
+from launcher.rank.reference import bind_policy
 from launcher.rank.teacher import build_objective
 from launcher.spec import RunSpec
 
@@ -96,6 +97,7 @@ def _data(
             grad_accum_steps=batch.grad_accum_steps,
             rank=dist.dp_rank,
             world_size=dist.dp_size,
+            pairs=d.format if d.format in ("preference", "kto") else None,
         )
         mixed, held_out = None, ()
         val = PackedSequences(corpus.val, d.seq_len, document_mask=d.packing and d.document_mask)
@@ -139,7 +141,7 @@ def build(spec: RunSpec, dist: DistContext, run_dir: Path | None = None) -> Comp
     # the whole model, or this rank's pipeline stages (the stage plan, asked once)
     plan = dist.dims.stage_plan(spec.parallel, spec.model, spec.data.seq_len, dist.rank)
     parts = [model] if plan is None else split_model(model, plan)
-    objective = build_objective(spec, dist, mesh)  # a teacher is placed like the student
+    objective = build_objective(spec, dist, mesh, model)  # a teacher or reference is placed like the student
     batch = BatchSplit(
         micro_batch_size=spec.train.micro_batch_size, grad_accum_steps=spec.train.grad_accum_steps
     )
@@ -156,6 +158,7 @@ def build(spec: RunSpec, dist: DistContext, run_dir: Path | None = None) -> Comp
     ]
     setup = Setup(spec=spec, dist=dist, batch=batch, mesh=mesh)
     strategy = build_strategy(parts, setup)
+    bind_policy(objective, strategy.model)  # a LoRA run's reference: the policy with adapters off
     runner = _runner(strategy, setup, objective, plan)
     scheduler = build_scheduler(strategy.optimizer, spec.scheduler, spec.train.max_steps)
     stream, val, held_out, mixed = _data(spec, dist, batch)
@@ -164,6 +167,7 @@ def build(spec: RunSpec, dist: DistContext, run_dir: Path | None = None) -> Comp
         batch=batch,
         strategy=strategy,
         runner=runner,
+        objective=objective,
         scheduler=scheduler,
         stream=stream,
         val=val,

@@ -197,9 +197,16 @@ def build_stream(
     seed: int,
     rank: int,
     world_size: int,
+    pairs: str | None = None,
 ) -> Batches:
-    """The training batch stream the data settings ask for (packed sequences by default)."""
+    """The training batch stream the data settings ask for (packed sequences by default; `pairs`:
+    data.format preference or kto, read by launcher.components.data.pairs)."""
     common = Placement(seed=seed, rank=rank, world_size=world_size, grad_accum_steps=grad_accum_steps)
+    if pairs is not None:  # preference pairs or kto examples: whole sides, never packed
+        from launcher.components.data.pairs import PairDocuments
+
+        dataset = PairDocuments(corpus.train, seq_len, kto=pairs == "kto")
+        return BatchStream(dataset, micro_batch_size=micro_batch_size, **common)
     if packing:
         return BatchStream(
             PackedSequences(corpus.train, seq_len, document_mask=document_mask),

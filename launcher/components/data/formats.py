@@ -8,6 +8,7 @@
   chat template; only assistant turns are trained unless data.train_on=all (chat.py, render.py).
 - sharegpt: `data.field` (default `conversations`) holds `{from, value}` turns, read as chat.
 - pretokenized: `data.field` (default `input_ids`) holds token ids, optional `labels` (-100 = not trained).
+- preference, kto: a chosen/rejected pair, or a kto example, as one document (pairs.py).
 
 Every problem is a RecordError naming the record (`where`), the key and the fix.
 """
@@ -144,6 +145,10 @@ def encode_record(
         raise RecordError(f"{where}: a record must be a JSON object, not {type(record).__name__}.")
     if cfg.format == "pretokenized":
         return _pretokenized(record, cfg, tokenizer.vocab_size, where)
+    if cfg.format in ("preference", "kto"):
+        from launcher.components.data.pairs import encode_pair
+
+        return encode_pair(record, cfg.format, tok_cfg, tokenizer, where)  # flags: ints with the pair's bits
     if cfg.format in ("chat", "sharegpt"):
         return tokenizer.encode(_conversation(record, cfg, tokenizer, where))
     if cfg.format == "auto":  # front/data_format.py resolves it before the checks; this is a last guard
