@@ -138,3 +138,26 @@ def test_dpo_run_with_a_frozen_reference_starts_at_ln2_and_logs_rewards(tmp_path
     assert {"rewards/chosen", "rewards/margins", "rewards/accuracy", "logps/rejected"} <= set(steps[0])
     assert steps[-1]["rewards/margins"] > 0 and steps[-1]["loss"] < math.log(2)
     assert any("eval_loss" in r and math.isfinite(r["eval_loss"]) for r in records)
+
+
+def test_the_advisor_speaks_on_stuck_rewards_and_on_falling_chosen_logps() -> None:
+    from launcher.components.advice_rules import ChosenFalling, PreferenceStuck
+
+    def stream(**series) -> list[dict]:
+        return [{"step": i + 1, **{k: f(i) for k, f in series.items()}} for i in range(30)]
+
+    def steps(rule, records) -> list[int]:
+        return [r["step"] for r in records if rule.check(r)]
+
+    stuck = stream(**{"rewards/accuracy": lambda i: 0.5, "rewards/margins": lambda i: 0.0})
+    assert (
+        steps(PreferenceStuck(), stuck)[0] == 11
+    )  # the first record (the policy is its reference) is not counted
+    learning = stream(
+        **{"rewards/accuracy": lambda i: min(0.5 + 0.05 * i, 1.0), "rewards/margins": lambda i: 0.1 * i}
+    )
+    assert steps(PreferenceStuck(), learning) == []
+    falling = stream(**{"logps/chosen": lambda i: -30.0 - 0.5 * i})
+    assert steps(ChosenFalling(), falling)[0] == 8
+    wobbling = stream(**{"logps/chosen": lambda i: -30.0 - 0.5 * (i % 3)})
+    assert steps(ChosenFalling(), wobbling) == []
