@@ -39,3 +39,8 @@ class ObjectiveConfig:
     """kto: weight of the undesirable (label false) examples' loss."""
     reference: str = "model"
     """dpo and kto: model (a frozen reference forward each step; with LoRA the base with adapters off) or precompute."""
+
+
+def rows_per_example(name: str) -> int:
+    """Rows a micro batch holds per example: 2 for a pair (chosen and rejected), else 1."""
+    return 2 if name in PAIRED else 1

@@ -10,7 +10,8 @@ The order, and why:
    in the module tree before TP splits, compile traces and DDP/FSDP2 wrap it;
 3. the model parts: the whole model, or with parallel.pp_size > 1 this rank's pipeline stages (the
    one stage plan, launcher.parallel.dims);
-4. the objective (cross-entropy, or distillation with its frozen teacher placed like the student);
+4. the objective (cross-entropy, distillation with its frozen teacher, or a preference loss with its
+   reference, placed like the student);
 5. launcher.parallel.parallelize on each part, in its fixed order: tensor parallelism ->
    activation checkpointing/offload -> the micro-batch search (memory.auto_micro_batch, a hook that
    measures the eager part; refused with TP, FSDP, ZeRO-3 and pipelines) -> compile -> the
@@ -54,7 +55,7 @@ from launcher.parallel.strategy import Setup, Strategy
 from launcher.rank.engine import Components
 from launcher.rank.micro_batch import fit_micro_batch
 from launcher.rank.mixture_data import build_mixture, epochs_extra
-from launcher.rank.reference import bind_policy
+from launcher.rank.reference import bind_policy, preference_objective
 from launcher.rank.teacher import build_objective
 from launcher.spec import RunSpec
 
@@ -141,7 +142,9 @@ def build(spec: RunSpec, dist: DistContext, run_dir: Path | None = None) -> Comp
     # the whole model, or this rank's pipeline stages (the stage plan, asked once)
     plan = dist.dims.stage_plan(spec.parallel, spec.model, spec.data.seq_len, dist.rank)
     parts = [model] if plan is None else split_model(model, plan)
-    objective = build_objective(spec, dist, mesh, model)  # a teacher or reference is placed like the student
+    # a teacher or a preference reference is placed like the student
+    objective = preference_objective(spec, dist, mesh, model) if spec.objective.name != "sft" else None
+    objective = objective or build_objective(spec, dist, mesh)
     batch = BatchSplit(
         micro_batch_size=spec.train.micro_batch_size, grad_accum_steps=spec.train.grad_accum_steps
     )

@@ -61,12 +61,8 @@ def _place(teacher: nn.Module, spec: RunSpec, dist: DistContext, mesh: DeviceMes
     return teacher
 
 
-def build_objective(spec: RunSpec, dist: DistContext, mesh: DeviceMesh | None, model: nn.Module) -> Objective:
-    """Cross-entropy, a preference objective (launcher.rank.reference), or distillation from the placed teacher."""
-    if spec.objective.name != "sft":
-        from launcher.rank.reference import preference_objective
-
-        return preference_objective(spec, dist, mesh, model)
+def build_objective(spec: RunSpec, dist: DistContext, mesh: DeviceMesh | None) -> Objective:
+    """Cross-entropy, or with distill.teacher the frozen, placed teacher's distillation objective."""
     if spec.distill.teacher is None:
         return CrossEntropy()
     with torch.random.fork_rng(devices=[]):

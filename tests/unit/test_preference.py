@@ -17,7 +17,9 @@ from data_assets import write_jsonl
 from preference_assets import pair_records
 
 from conftest import run_inline
-from launcher.components.data.pairs import REJECTED, UNDESIRABLE, PairDocuments, encode_pair
+from launcher.components.data import pairs as pair_format
+from launcher.components.data.batching import PairDocuments
+from launcher.components.data.pairs import REJECTED, UNDESIRABLE, encode_pair
 from launcher.components.data.tokenizer import load_tokenizer
 from launcher.components.data.tokens import START, TRAINED, TokenStore
 from launcher.config.tokenizer import TokenizerConfig
@@ -73,6 +75,7 @@ def test_each_preference_layout_is_one_document_with_both_sides(record: dict, hf
 
 
 def test_kto_label_and_bad_records() -> None:
+    assert pair_format.TRAINED == TRAINED  # the cache keeps encode_record's flags as they are
     tokenizer = load_tokenizer(BYTES)
     ids, flags = encode_pair(
         {"prompt": "a", "completion": "b", "label": False}, "kto", BYTES, tokenizer, "r0"

@@ -1,4 +1,5 @@
-"""Batches of whole documents for variable-length data: padded, grouped by length, or by a token budget.
+"""Batches of whole documents for variable-length data: padded, grouped by length, or by a token budget;
+and preference pairs (or kto examples) as whole sides, chosen rows then rejected rows (`PairDocuments`).
 
 With `data.packing=false` every document (ended by the 0 separator byte) becomes one training
 sequence; a document longer than `data.seq_len` is cut into several. Batches are padded to
@@ -21,6 +22,7 @@ from typing import TYPE_CHECKING, Protocol
 
 import torch
 
+from launcher.components.data.pairs import REJECTED, UNDESIRABLE
 from launcher.components.data.sequences import (
     BatchStream,
     EpochStream,
@@ -29,7 +31,7 @@ from launcher.components.data.sequences import (
     _epoch_seed,
     labels_and_positions,
 )
-from launcher.components.data.tokens import START, Corpus, TokenStore
+from launcher.components.data.tokens import START, TRAINED, Corpus, TokenStore
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack
@@ -97,6 +99,49 @@ class Documents:
             flags[row, : n + 1] = self.flags[start : start + n + 1]
         flags[:, 1:] &= ~torch.tensor(START, dtype=torch.uint8)  # one document per row: nothing to cut
         return labels_and_positions(tokens, flags, document_mask=False)
+
+
+class PairDocuments:
+    """The pairs (or kto examples) of a token store, read back as batches of whole, truncated sides."""
+
+    def __init__(self, store: TokenStore, seq_len: int, *, kto: bool) -> None:
+        flags = store.flags
+        starts = torch.nonzero(flags & START).flatten().tolist()
+        bounds = [*starts, len(store.tokens)]
+        sides, labels = [], []
+        for begin, end in zip(bounds[:-1], bounds[1:], strict=True):
+            if kto:
+                sides.append([(begin, end)])
+                labels.append(0 if int(flags[begin]) & UNDESIRABLE else 1)
+                continue
+            cut = torch.nonzero(flags[begin:end] & REJECTED).flatten()
+            if len(cut) == 1 and int(cut[0]) > 0:  # a pair the cache's cap cut short is left out
+                middle = begin + int(cut[0])
+                sides.append([(begin, middle), (middle, end)])
+        self.tokens, self.flags, self.seq_len, self.kto = store.tokens, flags, seq_len, kto
+        self.sides = sides
+        self.labels = torch.tensor(labels, dtype=torch.int64)
+        longest = [max(e - b for b, e in s) for s in sides]
+        self.lengths = torch.tensor([min(n, seq_len + 1) - 1 for n in longest], dtype=torch.int64)
+
+    def __len__(self) -> int:
+        return len(self.sides)
+
+    def batch(self, indices: torch.Tensor) -> dict[str, torch.Tensor]:
+        """Rows of whole sides, right-padded (input 0, label -100): chosen rows then rejected rows (kto: + kto_label)."""
+        picked = indices.reshape(-1).long().tolist()
+        spans = [self.sides[i][k] for k in range(1 if self.kto else 2) for i in picked]
+        width = max((min(e - b, self.seq_len + 1) for b, e in spans), default=1)
+        tokens = torch.zeros((len(spans), width), dtype=torch.int64)
+        flags = torch.zeros((len(spans), width), dtype=torch.uint8)
+        for row, (begin, end) in enumerate(spans):
+            n = min(end - begin, self.seq_len + 1)
+            tokens[row, :n] = self.tokens[begin : begin + n].long()
+            flags[row, :n] = self.flags[begin : begin + n] & TRAINED
+        batch = labels_and_positions(tokens, flags, document_mask=False)
+        if self.kto:
+            batch["kto_label"] = self.labels[torch.tensor(picked, dtype=torch.int64)]
+        return batch
 
 
 def grouped_order(lengths: torch.Tensor, order: torch.Tensor, group: int) -> torch.Tensor:
@@ -203,8 +248,6 @@ def build_stream(
     data.format preference or kto, read by launcher.components.data.pairs)."""
     common = Placement(seed=seed, rank=rank, world_size=world_size, grad_accum_steps=grad_accum_steps)
     if pairs is not None:  # preference pairs or kto examples: whole sides, never packed
-        from launcher.components.data.pairs import PairDocuments
-
         dataset = PairDocuments(corpus.train, seq_len, kto=pairs == "kto")
         return BatchStream(dataset, micro_batch_size=micro_batch_size, **common)
     if packing:

@@ -14,26 +14,25 @@ Layouts read (one record each):
 
 The token cache holds a pair as ONE document, chosen side then rejected side, so the train/val split
 and every cut keep a pair whole; the REJECTED flag bit marks the rejected side's first token. A kto
-example is one document, the UNDESIRABLE bit on its first token. `PairDocuments` reads them back as
-batches: [chosen rows; rejected rows] (kto: rows and `kto_label`). Truncation rule: each side keeps
+example is one document, the UNDESIRABLE bit on its first token.
+launcher.components.data.batching.PairDocuments reads them back as batches: [chosen rows; rejected rows] (kto: rows and `kto_label`). Truncation rule: each side keeps
 its first data.seq_len + 1 tokens (the prompt first, so both sides of a pair lose the same prompt
 tokens and then their responses' tails); a side cut inside its prompt trains nothing.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from launcher.components.data.chat import chat_conversation, sharegpt_conversation
 from launcher.components.data.render import conversation_segments
 from launcher.components.data.sources import RecordError
 from launcher.components.data.tokenizer import Tokenizer
-from launcher.components.data.tokens import START, TRAINED, TokenStore
 from launcher.config.tokenizer import TokenizerConfig
 
-if TYPE_CHECKING:
-    import torch
-
+TRAINED = 1
+"""The token cache's TRAINED bit (launcher.components.data.tokens.TRAINED; a test holds them equal): encode_record's
+flags are that bit, and the cache writes a record's flags as they are."""
 REJECTED = 4
 """Flag bit: the first token of a pair's rejected side."""
 UNDESIRABLE = 8
@@ -107,52 +106,3 @@ def encode_pair(
         raise RecordError(f"{where}: a pair needs a non-empty chosen and rejected side. {HINT[fmt]}")
     rejected_flags[0] |= REJECTED
     return chosen + rejected, chosen_flags + rejected_flags
-
-
-class PairDocuments:
-    """The pairs (or kto examples) of a token store, read back as batches of whole, truncated sides."""
-
-    def __init__(self, store: TokenStore, seq_len: int, *, kto: bool) -> None:
-        import torch
-
-        flags = store.flags
-        starts = torch.nonzero(flags & START).flatten().tolist()
-        bounds = [*starts, len(store.tokens)]
-        sides, labels = [], []
-        for begin, end in zip(bounds[:-1], bounds[1:], strict=True):
-            if kto:
-                sides.append([(begin, end)])
-                labels.append(0 if int(flags[begin]) & UNDESIRABLE else 1)
-                continue
-            cut = torch.nonzero(flags[begin:end] & REJECTED).flatten()
-            if len(cut) == 1 and int(cut[0]) > 0:  # a pair the cache's cap cut short is left out
-                middle = begin + int(cut[0])
-                sides.append([(begin, middle), (middle, end)])
-        self.tokens, self.flags, self.seq_len, self.kto = store.tokens, flags, seq_len, kto
-        self.sides = sides
-        self.labels = torch.tensor(labels, dtype=torch.int64)
-        longest = [max(e - b for b, e in s) for s in sides]
-        self.lengths = torch.tensor([min(n, seq_len + 1) - 1 for n in longest], dtype=torch.int64)
-
-    def __len__(self) -> int:
-        return len(self.sides)
-
-    def batch(self, indices: torch.Tensor) -> dict[str, torch.Tensor]:
-        """Rows of whole sides, right-padded (input 0, label -100): chosen rows then rejected rows (kto: + kto_label)."""
-        import torch
-
-        from launcher.components.data.sequences import labels_and_positions
-
-        picked = indices.reshape(-1).long().tolist()
-        spans = [self.sides[i][k] for k in range(1 if self.kto else 2) for i in picked]
-        width = max((min(e - b, self.seq_len + 1) for b, e in spans), default=1)
-        tokens = torch.zeros((len(spans), width), dtype=torch.int64)
-        flags = torch.zeros((len(spans), width), dtype=torch.uint8)
-        for row, (begin, end) in enumerate(spans):
-            n = min(end - begin, self.seq_len + 1)
-            tokens[row, :n] = self.tokens[begin : begin + n].long()
-            flags[row, :n] = self.flags[begin : begin + n] & TRAINED
-        batch = labels_and_positions(tokens, flags, document_mask=False)
-        if self.kto:
-            batch["kto_label"] = self.labels[torch.tensor(picked, dtype=torch.int64)]
-        return batch
