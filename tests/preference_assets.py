@@ -44,3 +44,12 @@ def wide_llama(out: Path, tokenizer: Path, seed: int = 1234) -> Path:
     for path in tokenizer.iterdir():
         shutil.copy(path, out / path.name)
     return out
+
+
+if __name__ == "__main__":  # `python tests/preference_assets.py preference|kto [COUNT]`: JSONL on stdout
+    import json
+    import sys
+
+    make = kto_records if sys.argv[1:2] == ["kto"] else pair_records
+    for item in make(int(sys.argv[2]) if len(sys.argv) > 2 else 200):
+        print(json.dumps(item))
