@@ -121,6 +121,8 @@ class Preference:
 
     def __init__(self, cfg: ObjectiveConfig, reference: Reference | None = None) -> None:
         self.cfg, self.reference = cfg, reference
+        self.reference_copy: torch.nn.Module | None = None
+        """objective.reference=precompute without adapters: the frozen copy that computes the log-probs once."""
         self._sums: torch.Tensor | None = None
 
     def count(self, batch: dict[str, torch.Tensor]) -> int:

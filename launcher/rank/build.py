@@ -45,6 +45,7 @@ from launcher.components.model.long_context import loss_chunking_bypass
 from launcher.components.objective import Objective
 from launcher.components.precision import apply_backend_flags, apply_fp8
 from launcher.components.scheduler import build_scheduler
+from launcher.config.objective import NEEDS_REFERENCE
 from launcher.parallel import pretrained
 from launcher.parallel.dims import DistContext
 from launcher.parallel.parallelize import parallelize, run_mesh
@@ -77,9 +78,10 @@ def _corpus(spec: RunSpec, dist: DistContext) -> Corpus:
 
 
 def _data(
-    spec: RunSpec, dist: DistContext, batch: BatchSplit
+    spec: RunSpec, dist: DistContext, batch: BatchSplit, ref_logps: torch.Tensor | None = None
 ) -> tuple[Batches, PackedSequences, tuple[HeldOut, ...], MixtureStream | None]:
-    """Step 7: this rank's training stream, held-out sequences (per source for a mixture) and the mixture."""
+    """Step 7: this rank's training stream, held-out sequences (per source for a mixture) and the mixture
+    (`ref_logps`: a preference corpus's precomputed reference log-probs)."""
     d, device = spec.data, dist.device
     if d.sources:  # a mixture: each source's cached corpus, interleaved by weight
         mixed, held_out = build_mixture(spec, dist, batch)
@@ -99,6 +101,7 @@ def _data(
             rank=dist.dp_rank,
             world_size=dist.dp_size,
             pairs=d.format if d.format in ("preference", "kto") else None,
+            ref_logps=ref_logps,
         )
         mixed, held_out = None, ()
         val = PackedSequences(corpus.val, d.seq_len, document_mask=d.packing and d.document_mask)
@@ -111,6 +114,22 @@ def _data(
     elif device.type == "cuda":  # pinned batches built ahead by a thread; on CPU it would compete for cores
         stream = BackgroundBatches(stream, pin_memory=True)
     return stream, val, held_out, mixed
+
+
+def _precomputed(
+    spec: RunSpec, dist: DistContext, policy: nn.Module, objective: Objective
+) -> torch.Tensor | None:
+    """objective.reference=precompute: every training pair's reference log-probs, before the first step
+    (by the policy with adapters off, or the objective's temporary frozen copy, dropped after)."""
+    o = spec.objective
+    if o.reference != "precompute" or o.name not in NEEDS_REFERENCE:
+        return None
+    from launcher.components.data.batching import PairDocuments
+    from launcher.rank.reference_logps import reference_logps
+
+    pairs = PairDocuments(_corpus(spec, dist).train, spec.data.seq_len, kto=o.name == "kto")
+    copy, objective.reference_copy = objective.reference_copy, None
+    return reference_logps(spec, dist, policy, pairs, copy)
 
 
 def _runner(strategy: Strategy, setup: Setup, objective: Objective, plan: StagePlan | None) -> Runner:
@@ -164,7 +183,9 @@ def build(spec: RunSpec, dist: DistContext, run_dir: Path | None = None) -> Comp
     bind_policy(objective, strategy.model)  # a LoRA run's reference: the policy with adapters off
     runner = _runner(strategy, setup, objective, plan)
     scheduler = build_scheduler(strategy.optimizer, spec.scheduler, spec.train.max_steps)
-    stream, val, held_out, mixed = _data(spec, dist, batch)
+    stream, val, held_out, mixed = _data(
+        spec, dist, batch, _precomputed(spec, dist, strategy.model, objective)
+    )
     return Components(
         spec=spec,
         batch=batch,

@@ -8,7 +8,8 @@
   run compares with the same initial weights), cast to the training dtype, in eval mode with
   requires_grad off, and placed as the teacher is (a whole copy per process; FSDP2-sharded per
   decoder layer under fsdp).
-- simpo and orpo need none; objective.reference=precompute reads the rows' `ref_logps` from the batch.
+- simpo and orpo need none; with objective.reference=precompute the reference reads every pair once
+  before training (launcher.rank.reference_logps) and the batches carry the rows' `ref_logps`.
 """
 
 from __future__ import annotations
@@ -61,9 +62,14 @@ def preference_objective(
     """The preference objective of spec.objective, with its frozen reference when it needs one."""
     cfg = spec.objective
     objective = Preference(cfg)
-    if cfg.name not in NEEDS_REFERENCE or cfg.reference == "precompute" or adapter_layers(model):
+    if cfg.name not in NEEDS_REFERENCE or adapter_layers(model):
         return objective  # adapters: the policy is bound after wrapping (bind_policy)
     reference = frozen_copy(spec, model, dist, mesh)
+    if (
+        cfg.reference == "precompute"
+    ):  # used once before training (launcher.rank.reference_logps), then dropped
+        objective.reference_copy = reference
+        return objective
     objective.reference = lambda batch: reference(**model_inputs(batch))
     return objective
 

@@ -106,19 +106,13 @@ def _placement(spec: RunSpec, hw: Hardware) -> Iterator[SpecError]:
             f"the micro-batch search measures plain sequences, not objective={o.name}'s pairs and reference forward: "
             "set memory.auto_micro_batch=false and train.micro_batch_size (in pairs).",
         )
-    needs_copy = o.name in NEEDS_REFERENCE and o.reference == "model" and spec.quantization.lora.rank == 0
+    needs_copy = o.name in NEEDS_REFERENCE and spec.quantization.lora.rank == 0
     if needs_copy and p.strategy == "deepspeed":
         yield SpecError(
             ("objective.name", "parallel.strategy"),
             f"objective={o.name} without LoRA needs a frozen reference copy, and DeepSpeed partitions only the model "
             "it wraps: add LoRA (quantization=lora or nf4_lora: the reference is the base, adapters off) or use "
             "`parallel=fsdp` (the reference is sharded like the model).",
-        )
-    if o.reference == "precompute" and o.name in NEEDS_REFERENCE:
-        yield SpecError(
-            ("objective.reference",),
-            "objective.reference=precompute is not available in this version: use objective.reference=model "
-            "(with LoRA the reference costs no memory, it is the base with adapters off).",
         )
 
 

@@ -126,21 +126,34 @@ def test_rules_refuse_what_cannot_run_with_the_fix() -> None:
     assert not [keys for keys in errors if "objective.name" in keys]  # no reference: DeepSpeed runs it
 
 
-def test_dpo_run_with_a_frozen_reference_starts_at_ln2_and_logs_rewards(tmp_path) -> None:
+def test_dpo_run_with_a_frozen_reference_starts_at_ln2_logs_rewards_and_precomputes_alike(tmp_path) -> None:
     data = write_jsonl(tmp_path / "pairs.jsonl", pair_records(48))
-    overrides = [
+    common = [
         "objective=dpo", "data=jsonl", "data.format=preference", f"data.path={data}", "data.seq_len=32",
         "model=gpt_tiny", "train.max_steps=3", "train.micro_batch_size=4", "train.log_every=1",
         "train.eval_every=3", "train.eval_batches=1", "optimizer.lr=3e-3", "scheduler.warmup_steps=1",
-        "log.progress=false", "log.summary_table=false", f"run_dir={tmp_path / 'run'}",
+        "log.progress=false", "log.summary_table=false",
     ]  # fmt: skip
-    assert run_inline(overrides, tmp_path / "run") == 0
-    records = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
-    steps = [r for r in records if "loss" in r]
+    records = {}
+    for reference in ("model", "precompute"):
+        run_dir = tmp_path / reference
+        assert run_inline([*common, f"objective.reference={reference}", f"run_dir={run_dir}"], run_dir) == 0
+        records[reference] = [
+            json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()
+        ]
+    steps = [r for r in records["model"] if "loss" in r]
     assert steps[0]["loss"] == pytest.approx(math.log(2), abs=1e-6)
     assert {"rewards/chosen", "rewards/margins", "rewards/accuracy", "logps/rejected"} <= set(steps[0])
     assert steps[-1]["rewards/margins"] > 0 and steps[-1]["loss"] < math.log(2)
-    assert any("eval_loss" in r and math.isfinite(r["eval_loss"]) for r in records)
+    assert any("eval_loss" in r and math.isfinite(r["eval_loss"]) for r in records["model"])
+    once = [r for r in records["precompute"] if "loss" in r]  # computed once into the token cache, then read
+    for a, b in zip(steps, once, strict=True):
+        assert b["loss"] == pytest.approx(a["loss"], abs=1e-5)
+        assert b["rewards/margins"] == pytest.approx(a["rewards/margins"], abs=1e-4)
+    from launcher.rank.reference_logps import cache_file
+    from launcher.spec import load_spec
+
+    assert cache_file(load_spec(tmp_path / "precompute" / "spec.yaml")).is_file()
 
 
 def test_the_advisor_speaks_on_stuck_rewards_and_on_falling_chosen_logps() -> None:

@@ -123,6 +123,8 @@ class PairDocuments:
         self.labels = torch.tensor(labels, dtype=torch.int64)
         longest = [max(e - b for b, e in s) for s in sides]
         self.lengths = torch.tensor([min(n, seq_len + 1) - 1 for n in longest], dtype=torch.int64)
+        self.ref_logps: torch.Tensor | None = None
+        """[len, sides] reference log-probs (objective.reference=precompute): batches carry them as `ref_logps`."""
 
     def __len__(self) -> int:
         return len(self.sides)
@@ -139,8 +141,11 @@ class PairDocuments:
             tokens[row, :n] = self.tokens[begin : begin + n].long()
             flags[row, :n] = self.flags[begin : begin + n] & TRAINED
         batch = labels_and_positions(tokens, flags, document_mask=False)
+        index = torch.tensor(picked, dtype=torch.int64)
         if self.kto:
-            batch["kto_label"] = self.labels[torch.tensor(picked, dtype=torch.int64)]
+            batch["kto_label"] = self.labels[index]
+        if self.ref_logps is not None:  # the rows' order: every chosen side, then every rejected side
+            batch["ref_logps"] = self.ref_logps[index].T.reshape(-1)
         return batch
 
 
@@ -243,12 +248,15 @@ def build_stream(
     rank: int,
     world_size: int,
     pairs: str | None = None,
+    ref_logps: torch.Tensor | None = None,
 ) -> Batches:
     """The training batch stream the data settings ask for (packed sequences by default; `pairs`:
-    data.format preference or kto, read by launcher.components.data.pairs)."""
+    data.format preference or kto, read by launcher.components.data.pairs; `ref_logps`: their precomputed
+    reference log-probs)."""
     common = Placement(seed=seed, rank=rank, world_size=world_size, grad_accum_steps=grad_accum_steps)
     if pairs is not None:  # preference pairs or kto examples: whole sides, never packed
         dataset = PairDocuments(corpus.train, seq_len, kto=pairs == "kto")
+        dataset.ref_logps = ref_logps
         return BatchStream(dataset, micro_batch_size=micro_batch_size, **common)
     if packing:
         return BatchStream(
