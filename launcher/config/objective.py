@@ -38,7 +38,7 @@ class ObjectiveConfig:
     undesirable_weight: float = 1.0
     """kto: weight of the undesirable (label false) examples' loss."""
     reference: str = "model"
-    """dpo and kto: model (a frozen reference forward each step; with LoRA the base with adapters off) or precompute."""
+    """dpo and kto: model (a reference forward each step; with LoRA the base with adapters off) or precompute (once, cached)."""
 
 
 def rows_per_example(name: str) -> int:
