@@ -73,6 +73,12 @@ def _data(spec: RunSpec, hw: Hardware) -> Iterator[SpecError]:
             f"objective={o.name} needs whole pairs in one micro batch, chosen and rejected side by side, which packing "
             "would cut apart: set data.packing=false.",
         )
+    if d.batching != "fixed":
+        yield SpecError(
+            ("objective.name", "data.batching"),
+            f"objective={o.name} batches a fixed number of pairs (examples) per micro batch; data.batching="
+            f"{d.batching} is refused: set data.batching=fixed.",
+        )
     if d.sources:
         yield SpecError(
             ("objective.name", "data.sources"),

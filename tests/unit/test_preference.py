@@ -177,3 +177,21 @@ def test_the_advisor_speaks_on_stuck_rewards_and_on_falling_chosen_logps() -> No
     assert steps(ChosenFalling(), falling)[0] == 8
     wobbling = stream(**{"logps/chosen": lambda i: -30.0 - 0.5 * (i % 3)})
     assert steps(ChosenFalling(), wobbling) == []
+
+
+def test_too_few_pairs_for_one_step_are_refused_before_launch(tmp_path) -> None:
+    from launcher.front import compose
+    from launcher.front.data_sizes import size_errors
+
+    data = write_jsonl(tmp_path / "pairs.jsonl", pair_records(20))
+    args = [
+        "objective=dpo",
+        "data=jsonl",
+        "data.format=preference",
+        f"data.path={data}",
+        "train.micro_batch_size=64",
+    ]
+    spec, errors = compose.validate(compose.compose(args))
+    assert errors == []
+    (error,) = size_errors(spec)
+    assert "17 training pairs" in error.message and "packing=true" not in error.message
