@@ -31,6 +31,7 @@ from pathlib import Path
 import numpy as np
 import torch
 from torch import nn
+from torch.distributed.device_mesh import DeviceMesh
 
 from launcher.components import device as devices
 from launcher.components import memory, prune, qat, quantization
@@ -132,6 +133,13 @@ def _precomputed(
     return reference_logps(spec, dist, policy, pairs, copy)
 
 
+def _objective(spec: RunSpec, dist: DistContext, mesh: DeviceMesh | None, model: nn.Module) -> Objective:
+    """Cross-entropy or distillation (rank/teacher), or a preference loss with its reference (rank/reference)."""
+    if spec.objective.name != "sft":
+        return preference_objective(spec, dist, mesh, model)
+    return build_objective(spec, dist, mesh)
+
+
 def _runner(strategy: Strategy, setup: Setup, objective: Objective, plan: StagePlan | None) -> Runner:
     """What the loop calls for a step: the pipeline's schedule over the stages, or the whole model."""
     if plan is None:
@@ -161,9 +169,7 @@ def build(spec: RunSpec, dist: DistContext, run_dir: Path | None = None) -> Comp
     # the whole model, or this rank's pipeline stages (the stage plan, asked once)
     plan = dist.dims.stage_plan(spec.parallel, spec.model, spec.data.seq_len, dist.rank)
     parts = [model] if plan is None else split_model(model, plan)
-    # a teacher or a preference reference is placed like the student
-    objective = preference_objective(spec, dist, mesh, model) if spec.objective.name != "sft" else None
-    objective = objective or build_objective(spec, dist, mesh)
+    objective = _objective(spec, dist, mesh, model)  # a teacher or a reference is placed like the student
     batch = BatchSplit(
         micro_batch_size=spec.train.micro_batch_size, grad_accum_steps=spec.train.grad_accum_steps
     )
@@ -183,9 +189,8 @@ def build(spec: RunSpec, dist: DistContext, run_dir: Path | None = None) -> Comp
     bind_policy(objective, strategy.model)  # a LoRA run's reference: the policy with adapters off
     runner = _runner(strategy, setup, objective, plan)
     scheduler = build_scheduler(strategy.optimizer, spec.scheduler, spec.train.max_steps)
-    stream, val, held_out, mixed = _data(
-        spec, dist, batch, _precomputed(spec, dist, strategy.model, objective)
-    )
+    ref_logps = _precomputed(spec, dist, strategy.model, objective)  # objective.reference=precompute
+    stream, val, held_out, mixed = _data(spec, dist, batch, ref_logps)
     return Components(
         spec=spec,
         batch=batch,

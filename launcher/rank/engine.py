@@ -267,7 +267,8 @@ class Engine:
         )  # fmt: skip
 
     def _train_step(self) -> None:
-        """One optimizer step over grad_accum_steps micro batches, normalized by the step's trained tokens on all ranks."""
+        """One optimizer step over grad_accum_steps micro batches, normalized by the step's terms (the objective's
+        count: trained tokens, or pairs) on all ranks."""
         strategy, runner = self.parts.strategy, self.parts.runner
         dtype = train_dtype(self.spec.precision)
         for hook in self.parts.before_step:
@@ -281,12 +282,12 @@ class Engine:
         # The data phase is making batches only: the collective below waits for the slowest rank (on
         # gloo it blocks), which is compute skew, not input, so it counts with the forward phase.
         self.timer.start("forward")
-        tokens_per_rank = self.parts.dist.data_mean(num_terms)  # the step's terms, however ranks share them
+        terms_per_rank = self.parts.dist.data_mean(num_terms)  # the step's terms, however ranks share them
         loss_sum = torch.zeros((), device=self.device)
         for i, batch in enumerate(batches):
             sync = i == len(batches) - 1
             with contextlib.nullcontext() if sync else strategy.no_sync():
-                loss_sum += runner.forward_backward(batch, tokens_per_rank, dtype, self.timer)
+                loss_sum += runner.forward_backward(batch, terms_per_rank, dtype, self.timer)
         self.timer.start("optimizer")
         result = strategy.step(loss_ok=torch.isfinite(loss_sum))
         with warnings.catch_warnings():  # a skipped step still advances the schedule, on purpose
@@ -306,13 +307,9 @@ class Engine:
         self.guard.settle(self.step)
         now = time.perf_counter()
         elapsed = now - self._mark[0]
+        interval = self._interval
         loss_sum, tokens, samples, terms = dist.data_sum(
-            [
-                float(self._interval["loss"]),
-                self._interval["tokens"],
-                self._interval["samples"],
-                self._interval["terms"],
-            ]
+            [float(interval["loss"]), interval["tokens"], interval["samples"], interval["terms"]]
         )
         tokens_per_s = tokens / elapsed if elapsed > 0 else 0.0
         peak = self.parts.peak_flops

@@ -23,12 +23,13 @@ from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 
 from launcher.components.adapters import adapter_layers
+from launcher.components.model.build import build_model
 from launcher.components.model.loss import model_inputs
 from launcher.components.precision import train_dtype
 from launcher.components.preference import Preference
 from launcher.config.objective import NEEDS_REFERENCE
 from launcher.parallel.dims import DistContext
-from launcher.rank.teacher import _place, load_teacher
+from launcher.rank.teacher import _place
 from launcher.spec import RunSpec
 
 
@@ -48,8 +49,10 @@ def adapters_off(model: nn.Module) -> Iterator[None]:
 def frozen_copy(spec: RunSpec, model: nn.Module, dist: DistContext, mesh: DeviceMesh | None) -> nn.Module:
     """The initial policy as a frozen, placed module: read from model.path, or copied from `model`."""
     with torch.random.fork_rng(devices=[]):
-        if spec.model.kind == "hf" and spec.model.path:
-            reference = load_teacher(spec.model.path)
+        if (
+            spec.model.kind == "hf" and spec.model.path
+        ):  # as the policy was built: same vocabulary, same weights
+            reference = build_model(spec.model)
         else:
             reference = copy.deepcopy(model)
     reference = reference.to(dtype=train_dtype(spec.precision)).eval().requires_grad_(False)
