@@ -1,8 +1,8 @@
 """The preference objectives (dpo, simpo, orpo, kto) behind the Objective seam, and their metrics.
 
 A paired batch (data.format=preference) holds 2B rows, the B chosen responses then their B rejected
-ones, each row prompt + response with the prompt's labels -100; a kto batch holds B rows and
-`kto_label` (1 desirable, 0 undesirable). A row's log-prob is the sum of its response tokens'
+ones, each row prompt + response with the prompt's labels -100; a kto batch holds B examples, then B
+KL rows, and `kto_label` (1 desirable, 0 undesirable). A row's log-prob is the sum of its response tokens'
 log-probs (labels != -100); simpo and orpo use its mean over the response. Each objective returns
 the SUM of its per-pair (per-example, for kto) losses and the number of pairs, and `count` tells
 the loop that same number, so the step's loss is the mean over its pairs however micro batches and
@@ -12,8 +12,9 @@ ranks share them. The formulas follow TRL (tests/unit/test_preference_trl.py che
   ((pc - rc) / nc - (pr - rr) / nr - 1 / (2 beta))^2 (p: policy, r: reference, n: response tokens);
 - simpo: -log sigmoid(beta * (mean_c - mean_r) - gamma) (mean: length-normalised log-prob), no reference;
 - orpo: -mean_c - beta * log sigmoid(log odds(mean_c) - log odds(mean_r)), no reference;
-- kto: w_d (1 - sigmoid(beta (pc - rc - z0))) per desirable row, w_u (1 - sigmoid(beta (z0 - (pc - rc))))
-  per undesirable one, z0 the micro batch's mean log-ratio clamped at 0 and detached (KTO's KL estimate).
+- kto: w_d (1 - sigmoid(beta (p - r - z0))) per desirable example, w_u (1 - sigmoid(beta (z0 - (p - r))))
+  per undesirable one, z0 KTO's KL estimate: the mean log-ratio of the batch's KL rows (each prompt with
+  the previous example's completion, as TRL builds them), clamped at 0 and detached.
 
 The reference (dpo, kto) is a callable batch -> logits under no_grad (launcher.rank.reference
 builds it: a frozen copy of the initial policy placed like the distillation teacher, or the policy
@@ -102,11 +103,12 @@ def paired_losses(
 def kto_losses(
     cfg: ObjectiveConfig, logps: torch.Tensor, ref_logps: torch.Tensor, desirable: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """(per-row weighted KTO losses, per-row rewards beta * log-ratio) of a kto batch."""
+    """(per-example weighted KTO losses, rewards beta * log-ratio) of a kto batch's [examples; KL rows] log-probs."""
     import torch
 
-    ratio = logps - ref_logps
-    z0 = ratio.detach().mean().clamp(min=0)
+    examples = len(desirable)
+    ratio = logps[:examples] - ref_logps[:examples]
+    z0 = (logps[examples:] - ref_logps[examples:]).detach().mean().clamp(min=0)
     want = desirable.bool()
     losses = torch.where(
         want,
@@ -126,9 +128,8 @@ class Preference:
         self._sums: torch.Tensor | None = None
 
     def count(self, batch: dict[str, torch.Tensor]) -> int:
-        """The terms a batch adds to its step's mean: its pairs (kto: its rows)."""
-        rows = int(batch["input_ids"].shape[0])
-        return rows if self.cfg.name == "kto" else rows // 2
+        """The terms a batch adds to its step's mean: its pairs (kto: its examples, half its rows)."""
+        return int(batch["input_ids"].shape[0]) // 2
 
     def _reference_logps(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
         import torch
@@ -153,6 +154,7 @@ class Preference:
         if self.cfg.name == "kto":
             want = batch["kto_label"].bool()
             losses, rewards = kto_losses(self.cfg, logps, ref, want)
+            logps = logps[: len(want)]
             zero = torch.zeros((), device=logps.device)
             sums = [
                 torch.where(want, rewards, zero).sum(), want.sum(), torch.where(want, zero, rewards).sum(),

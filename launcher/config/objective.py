@@ -42,5 +42,5 @@ class ObjectiveConfig:
 
 
 def rows_per_example(name: str) -> int:
-    """Rows a micro batch holds per example: 2 for a pair (chosen and rejected), else 1."""
-    return 2 if name in PAIRED else 1
+    """Rows a micro batch holds per example: 2 for a pair (chosen and rejected) or a kto example (and its KL row), else 1."""
+    return 2 if name in PAIRED or name == "kto" else 1

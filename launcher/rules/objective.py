@@ -112,6 +112,12 @@ def _placement(spec: RunSpec, hw: Hardware) -> Iterator[SpecError]:
             f"the micro-batch search measures plain sequences, not objective={o.name}'s pairs and reference forward: "
             "set memory.auto_micro_batch=false and train.micro_batch_size (in pairs).",
         )
+    if o.name == "kto" and o.reference == "precompute":
+        yield SpecError(
+            ("objective.reference",),
+            "objective=kto needs the reference's log-probs of each batch's KL rows (prompts with another "
+            "example's completion), which change with the batch: use objective.reference=model.",
+        )
     needs_copy = o.name in NEEDS_REFERENCE and spec.quantization.lora.rank == 0
     if needs_copy and p.strategy == "deepspeed":
         yield SpecError(

@@ -102,7 +102,14 @@ def test_pairs_come_back_whole_chosen_rows_then_rejected_rows_truncated_together
         assert batch["input_ids"][row, 0] == ids[start]  # each side starts with its prompt: cut from the end
     assert (batch["labels"][:, 0] == -100).all()  # prompt tokens are never trained
     kto = PairDocuments(_store(([1, 2, 3], [0, 1, 1]), ([4, 5], [UNDESIRABLE, 1])), seq_len=8, kto=True)
-    assert kto.batch(torch.tensor([0, 1]))["kto_label"].tolist() == [1, 0]
+    kto_batch = kto.batch(torch.tensor([0, 1]))
+    assert kto_batch["kto_label"].tolist() == [1, 0]
+    full = torch.cat([kto_batch["input_ids"], kto_batch["labels"][:, -1:].clamp(min=0)], dim=1)
+    assert full[2, :2].tolist() == [1, 5] and full[3, :3].tolist() == [
+        4,
+        2,
+        3,
+    ]  # KL rows: the previous completion
 
 
 def _errors(*argv: str) -> dict[tuple[str, ...], str]:

@@ -2,8 +2,8 @@
 
 DPO goes through TRL's own DPOTrainer (one pair per batch, so its logged means are that pair's
 values); SimPO and ORPO through TRL's loss methods (CPOTrainer.cpo_loss,
-ORPOTrainer.odds_ratio_loss and their get_batch_logps). KTO is not compared: TRL's KTOTrainer estimates
-its KL reference point from mismatched completions, ours from the batch's own rows. Skipped where trl is not installed (the
+ORPOTrainer.odds_ratio_loss and their get_batch_logps); KTO through TRL's KTOTrainer with two examples,
+its KL rows (each prompt with the other example's completion) fed to ours. Skipped where trl is not installed (the
 `test` extra has it).
 """
 
@@ -86,6 +86,56 @@ def test_dpo_matches_trl_trainer(policy, tmp_path):
     record = ours.metrics(lambda values: values)
     for key in ("logps/chosen", "logps/rejected", "rewards/chosen", "rewards/rejected"):
         assert abs(record[key] - logged[key]) < TOL * max(1.0, abs(logged[key])), key
+
+
+def test_kto_matches_trl_trainer(policy, tmp_path):
+    """Two examples (one desirable), so TRL's KL rows pair each prompt with the other's completion, as ours do."""
+    from datasets import Dataset
+    from trl import KTOConfig, KTOTrainer
+
+    model, tokenizer = policy
+    reference = copy.deepcopy(model)
+    torch.manual_seed(2)
+    for p in reference.parameters():
+        p.data.add_(0.01 * torch.randn_like(p))
+    rows = [
+        {"prompt": PAIR["prompt"], "completion": PAIR["chosen"], "label": True},
+        {"prompt": "import os\n", "completion": "print(os.sep)", "label": False},
+    ]
+    args = KTOConfig(
+        output_dir=str(tmp_path), per_device_train_batch_size=2, report_to=[], use_cpu=True, beta=0.1
+    )
+    kto = KTOTrainer(
+        model=model,
+        ref_model=reference,
+        args=args,
+        train_dataset=Dataset.from_list(rows),
+        processing_class=tokenizer,
+    )
+    trl_batch = _first_batch(kto)
+    model.train()
+    trl_loss = kto.compute_loss(kto.model, trl_batch)
+    examples = _ours(trl_batch)
+    kl_rows = _ours(
+        {"input_ids": trl_batch["KL_input_ids"], "completion_mask": trl_batch["KL_completion_mask"]}
+    )
+    width = max(examples["input_ids"].shape[1], kl_rows["input_ids"].shape[1])
+
+    def pad(t: torch.Tensor, value: int) -> torch.Tensor:
+        return torch.nn.functional.pad(t, (0, width - t.shape[1]), value=value)
+
+    batch = {
+        key: torch.cat([pad(examples[key], fill), pad(kl_rows[key], fill)])
+        for key, fill in (("input_ids", 0), ("labels", -100))
+    }
+    batch["kto_label"] = trl_batch["label"].long()
+    ours = Preference(
+        ObjectiveConfig(name="kto", beta=0.1),
+        reference=lambda b: kto.ref_model(input_ids=b["input_ids"]).logits,
+    )
+    loss_sum, examples_counted = ours.loss_sum(kto.model(input_ids=batch["input_ids"]).logits, batch)
+    assert float(examples_counted) == 2.0
+    assert abs(float(loss_sum) / 2 - float(trl_loss)) < TOL
 
 
 def test_simpo_and_orpo_match_trl_losses(policy):

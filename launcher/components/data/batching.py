@@ -102,7 +102,11 @@ class Documents:
 
 
 class PairDocuments:
-    """The pairs (or kto examples) of a token store, read back as batches of whole, truncated sides."""
+    """The pairs (or kto examples) of a token store, read back as batches of whole, truncated sides.
+
+    A kto batch of B examples holds 2B rows: the examples, then B KL rows, example i's prompt with the
+    completion of example i - 1 (cyclically, as TRL's KTO collator pairs them) for KTO's reference point.
+    """
 
     def __init__(self, store: TokenStore, seq_len: int, *, kto: bool) -> None:
         flags = store.flags
@@ -110,18 +114,18 @@ class PairDocuments:
         bounds = [*starts, len(store.tokens)]
         sides, labels = [], []
         for begin, end in zip(bounds[:-1], bounds[1:], strict=True):
-            if kto:
-                sides.append([(begin, end)])
+            cut = torch.nonzero(flags[begin:end] & (TRAINED if kto else REJECTED)).flatten()
+            if kto:  # (prompt, completion): the completion starts at the first trained token
+                middle = begin + (int(cut[0]) if len(cut) else end - begin)
+                sides.append([(begin, middle), (middle, end)])
                 labels.append(0 if int(flags[begin]) & UNDESIRABLE else 1)
-                continue
-            cut = torch.nonzero(flags[begin:end] & REJECTED).flatten()
-            if len(cut) == 1 and int(cut[0]) > 0:  # a pair the cache's cap cut short is left out
+            elif len(cut) == 1 and int(cut[0]) > 0:  # a pair the cache's cap cut short is left out
                 middle = begin + int(cut[0])
                 sides.append([(begin, middle), (middle, end)])
         self.tokens, self.flags, self.seq_len, self.kto = store.tokens, flags, seq_len, kto
         self.sides = sides
         self.labels = torch.tensor(labels, dtype=torch.int64)
-        longest = [max(e - b for b, e in s) for s in sides]
+        longest = [max(e - b for b, e in s) for s in sides] if not kto else [s[1][1] - s[0][0] for s in sides]
         self.lengths = torch.tensor([min(n, seq_len + 1) - 1 for n in longest], dtype=torch.int64)
         self.ref_logps: torch.Tensor | None = None
         """[len, sides] reference log-probs (objective.reference=precompute): batches carry them as `ref_logps`."""
@@ -129,17 +133,28 @@ class PairDocuments:
     def __len__(self) -> int:
         return len(self.sides)
 
+    def _rows(self, picked: list[int]) -> list[list[tuple[int, int]]]:
+        """Each row as the token spans it joins: chosen then rejected sides; kto: examples, then KL rows."""
+        if not self.kto:
+            return [[self.sides[i][k]] for k in (0, 1) for i in picked]
+        examples = [[self.sides[i][0], self.sides[i][1]] for i in picked]
+        shifted = picked[-1:] + picked[:-1]
+        return examples + [[self.sides[i][0], self.sides[j][1]] for i, j in zip(picked, shifted, strict=True)]
+
     def batch(self, indices: torch.Tensor) -> dict[str, torch.Tensor]:
         """Rows of whole sides, right-padded (input 0, label -100): chosen rows then rejected rows (kto: + kto_label)."""
         picked = indices.reshape(-1).long().tolist()
-        spans = [self.sides[i][k] for k in range(1 if self.kto else 2) for i in picked]
-        width = max((min(e - b, self.seq_len + 1) for b, e in spans), default=1)
-        tokens = torch.zeros((len(spans), width), dtype=torch.int64)
-        flags = torch.zeros((len(spans), width), dtype=torch.uint8)
-        for row, (begin, end) in enumerate(spans):
-            n = min(end - begin, self.seq_len + 1)
-            tokens[row, :n] = self.tokens[begin : begin + n].long()
-            flags[row, :n] = self.flags[begin : begin + n] & TRAINED
+        rows = [
+            (torch.cat([self.tokens[b:e] for b, e in spans]), torch.cat([self.flags[b:e] for b, e in spans]))
+            for spans in self._rows(picked)
+        ]
+        width = max((min(len(t), self.seq_len + 1) for t, _ in rows), default=1)
+        tokens = torch.zeros((len(rows), width), dtype=torch.int64)
+        flags = torch.zeros((len(rows), width), dtype=torch.uint8)
+        for row, (ids, bits) in enumerate(rows):
+            n = min(len(ids), self.seq_len + 1)
+            tokens[row, :n] = ids[:n].long()
+            flags[row, :n] = bits[:n] & TRAINED
         batch = labels_and_positions(tokens, flags, document_mask=False)
         index = torch.tensor(picked, dtype=torch.int64)
         if self.kto:
