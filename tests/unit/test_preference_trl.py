@@ -25,9 +25,10 @@ PAIR = {"prompt": "def add(a, b):", "chosen": " return a + b", "rejected": " ret
 TOL = 1e-5
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture
 def policy(hf_tokenizer):
-    """A tiny Llama with seeded random weights and the tests' tokenizer."""
+    """A tiny Llama with seeded random weights and the tests' tokenizer (a fresh one per test: TRL's trainers
+    patch the models they are given)."""
     from hf_assets import hf_config
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -48,6 +49,13 @@ def _ours(trl_batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     keep = trl_batch["completion_mask"][:, 1:].bool()
     labels = torch.where(keep, ids[:, 1:], torch.full_like(ids[:, 1:], -100))
     return {"input_ids": ids, "labels": torch.cat([labels, torch.full_like(labels[:, :1], -100)], dim=1)}
+
+
+@pytest.fixture(autouse=True)
+def _one_process(monkeypatch) -> None:
+    """TRL's trainers (accelerate) read a launcher's rank variables: an inline run earlier in the session leaves them."""
+    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
+        monkeypatch.delenv(name, raising=False)
 
 
 def _first_batch(trainer) -> dict[str, torch.Tensor]:
