@@ -30,6 +30,7 @@ from launcher.config.log import LogConfig
 from launcher.config.logger import LoggerConfig
 from launcher.config.memory import MemoryConfig
 from launcher.config.model import ModelConfig
+from launcher.config.objective import ObjectiveConfig
 from launcher.config.optimizer import OptimizerConfig
 from launcher.config.parallel import ParallelConfig
 from launcher.config.precision import PrecisionConfig
@@ -106,6 +107,7 @@ class RunSpec:
     tokenizer: TokenizerConfig = field(default_factory=TokenizerConfig)
     quantization: QuantizationConfig = field(default_factory=QuantizationConfig)
     distill: DistillConfig = field(default_factory=DistillConfig)
+    objective: ObjectiveConfig = field(default_factory=ObjectiveConfig)
     qat: QatConfig = field(default_factory=QatConfig)
     prune: PruneConfig = field(default_factory=PruneConfig)
     memory: MemoryConfig = field(default_factory=MemoryConfig)

@@ -54,6 +54,17 @@ RESERVED_RATIO = 1.5
 RESERVED_GAP_BYTES = 1 * GiB
 """...and the reserved-but-unallocated memory is more than this."""
 
+STUCK_RECORDS = 10
+"""Consecutive preference records (after the first) with chance accuracy and no margin before the advisor speaks."""
+STUCK_MARGIN = 0.01
+"""A rewards/margins below this (in absolute value) is no margin."""
+STUCK_ACCURACY = (0.35, 0.65)
+"""A rewards/accuracy in this range is chance (exact ties count as 0 accuracy, so 0 with a zero margin is too)."""
+FALLING_RECORDS = 8
+"""Consecutive records over which logps/chosen falling at every record is the known DPO failure..."""
+FALLING_DROP = 1.0
+"""...once it has fallen by more than this many nats in all (a small wobble is not a trend)."""
+
 
 def _finite(value: Any) -> bool:
     return isinstance(value, int | float) and math.isfinite(value)
@@ -224,6 +235,56 @@ class ReservedMemory:
         )
 
 
+class PreferenceStuck:
+    """A preference run whose rewards never separate: accuracy at chance and zero margins."""
+
+    id = "preference_stuck"
+
+    def __init__(self) -> None:
+        self._seen = self._stuck = 0
+
+    def check(self, record: dict[str, Any]) -> str | None:
+        accuracy, margin = record.get("rewards/accuracy"), record.get("rewards/margins")
+        if not (_finite(accuracy) and _finite(margin)):
+            return None
+        self._seen += 1
+        chance = STUCK_ACCURACY[0] <= accuracy <= STUCK_ACCURACY[1] or (accuracy == 0 and margin == 0)
+        self._stuck = self._stuck + 1 if self._seen > 1 and chance and abs(margin) < STUCK_MARGIN else 0
+        if self._stuck < STUCK_RECORDS:
+            return None
+        return (
+            f"rewards/accuracy has sat at {accuracy:.2f} with margins {margin:.2g} for {self._stuck} records: the "
+            "policy does not move away from its reference. Raise objective.beta (0.1 is usual) or optimizer.lr, "
+            "check that chosen and rejected differ in the data, and that the policy trains (LoRA targets, "
+            "frozen layers)."
+        )
+
+
+class ChosenFalling:
+    """The chosen responses' log-probs fall steadily: the policy lowers both sides (the known DPO failure)."""
+
+    id = "chosen_logps_falling"
+
+    def __init__(self) -> None:
+        self._window: deque[float] = deque(maxlen=FALLING_RECORDS)
+
+    def check(self, record: dict[str, Any]) -> str | None:
+        value = record.get("logps/chosen")
+        if not _finite(value):
+            return None
+        self._window.append(value)
+        window = list(self._window)
+        if len(window) < FALLING_RECORDS or any(b >= a for a, b in zip(window, window[1:], strict=False)):
+            return None
+        if window[0] - window[-1] <= FALLING_DROP:
+            return None
+        return (
+            f"logps/chosen fell at each of the last {len(window)} records ({window[0]:.4g} -> {window[-1]:.4g}): "
+            "the policy pushes the rejected responses down by lowering the chosen ones too. Lower optimizer.lr, "
+            "raise objective.beta, or add an NLL term on the chosen side (objective=orpo, or SFT first)."
+        )
+
+
 def record_rules(*, bf16_capable: bool) -> list[Any]:
     """Every rule over training records, in the order they are checked."""
     return [
@@ -234,4 +295,6 @@ def record_rules(*, bf16_capable: bool) -> list[Any]:
         Overflows(bf16_capable=bf16_capable),
         LowMfu(),
         ReservedMemory(),
+        PreferenceStuck(),
+        ChosenFalling(),
     ]

@@ -119,6 +119,12 @@ class Distiller:
         ratio = self.cfg.kd_ratio
         return (1.0 - ratio) * ce_sum + ratio * kd_sum, counted
 
+    def count(self, batch: dict[str, torch.Tensor]) -> int:
+        """Trained tokens (labels != -100): both terms are sums over them."""
+        from launcher.components.objective import trained_tokens
+
+        return trained_tokens(batch)
+
     def metrics(self, data_sum: Callable[[list[float]], list[float]]) -> dict[str, float]:
         """ce_loss and kd_loss per trained token since the last call, summed over data-parallel ranks by `data_sum`.
 

@@ -8,7 +8,11 @@ it keeps between calls (a frozen teacher or reference model, running sums) is it
 strategies know nothing of which objective they serve. `metrics` adds keys to a log step's record.
 
 - `CrossEntropy`: summed token cross-entropy over labels != -100 (`launcher.components.model.loss.lm_loss`);
-- `launcher.components.distill.Distiller`: cross-entropy mixed with a teacher's KD term.
+- `launcher.components.distill.Distiller`: cross-entropy mixed with a teacher's KD term;
+- `launcher.components.preference.Preference`: dpo, simpo, orpo and kto over pairs (or kto rows).
+
+`count` says how many terms a batch adds to its optimizer step (trained tokens, or pairs): the loop
+divides the step's summed loss by that count over every micro batch and data-parallel rank.
 
 A pipeline's last stage asks the objective too, with a batch holding `labels` only (the stages
 exchange hidden states, not batches): objectives that need more are refused there by the rules.
@@ -26,6 +30,11 @@ DataSum = Callable[[list[float]], list[float]]
 """Sums plain numbers over data-parallel groups, each counted once (DistContext.data_sum)."""
 
 
+def trained_tokens(batch: dict[str, torch.Tensor]) -> int:
+    """The trained tokens of a batch (labels != -100)."""
+    return int((batch["labels"] != -100).sum())
+
+
 class Objective(Protocol):
     """The loss of a micro batch, as a sum and the number of terms it counts."""
 
@@ -36,6 +45,10 @@ class Objective(Protocol):
 
         `train` is False on held-out batches: an objective may report a plainer loss there.
         """
+        ...
+
+    def count(self, batch: dict[str, torch.Tensor]) -> int:
+        """The terms `batch` adds to its step's count (its trained tokens, or a preference batch's pairs)."""
         ...
 
     def metrics(self, data_sum: DataSum) -> dict[str, float]:
@@ -53,6 +66,10 @@ class CrossEntropy:
         from launcher.components.model.loss import lm_loss
 
         return lm_loss(outputs, batch["labels"])
+
+    def count(self, batch: dict[str, torch.Tensor]) -> int:
+        """Trained tokens (labels != -100) of a CPU batch: the step's loss is their mean."""
+        return trained_tokens(batch)
 
     def metrics(self, data_sum: DataSum) -> dict[str, float]:
         """Nothing beyond the record's `loss`."""

@@ -19,7 +19,7 @@ import numpy as np
 
 from launcher.components.data.mixture import single_configs
 from launcher.components.data.sizes import StepNeeds, document_sequences, packed_sequences
-from launcher.components.data.tokens import corpus_folder
+from launcher.components.data.tokens import START, corpus_folder
 from launcher.parallel.dims import ParallelDims
 from launcher.spec import RunSpec, SpecError
 
@@ -71,7 +71,15 @@ def _train_errors(spec: RunSpec, folder: Path, meta: dict[str, Any], needs: Step
     """One optimizer step's worth of training sequences (token budget: global micro batches), or why not."""
     d, t = spec.data, spec.train
     tokens = meta["sizes"]["train"]
-    if d.packing:
+    if d.format in ("preference", "kto"):  # one pair (kto: example) per document, never cut or packed
+        flags = (
+            np.memmap(folder / "train.flags", dtype=np.uint8, mode="r") if tokens else np.zeros(0, np.uint8)
+        )
+        available = int(np.count_nonzero(flags & START))
+        how = (
+            f"{available:,} training {'examples' if d.format == 'kto' else 'pairs'}, one per micro batch slot"
+        )
+    elif d.packing:
         available = packed_sequences(tokens, d.seq_len)
         how = f"{tokens:,} training tokens packed back to back: ({tokens:,} - 1) // {d.seq_len}"
     elif d.batching == "token_budget":
@@ -87,7 +95,9 @@ def _train_errors(spec: RunSpec, folder: Path, meta: dict[str, Any], needs: Step
         )
     if available >= needs.train_sequences:
         return []
-    packing = "" if d.packing else "pack documents with data.packing=true, "
+    packing = (
+        "" if d.packing or d.format in ("preference", "kto") else "pack documents with data.packing=true, "
+    )
     return [
         SpecError(
             ("data.seq_len", "data.packing", "train.micro_batch_size", "train.grad_accum_steps", "data.path"),

@@ -1,4 +1,4 @@
-"""What the compression techniques (pruning, QAT, distillation) add to a rank's memory.
+"""What the compression techniques (pruning, QAT, distillation) and a preference reference add to a rank's memory.
 
 Each term is (bytes, note) for one rank of the spec, counted from the config without building
 anything; `extra_bytes` sums them for launcher.plan.planner, which adds them to the buffers and
@@ -14,6 +14,7 @@ from launcher.components.qat import scale_bytes
 from launcher.config.distill import KD_CHUNK_ROWS
 from launcher.config.model import ModelConfig, vocab_size
 from launcher.config.qat import SCALE_BYTES
+from launcher.plan.preference import preference_reference
 from launcher.spec import RunSpec, load_spec
 
 PRUNE_MASK_BYTES = 1
@@ -80,7 +81,7 @@ def distill_teacher(spec: RunSpec) -> tuple[int, str] | None:
     )
 
 
-TERMS = (prune_masks, qat_scales, distill_teacher)
+TERMS = (prune_masks, qat_scales, distill_teacher, preference_reference)
 """Every compression term, in the order the plan's notes list them."""
 
 

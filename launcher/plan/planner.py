@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 
 from launcher.components.model.shape import model_shape
 from launcher.config.model import vocab_size
+from launcher.config.objective import rows_per_example
 from launcher.plan import activations as acts
 from launcher.plan import compression
 from launcher.plan.long_context import long_context_terms
@@ -318,10 +319,11 @@ def model_states(spec: RunSpec, n: int, counts: ParamCounts | None = None) -> Mo
 def activation_shape(
     spec: RunSpec, micro_batch: int | None = None, device_type: str | None = None
 ) -> acts.ActivationShape:
-    """What one rank pushes through the model at a time (default: train.micro_batch_size sequences)."""
+    """What one rank pushes through the model at a time (default: train.micro_batch_size sequences, or pairs' rows)."""
     from launcher.components.device import resolve_device
 
-    p, batch = spec.parallel, micro_batch or spec.train.micro_batch_size
+    rows = rows_per_example(spec.objective.name)  # a pair is two rows: chosen and rejected
+    p, batch = spec.parallel, micro_batch or spec.train.micro_batch_size * rows
     device_type = device_type or resolve_device(spec.launcher.device)
     cp = max(p.cp_size, 1)
     return acts.ActivationShape(

@@ -10,7 +10,8 @@ The order, and why:
    in the module tree before TP splits, compile traces and DDP/FSDP2 wrap it;
 3. the model parts: the whole model, or with parallel.pp_size > 1 this rank's pipeline stages (the
    one stage plan, launcher.parallel.dims);
-4. the objective (cross-entropy, or distillation with its frozen teacher placed like the student);
+4. the objective (cross-entropy, distillation with its frozen teacher, or a preference loss with its
+   reference, placed like the student);
 5. launcher.parallel.parallelize on each part, in its fixed order: tensor parallelism ->
    activation checkpointing/offload -> the micro-batch search (memory.auto_micro_batch, a hook that
    measures the eager part; refused with TP, FSDP, ZeRO-3 and pipelines) -> compile -> the
@@ -31,6 +32,7 @@ from pathlib import Path
 import numpy as np
 import torch
 from torch import nn
+from torch.distributed.device_mesh import DeviceMesh
 
 from launcher.components import device as devices
 from launcher.components import memory, prune, qat, quantization
@@ -46,6 +48,7 @@ from launcher.components.model.long_context import loss_chunking_bypass
 from launcher.components.objective import Objective
 from launcher.components.precision import apply_backend_flags, apply_fp8
 from launcher.components.scheduler import build_scheduler
+from launcher.config.objective import NEEDS_REFERENCE
 from launcher.parallel import pretrained
 from launcher.parallel.dims import DistContext
 from launcher.parallel.parallelize import parallelize, run_mesh
@@ -56,6 +59,7 @@ from launcher.parallel.strategy import Setup, Strategy
 from launcher.rank.engine import Components
 from launcher.rank.micro_batch import fit_micro_batch
 from launcher.rank.mixture_data import build_mixture, epochs_extra
+from launcher.rank.reference import bind_policy, preference_objective
 from launcher.rank.teacher import build_objective
 from launcher.spec import RunSpec
 
@@ -77,9 +81,10 @@ def _corpus(spec: RunSpec, dist: DistContext) -> Corpus:
 
 
 def _data(
-    spec: RunSpec, dist: DistContext, batch: BatchSplit
+    spec: RunSpec, dist: DistContext, batch: BatchSplit, ref_logps: torch.Tensor | None = None
 ) -> tuple[Batches, PackedSequences, tuple[HeldOut, ...], MixtureStream | None]:
-    """Step 7: this rank's training stream, held-out sequences (per source for a mixture) and the mixture."""
+    """Step 7: this rank's training stream, held-out sequences (per source for a mixture) and the mixture
+    (`ref_logps`: a preference corpus's precomputed reference log-probs)."""
     d, device = spec.data, dist.device
     if d.sources:  # a mixture: each source's cached corpus, interleaved by weight
         mixed, held_out = build_mixture(spec, dist, batch)
@@ -98,6 +103,8 @@ def _data(
             grad_accum_steps=batch.grad_accum_steps,
             rank=dist.dp_rank,
             world_size=dist.dp_size,
+            pairs=d.format if d.format in ("preference", "kto") else None,
+            ref_logps=ref_logps,
         )
         mixed, held_out = None, ()
         val = PackedSequences(corpus.val, d.seq_len, document_mask=d.packing and d.document_mask)
@@ -110,6 +117,29 @@ def _data(
     elif device.type == "cuda":  # pinned batches built ahead by a thread; on CPU it would compete for cores
         stream = BackgroundBatches(stream, pin_memory=True)
     return stream, val, held_out, mixed
+
+
+def _precomputed(
+    spec: RunSpec, dist: DistContext, policy: nn.Module, objective: Objective
+) -> torch.Tensor | None:
+    """objective.reference=precompute: every training pair's reference log-probs, before the first step
+    (by the policy with adapters off, or the objective's temporary frozen copy, dropped after)."""
+    o = spec.objective
+    if o.reference != "precompute" or o.name not in NEEDS_REFERENCE:
+        return None
+    from launcher.components.data.batching import PairDocuments
+    from launcher.rank.reference_logps import reference_logps
+
+    pairs = PairDocuments(_corpus(spec, dist).train, spec.data.seq_len, kto=o.name == "kto")
+    copy, objective.reference_copy = objective.reference_copy, None
+    return reference_logps(spec, dist, policy, pairs, copy)
+
+
+def _objective(spec: RunSpec, dist: DistContext, mesh: DeviceMesh | None, model: nn.Module) -> Objective:
+    """Cross-entropy or distillation (rank/teacher), or a preference loss with its reference (rank/reference)."""
+    if spec.objective.name != "sft":
+        return preference_objective(spec, dist, mesh, model)
+    return build_objective(spec, dist, mesh)
 
 
 def _runner(strategy: Strategy, setup: Setup, objective: Objective, plan: StagePlan | None) -> Runner:
@@ -141,7 +171,7 @@ def build(spec: RunSpec, dist: DistContext, run_dir: Path | None = None) -> Comp
     # the whole model, or this rank's pipeline stages (the stage plan, asked once)
     plan = dist.dims.stage_plan(spec.parallel, spec.model, spec.data.seq_len, dist.rank)
     parts = [model] if plan is None else split_model(model, plan)
-    objective = build_objective(spec, dist, mesh)  # a teacher is placed like the student
+    objective = _objective(spec, dist, mesh, model)  # a teacher or a reference is placed like the student
     batch = BatchSplit(
         micro_batch_size=spec.train.micro_batch_size, grad_accum_steps=spec.train.grad_accum_steps
     )
@@ -158,14 +188,17 @@ def build(spec: RunSpec, dist: DistContext, run_dir: Path | None = None) -> Comp
     ]
     setup = Setup(spec=spec, dist=dist, batch=batch, mesh=mesh)
     strategy = build_strategy(parts, setup)
+    bind_policy(objective, strategy.model)  # a LoRA run's reference: the policy with adapters off
     runner = _runner(strategy, setup, objective, plan)
     scheduler = build_scheduler(strategy.optimizer, spec.scheduler, spec.train.max_steps)
-    stream, val, held_out, mixed = _data(spec, dist, batch)
+    ref_logps = _precomputed(spec, dist, strategy.model, objective)  # objective.reference=precompute
+    stream, val, held_out, mixed = _data(spec, dist, batch, ref_logps)
     return Components(
         spec=spec,
         batch=batch,
         strategy=strategy,
         runner=runner,
+        objective=objective,
         scheduler=scheduler,
         stream=stream,
         val=val,

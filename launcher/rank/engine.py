@@ -31,6 +31,7 @@ from launcher.components.data.batching import Batches
 from launcher.components.data.interleave import HeldOut
 from launcher.components.data.sequences import PackedSequences, val_batches
 from launcher.components.loggers import observers
+from launcher.components.objective import CrossEntropy, Objective
 from launcher.components.precision import eval_dtype, train_dtype
 from launcher.parallel.dims import DistContext
 from launcher.parallel.runner import Runner
@@ -69,6 +70,8 @@ class Components:
     """Training FLOPs per token of the model (for MFU)."""
     peak_flops: float | None
     """The device's dense peak FLOP/s, None where unknown (every CPU)."""
+    objective: Objective = field(default_factory=CrossEntropy)
+    """The loss the runner asks for; its `count` of a batch's terms (tokens, pairs) normalizes each step."""
     record_extras: list[Callable[[], dict[str, float]]] = field(default_factory=list)
     """Called at each log step; their keys join the metrics record (e.g. the pruned layers' sparsity)."""
     after_step: list[Callable[[int], None]] = field(default_factory=list)
@@ -97,7 +100,7 @@ class Engine:
         self.guard = NonFiniteGuard(self.spec.train, self.device, self.console, is_main=parts.dist.is_main)
         self.resumed_from: str | None = None
         self.timer = metrics.PhaseTimer(self.device.type)
-        self._interval = {"loss": torch.zeros((), device=self.device), "tokens": 0, "samples": 0}
+        self._interval = {"loss": torch.zeros((), device=self.device), "tokens": 0, "samples": 0, "terms": 0}
         self._last_result = None
         self._history: dict[str, list] = {"tokens_per_s": [], "loss": []}
         self._eval: dict[str, float] = {}
@@ -268,7 +271,8 @@ class Engine:
         )  # fmt: skip
 
     def _train_step(self) -> None:
-        """One optimizer step over grad_accum_steps micro batches, normalized by the step's trained tokens on all ranks."""
+        """One optimizer step over grad_accum_steps micro batches, normalized by the step's terms (the objective's
+        count: trained tokens, or pairs) on all ranks."""
         strategy, runner = self.parts.strategy, self.parts.runner
         dtype = train_dtype(self.spec.precision)
         for hook in self.parts.before_step:
@@ -280,16 +284,17 @@ class Engine:
         if self.parts.local_batch is not None:
             batches = [self.parts.local_batch(b) for b in batches]
         num_tokens = sum(int((b["labels"] != -100).sum()) for b in batches)  # CPU tensors: no device sync
+        num_terms = sum(self.parts.objective.count(b) for b in batches)  # tokens, or a preference's pairs
         batches = [{k: v.to(self.device, non_blocking=True) for k, v in b.items()} for b in batches]
         # The data phase is making batches only: the collective below waits for the slowest rank (on
         # gloo it blocks), which is compute skew, not input, so it counts with the forward phase.
         self.timer.start("forward")
-        tokens_per_rank = self.parts.dist.data_mean(num_tokens)  # the step's tokens, however ranks share them
+        terms_per_rank = self.parts.dist.data_mean(num_terms)  # the step's terms, however ranks share them
         loss_sum = torch.zeros((), device=self.device)
         for i, batch in enumerate(batches):
             sync = i == len(batches) - 1
             with contextlib.nullcontext() if sync else strategy.no_sync():
-                loss_sum += runner.forward_backward(batch, tokens_per_rank, dtype, self.timer)
+                loss_sum += runner.forward_backward(batch, terms_per_rank, dtype, self.timer)
         self.timer.start("optimizer")
         result = strategy.step(loss_ok=torch.isfinite(loss_sum))
         with warnings.catch_warnings():  # a skipped step still advances the schedule, on purpose
@@ -298,6 +303,7 @@ class Engine:
         self.timer.stop()
         self._interval["loss"] += loss_sum
         self._interval["tokens"] += num_tokens
+        self._interval["terms"] += num_terms
         self._interval["samples"] += samples
         self._last_result = result
         self.guard.record(result, self.step + 1)
@@ -308,15 +314,16 @@ class Engine:
         self.guard.settle(self.step)
         now = time.perf_counter()
         elapsed = now - self._mark[0]
-        loss_sum, tokens, samples = dist.data_sum(
-            [float(self._interval["loss"]), self._interval["tokens"], self._interval["samples"]]
+        interval = self._interval
+        loss_sum, tokens, samples, terms = dist.data_sum(
+            [float(interval["loss"]), interval["tokens"], interval["samples"], interval["terms"]]
         )
         tokens_per_s = tokens / elapsed if elapsed > 0 else 0.0
         peak = self.parts.peak_flops
         phases = self.timer.read()
         record = {
             "step": self.step,
-            "loss": loss_sum / max(tokens, 1),
+            "loss": loss_sum / max(terms, 1),
             "lr": self.parts.scheduler.get_last_lr()[0],
             "grad_norm": float(self._last_result.grad_norm),
             "tokens_per_s": tokens_per_s,
@@ -341,7 +348,7 @@ class Engine:
         }
         self._history["tokens_per_s"].append(tokens_per_s)
         self._history["loss"].append(record["loss"])
-        self._interval = {"loss": torch.zeros((), device=self.device), "tokens": 0, "samples": 0}
+        self._interval = {"loss": torch.zeros((), device=self.device), "tokens": 0, "samples": 0, "terms": 0}
         self._mark = (time.perf_counter(), self.step)
         return record
 

@@ -211,7 +211,7 @@ def test_runners_ask_the_objective_and_strategies_know_none(runner: type) -> Non
     assert all(callable(getattr(runner, v, None)) for v in verbs)
     assert "objective" in inspect.signature(runner).parameters
     objective_verbs = {n for n, v in vars(Objective).items() if callable(v) and not n.startswith("_")}
-    assert objective_verbs == {"loss_sum", "metrics"}
+    assert objective_verbs == {"loss_sum", "count", "metrics"}
     assert list(inspect.signature(Objective.loss_sum).parameters) == ["self", "outputs", "batch", "train"]
     for name in sorted({entry.module for entry in STRATEGIES.values()}):
         source = inspect.getsource(importlib.import_module(name))

@@ -33,6 +33,10 @@ INVALID_ALONE = {
     ("quantization", "nf4"): ("quantization.method", "quantization.lora.rank"),
     ("model", "hf"): ("model.path", "model.hf_config"),  # a model folder to name
     ("distill", "kd"): ("distill.teacher",),  # a teacher to name
+    ("objective", "dpo"): ("objective.name", "data.format"),  # preference data to name
+    ("objective", "simpo"): ("objective.name", "data.format"),
+    ("objective", "orpo"): ("objective.name", "data.format"),
+    ("objective", "kto"): ("objective.name", "data.format"),
 }
 # Options whose mesh needs several ranks: composed with that many local ranks.
 NEEDS_RANKS = {

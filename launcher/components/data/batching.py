@@ -1,4 +1,5 @@
-"""Batches of whole documents for variable-length data: padded, grouped by length, or by a token budget.
+"""Batches of whole documents for variable-length data: padded, grouped by length, or by a token budget;
+and preference pairs (or kto examples) as whole sides, chosen rows then rejected rows (`PairDocuments`).
 
 With `data.packing=false` every document (ended by the 0 separator byte) becomes one training
 sequence; a document longer than `data.seq_len` is cut into several. Batches are padded to
@@ -21,6 +22,7 @@ from typing import TYPE_CHECKING, Protocol
 
 import torch
 
+from launcher.components.data.pairs import REJECTED, UNDESIRABLE
 from launcher.components.data.sequences import (
     BatchStream,
     EpochStream,
@@ -29,7 +31,7 @@ from launcher.components.data.sequences import (
     _epoch_seed,
     labels_and_positions,
 )
-from launcher.components.data.tokens import START, Corpus, TokenStore
+from launcher.components.data.tokens import START, TRAINED, Corpus, TokenStore
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack
@@ -97,6 +99,69 @@ class Documents:
             flags[row, : n + 1] = self.flags[start : start + n + 1]
         flags[:, 1:] &= ~torch.tensor(START, dtype=torch.uint8)  # one document per row: nothing to cut
         return labels_and_positions(tokens, flags, document_mask=False)
+
+
+class PairDocuments:
+    """The pairs (or kto examples) of a token store, read back as batches of whole, truncated sides.
+
+    A kto batch of B examples holds 2B rows: the examples, then B KL rows, example i's prompt with the
+    completion of example i - 1 (cyclically, as TRL's KTO collator pairs them) for KTO's reference point.
+    """
+
+    def __init__(self, store: TokenStore, seq_len: int, *, kto: bool) -> None:
+        flags = store.flags
+        starts = torch.nonzero(flags & START).flatten().tolist()
+        bounds = [*starts, len(store.tokens)]
+        sides, labels = [], []
+        for begin, end in zip(bounds[:-1], bounds[1:], strict=True):
+            cut = torch.nonzero(flags[begin:end] & (TRAINED if kto else REJECTED)).flatten()
+            if kto:  # (prompt, completion): the completion starts at the first trained token
+                middle = begin + (int(cut[0]) if len(cut) else end - begin)
+                sides.append([(begin, middle), (middle, end)])
+                labels.append(0 if int(flags[begin]) & UNDESIRABLE else 1)
+            elif len(cut) == 1 and int(cut[0]) > 0:  # a pair the cache's cap cut short is left out
+                middle = begin + int(cut[0])
+                sides.append([(begin, middle), (middle, end)])
+        self.tokens, self.flags, self.seq_len, self.kto = store.tokens, flags, seq_len, kto
+        self.sides = sides
+        self.labels = torch.tensor(labels, dtype=torch.int64)
+        longest = [max(e - b for b, e in s) for s in sides] if not kto else [s[1][1] - s[0][0] for s in sides]
+        self.lengths = torch.tensor([min(n, seq_len + 1) - 1 for n in longest], dtype=torch.int64)
+        self.ref_logps: torch.Tensor | None = None
+        """[len, sides] reference log-probs (objective.reference=precompute): batches carry them as `ref_logps`."""
+
+    def __len__(self) -> int:
+        return len(self.sides)
+
+    def _rows(self, picked: list[int]) -> list[list[tuple[int, int]]]:
+        """Each row as the token spans it joins: chosen then rejected sides; kto: examples, then KL rows."""
+        if not self.kto:
+            return [[self.sides[i][k]] for k in (0, 1) for i in picked]
+        examples = [[self.sides[i][0], self.sides[i][1]] for i in picked]
+        shifted = picked[-1:] + picked[:-1]
+        return examples + [[self.sides[i][0], self.sides[j][1]] for i, j in zip(picked, shifted, strict=True)]
+
+    def batch(self, indices: torch.Tensor) -> dict[str, torch.Tensor]:
+        """Rows of whole sides, right-padded (input 0, label -100): chosen rows then rejected rows (kto: + kto_label)."""
+        picked = indices.reshape(-1).long().tolist()
+        rows = [
+            (torch.cat([self.tokens[b:e] for b, e in spans]), torch.cat([self.flags[b:e] for b, e in spans]))
+            for spans in self._rows(picked)
+        ]
+        width = max((min(len(t), self.seq_len + 1) for t, _ in rows), default=1)
+        tokens = torch.zeros((len(rows), width), dtype=torch.int64)
+        flags = torch.zeros((len(rows), width), dtype=torch.uint8)
+        for row, (ids, bits) in enumerate(rows):
+            n = min(len(ids), self.seq_len + 1)
+            tokens[row, :n] = ids[:n].long()
+            flags[row, :n] = bits[:n] & TRAINED
+        batch = labels_and_positions(tokens, flags, document_mask=False)
+        index = torch.tensor(picked, dtype=torch.int64)
+        if self.kto:
+            batch["kto_label"] = self.labels[index]
+        if self.ref_logps is not None:  # the rows' order: every chosen side, then every rejected side
+            batch["ref_logps"] = self.ref_logps[index].T.reshape(-1)
+        return batch
 
 
 def grouped_order(lengths: torch.Tensor, order: torch.Tensor, group: int) -> torch.Tensor:
@@ -197,9 +262,17 @@ def build_stream(
     seed: int,
     rank: int,
     world_size: int,
+    pairs: str | None = None,
+    ref_logps: torch.Tensor | None = None,
 ) -> Batches:
-    """The training batch stream the data settings ask for (packed sequences by default)."""
+    """The training batch stream the data settings ask for (packed sequences by default; `pairs`:
+    data.format preference or kto, read by launcher.components.data.pairs; `ref_logps`: their precomputed
+    reference log-probs)."""
     common = Placement(seed=seed, rank=rank, world_size=world_size, grad_accum_steps=grad_accum_steps)
+    if pairs is not None:  # preference pairs or kto examples: whole sides, never packed
+        dataset = PairDocuments(corpus.train, seq_len, kto=pairs == "kto")
+        dataset.ref_logps = ref_logps
+        return BatchStream(dataset, micro_batch_size=micro_batch_size, **common)
     if packing:
         return BatchStream(
             PackedSequences(corpus.train, seq_len, document_mask=document_mask),

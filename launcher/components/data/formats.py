@@ -176,6 +176,10 @@ def encode_record(
     record = _checked(record, where)
     if cfg.format == "pretokenized":
         return _pretokenized(record, cfg, tokenizer.vocab_size, where)
+    if cfg.format in ("preference", "kto"):
+        from launcher.components.data.pairs import encode_pair
+
+        return encode_pair(record, cfg.format, tok_cfg, tokenizer, where)  # flags: ints with the pair's bits
     ids, trained = tokenizer.encode(_segments(record, cfg, tokenizer, where))
     bos, eos = _specials(cfg, tok_cfg, tokenizer)
     if bos is not None:
@@ -197,6 +201,9 @@ def encode_records(
             for where, record in items
         ]
         return [(np.asarray(ids, dtype=np.int64), np.asarray(flags, dtype=bool)) for ids, flags in pairs]
+    if cfg.format in ("preference", "kto"):  # a pair's sides are encoded one record at a time, its bits kept
+        pairs = [encode_record(record, cfg, tok_cfg, tokenizer, where) for where, record in items]
+        return [(np.asarray(ids, dtype=np.int64), np.asarray(flags, dtype=np.uint8)) for ids, flags in pairs]
     encoded = tokenizer.encode_batch(
         [_segments(_checked(record, where), cfg, tokenizer, where) for where, record in items]
     )

@@ -1,0 +1,108 @@
+"""Preference data: a pair (data.format=preference) or a kto example (data.format=kto) as one document.
+
+Layouts read (one record each):
+
+- preference, strings: `prompt`, `chosen`, `rejected` text, joined as prompt + response;
+- preference, messages (UltraFeedback-binarized, TRL's conversational layout): `chosen` and
+  `rejected` are message lists, either whole conversations or the assistant turns that follow a
+  `prompt` message list (a string `prompt` beside whole conversations is ignored: they hold it);
+  rendered with the tokenizer's chat template, only assistant turns trained;
+- preference, ShareGPT/LLaMA-Factory: `conversations` ({from, value} turns) and `chosen`,
+  `rejected` as one {from, value} turn each (or a string), the response after the conversation;
+- kto: `prompt` and `completion` (strings or message lists as above) and a boolean `label`
+  (true: desirable).
+
+The token cache holds a pair as ONE document, chosen side then rejected side, so the train/val split
+and every cut keep a pair whole; the REJECTED flag bit marks the rejected side's first token. A kto
+example is one document, the UNDESIRABLE bit on its first token.
+launcher.components.data.batching.PairDocuments reads them back as batches: [chosen rows; rejected rows] (kto: rows and `kto_label`). Truncation rule: each side keeps
+its first data.seq_len + 1 tokens (the prompt first, so both sides of a pair lose the same prompt
+tokens and then their responses' tails); a side cut inside its prompt trains nothing.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from launcher.components.data.chat import chat_conversation, sharegpt_conversation
+from launcher.components.data.render import conversation_segments
+from launcher.components.data.sources import RecordError
+from launcher.components.data.tokenizer import Tokenizer
+from launcher.config.tokenizer import TokenizerConfig
+
+TRAINED = 1
+"""The token cache's TRAINED bit (launcher.components.data.tokens.TRAINED; a test holds them equal): encode_record's
+flags are that bit, and the cache writes a record's flags as they are."""
+REJECTED = 4
+"""Flag bit: the first token of a pair's rejected side."""
+UNDESIRABLE = 8
+"""Flag bit: on the first token of a kto example labelled undesirable."""
+PAIR_FORMATS = ("preference", "kto")
+HINT = {
+    "preference": "data.format=preference reads prompt + chosen + rejected (strings or message lists), or "
+    "conversations + chosen + rejected (ShareGPT).",
+    "kto": "data.format=kto reads prompt + completion (strings or message lists) + label (true: desirable).",
+}
+
+
+def _is_messages(value: Any) -> bool:
+    return isinstance(value, list) and all(isinstance(m, dict) for m in value) and bool(value)
+
+
+def _side(record: dict, key: str, fmt: str, tokenizer: Tokenizer, where: str) -> list[tuple[str, bool]]:
+    """One response of a record (with its prompt) as (text, trained) segments."""
+    response, prompt = record.get(key), record.get("prompt")
+    if "conversations" in record and fmt == "preference":
+        turn = {"from": "gpt", "value": response} if isinstance(response, str) else response
+        if not isinstance(turn, dict):
+            raise RecordError(f"{where}: '{key}' must be a {{from, value}} turn or a string. {HINT[fmt]}")
+        conversation = sharegpt_conversation({"c": [*record["conversations"], turn]}, "c", where)
+        return conversation_segments(conversation, tokenizer, train_all=False, where=where)
+    if _is_messages(response):
+        messages = response if response[0].get("role") != "assistant" else [*(prompt or []), *response]
+        if response[0].get("role") == "assistant" and not _is_messages(prompt):
+            raise RecordError(
+                f"{where}: '{key}' holds assistant turns only, so 'prompt' must be a message list. {HINT[fmt]}"
+            )
+        conversation = chat_conversation({"m": messages}, "m", where)
+        return conversation_segments(conversation, tokenizer, train_all=False, where=where)
+    if not isinstance(response, str) or not isinstance(prompt, str):
+        keys = ", ".join(sorted(map(str, record))) or "none"
+        raise RecordError(
+            f"{where}: fields 'prompt' and '{key}' must be strings or message lists (the record's fields: {keys}). "
+            f"{HINT[fmt]}"
+        )
+    return [(prompt, False), (response, True)]
+
+
+def _encoded(
+    segments: list[tuple[str, bool]], tok_cfg: TokenizerConfig, tokenizer: Tokenizer
+) -> tuple[list[int], list[int]]:
+    ids, trained = tokenizer.encode(segments)
+    flags = [TRAINED if t else 0 for t in trained]
+    if tok_cfg.add_bos and tokenizer.bos_id is not None:
+        ids, flags = [tokenizer.bos_id, *ids], [0, *flags]
+    if tok_cfg.add_eos and tokenizer.eos_id is not None:
+        ids, flags = [*ids, tokenizer.eos_id], [*flags, TRAINED]
+    return ids, flags
+
+
+def encode_pair(
+    record: dict, fmt: str, tok_cfg: TokenizerConfig, tokenizer: Tokenizer, where: str
+) -> tuple[list[int], list[int]]:
+    """(token ids, flags) of a preference pair or a kto example as one document (the flags carry TRAINED and
+    the REJECTED or UNDESIRABLE bit: the token cache keeps them as they are, TRAINED being bit 1)."""
+    if fmt == "kto":
+        label = record.get("label")
+        if not isinstance(label, bool):
+            raise RecordError(f"{where}: 'label' must be true or false, got {label!r}. {HINT[fmt]}")
+        ids, flags = _encoded(_side(record, "completion", fmt, tokenizer, where), tok_cfg, tokenizer)
+        if ids and not label:
+            flags[0] |= UNDESIRABLE
+        return ids, flags
+    chosen, chosen_flags = _encoded(_side(record, "chosen", fmt, tokenizer, where), tok_cfg, tokenizer)
+    rejected, rejected_flags = _encoded(_side(record, "rejected", fmt, tokenizer, where), tok_cfg, tokenizer)
+    if not chosen or not rejected:
+        raise RecordError(f"{where}: a pair needs a non-empty chosen and rejected side. {HINT[fmt]}")
+    rejected_flags[0] |= REJECTED
+    return chosen + rejected, chosen_flags + rejected_flags
