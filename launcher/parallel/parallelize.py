@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
+import torch
 from torch import nn
 
 from launcher.components import memory
@@ -43,6 +44,11 @@ def run_mesh(spec: RunSpec, dist: DistContext) -> DeviceMesh | None:
     return None
 
 
+def _elsewhere(part: nn.Module, device: torch.device) -> bool:
+    """Whether any tensor of `part` is off `device` (moving fake tensors in place is refused: a simulation's)."""
+    return any(t.device != device for t in (*part.parameters(), *part.buffers()))
+
+
 def parallelize(
     part: nn.Module,
     *,
@@ -59,7 +65,7 @@ def parallelize(
     """
     dims, device = dist.dims, dist.device
     wrap = data_parallel_wrap(spec, dims)
-    if not empty and wrap != "engine":  # DeepSpeed places the model itself
+    if not empty and wrap != "engine" and _elsewhere(part, device):  # DeepSpeed places the model itself
         part = part.to(device)
     # 1. tensor parallelism splits the blocks' projections into DTensors over the mesh's tp axis
     if dims.tp > 1:

@@ -13,6 +13,7 @@ from launcher.config.quantization import METHODS
 from launcher.config.scheduler import SCHEDULES
 from launcher.parallel.pipeline_split import SCHEDULES as PP_SCHEDULES
 from launcher.parallel.registry import STRATEGIES
+from launcher.plan.roofline import HARDWARE
 from launcher.rules.hardware import Hardware
 from launcher.rules.values import Rule, choice
 from launcher.spec import RunSpec, SpecError
@@ -41,11 +42,13 @@ def _names(spec: RunSpec, hw: Hardware) -> Iterator[SpecError]:
     yield from choice("launcher.backend", spec.launcher.backend, BACKENDS, "launch backend")
     yield from choice("train.on_nonfinite", spec.train.on_nonfinite, NONFINITE_POLICIES, "policy")
     yield from choice("launcher.device", spec.launcher.device, DEVICES, "device")
-    if not isinstance(spec.dry_run, bool) and spec.dry_run != "all":
+    if not isinstance(spec.dry_run, bool) and spec.dry_run not in ("all", "simulate"):
         yield SpecError(
             ("dry_run",),
-            f"must be false, true (the keys that differ from the defaults) or all (every key), got {spec.dry_run!r}.",
+            "must be false, true (the keys that differ from the defaults), all (every key) or simulate "
+            f"(build and step one rank of each role on a fake process group), got {spec.dry_run!r}.",
         )
+    yield from choice("simulate_hardware", spec.simulate_hardware, tuple(HARDWARE), "hardware profile")
 
 
 RULES: tuple[Rule, ...] = (_names,)
