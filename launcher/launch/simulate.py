@@ -49,6 +49,21 @@ CATEGORIES = {
 """torch's MemTracker reference types -> the names the report uses."""
 
 
+COLLECTIVE_KINDS = (
+    "allgather",
+    "all_gather",
+    "reduce_scatter",
+    "allreduce",
+    "all_reduce",
+    "broadcast",
+    "all_to_all",
+    "alltoall",
+    "send",
+    "recv",
+)
+"""Names of the c10d ops that move data between ranks (waits, barriers and autograd wrappers are not counted)."""
+
+
 @dataclass(frozen=True, kw_only=True)
 class Collective:
     """One kind of collective of a step: which op, over which group, how large, how often."""
@@ -172,9 +187,8 @@ class CollectiveLog(TorchDispatchMode):
 
     def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
         kwargs = kwargs or {}
-        namespace = func.namespace
-        if namespace in ("c10d", "_c10d_functional", "c10d_functional") and not func.__name__.startswith(
-            ("wait", "barrier", "monitored")
+        if func.namespace in ("c10d", "_c10d_functional", "c10d_functional") and any(
+            kind in func.__name__ for kind in COLLECTIVE_KINDS
         ):
             self._record(func, args, kwargs)
         return func(*args, **kwargs)
