@@ -64,6 +64,10 @@ COLLECTIVE_KINDS = (
 """Names of the c10d ops that move data between ranks (waits, barriers and autograd wrappers are not counted)."""
 
 
+class SimulationRefused(Exception):
+    """The real job cannot be built at this world size (a shape, split or head count that does not fit)."""
+
+
 @dataclass(frozen=True, kw_only=True)
 class Collective:
     """One kind of collective of a step: which op, over which group, how large, how often."""
@@ -252,6 +256,37 @@ def axis_name(ranks: list[int], dims: ParallelDims) -> str:
     return "+".join(reversed(axes)) if size == len(ranks) else f"{len(ranks)} ranks"
 
 
+def _step_tracker() -> Any:
+    """torch's MemTracker, told that a forward it sees again inside a step is an activation-checkpoint recompute.
+
+    Its module tracker does not always see a recompute as part of backward (the first checkpointed
+    block's recompute starts before any module's backward hook has run), and MemTracker then takes
+    the second forward for a second iteration and refuses it. One step is tracked here, so a
+    repeated forward can only be a recompute.
+    """
+    import weakref
+    from copy import deepcopy
+
+    from torch.distributed._tools.mem_tracker import MemTracker, _ModState
+
+    class StepTracker(MemTracker):
+        def _pre_fw_hook(self, module: torch.nn.Module, inputs: Any) -> None:
+            try:
+                super()._pre_fw_hook(module, inputs)
+            except NotImplementedError:
+                if self._ac_mod is None:
+                    self._ac_mod, self._in_ac = weakref.ref(module), True
+                snapshot = deepcopy(self.get_tracker_snapshot())
+                self.memory_tracking[module].snapshots.setdefault(_ModState.PRE_FW_AC, []).append(snapshot)
+
+        def _post_fw_hook(self, module: torch.nn.Module, inputs: Any, outputs: Any) -> None:
+            super()._post_fw_hook(module, inputs, outputs)
+            if self._ac_mod is not None and self._ac_mod() is module:
+                self._ac_mod, self._in_ac = None, False
+
+    return StepTracker()
+
+
 def _step(spec: RunSpec, trainable: Any, vocab: int, device: torch.device) -> None:
     """One optimizer step over grad_accum_steps micro batches of random token ids, as the loop runs it."""
     batch, strategy = trainable.batch, trainable.strategy
@@ -270,15 +305,20 @@ def _step(spec: RunSpec, trainable: Any, vocab: int, device: torch.device) -> No
 
 def measure(spec: RunSpec, ctx: DistContext, role: str = "every rank", num_ranks: int = 1) -> RoleResult:
     """Build this rank's job, take one step, then measure a second: peak bytes by category and collectives."""
-    from torch.distributed._tools.mem_tracker import MemTracker
-
     from launcher.config.model import vocab_size
 
     seed_everything(spec.train.seed)
-    trainable = build_trainable(spec, ctx)
+    try:
+        trainable = build_trainable(spec, ctx)
+    except (ValueError, RuntimeError, AssertionError, IndexError) as error:
+        raise SimulationRefused(
+            f"the job does not build at rank {ctx.rank} of {ctx.world_size} ({role}): "
+            f"{type(error).__name__}: {error}. A real rank would fail the same way after the job started; "
+            "change the degrees or the model."
+        ) from error
     vocab = min(vocab_size(spec.model) or 256, 256)
     _step(spec, trainable, vocab, ctx.device)  # creates the optimizer state
-    tracker = MemTracker()
+    tracker = _step_tracker()
     tracker.track_external(*trainable.strategy.parts, trainable.strategy.optimizer)
     log = CollectiveLog(ctx.dims)
     with tracker, log:
@@ -306,10 +346,6 @@ def _local_numel(param: torch.Tensor) -> int:
     return local().numel() if callable(local) else param.numel()
 
 
-class SimulationRefused(Exception):
-    """The real job cannot be built at this world size (a shape, split or head count that does not fit)."""
-
-
 def simulate(spec: RunSpec) -> list[RoleResult]:
     """Every role's measurement on a fake process group of the spec's world size (SimulationRefused: not buildable)."""
     world = max(spec.launcher.world_size, 1)
@@ -317,12 +353,6 @@ def simulate(spec: RunSpec) -> list[RoleResult]:
     results = []
     for rank, role, num_ranks in roles(dims):
         ctx = DistContext(rank=rank, world_size=world, local_rank=0, device=torch.device("cpu"), dims=dims)
-        try:
-            with fake_job(world, rank):
-                results.append(measure(spec, ctx, role, num_ranks))
-        except (ValueError, RuntimeError, AssertionError, NotImplementedError, IndexError) as error:
-            raise SimulationRefused(
-                f"the job does not build at rank {rank} of {world} ({role}): {type(error).__name__}: {error}. "
-                "A real rank would fail the same way after the job started; change the degrees or the model."
-            ) from error
+        with fake_job(world, rank):
+            results.append(measure(spec, ctx, role, num_ranks))
     return results
