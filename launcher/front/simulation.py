@@ -21,13 +21,11 @@ from launcher.front.compose import Built
 from launcher.parallel.dims import ParallelDims
 from launcher.parallel.parallelize import data_parallel_wrap
 from launcher.parallel.pipeline_split import bubble_fraction
-from launcher.plan.planner import MemoryPlan, plan
+from launcher.plan.planner import ALLOCATOR_SLACK, CUDA_CONTEXT_BYTES, MemoryPlan, plan
 from launcher.plan.render import format_bytes
 from launcher.plan.roofline import HARDWARE, Prediction, Traffic, collective_s, predict
 from launcher.spec import RunSpec, SpecError
 
-SIMULATED_STRATEGIES = ("single", "fsdp", "tp", "pp")
-"""Strategies whose real build runs on fake tensors (DDP's reducer and DeepSpeed read tensor data)."""
 PLANNER_ROWS = (
     ("parameters", "parameters"),
     ("gradients", "gradients"),
@@ -38,34 +36,19 @@ PLANNER_ROWS = (
 """(simulated category, planner field) in the order the table prints them."""
 
 
-def refusal(spec: RunSpec) -> list[SpecError]:
-    """Why this spec cannot be simulated (empty when it can)."""
-    if spec.parallel.strategy in SIMULATED_STRATEGIES:
-        return []
-    return [
-        SpecError(
-            ("dry_run", "parallel.strategy"),
-            f"dry_run=simulate builds the torch-native strategies {', '.join(SIMULATED_STRATEGIES)} on fake "
-            f"tensors; {spec.parallel.strategy!r} reads tensor data while it builds (DDP's reducer, DeepSpeed's "
-            "engine). Use dry_run=true for its memory plan, or simulate parallel=fsdp.",
-        )
-    ]
-
-
 def run(built: Built) -> int:
     """Simulate a valid spec and print its tables; exit status 2 for a spec or build problem."""
-    errors = list(built.errors) or refusal(built.spec)
-    if errors:
-        rundir.report(errors)
+    if built.errors:
+        rundir.report(list(built.errors))
         return ExitStatus.INVALID_SPEC
-    from launcher.launch.simulate import SimulationRefused, simulate
+    from launcher.launch import simulate
 
     spec = built.spec
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            results = simulate(spec)
-    except SimulationRefused as refused:
+            results = simulate.run(spec)
+    except simulate.SimulationRefused as refused:
         rundir.report([SpecError(("parallel", "model", "launcher.nproc", "launcher.nnodes"), str(refused))])
         return ExitStatus.INVALID_SPEC
     console = Console() if Console().is_terminal else Console(width=160)
@@ -84,6 +67,7 @@ def run(built: Built) -> int:
             highlight=False,
         )
         console.print(_memory_table(result, planned), highlight=False)
+        console.print(_device_line(result.peak.get("total", 0), hw, spec.simulate_hardware), highlight=False)
         prediction = _prediction(spec, dims, result, hw)
         console.print(_collective_table(result, dims, hw), highlight=False)
         console.print(_prediction_line(prediction, hw, spec.simulate_hardware), highlight=False, markup=False)
@@ -118,6 +102,21 @@ def _memory_table(result: object, planned: MemoryPlan) -> Table:
         table.add_row(name, format_bytes(simulated), format_bytes(getattr(planned, field)))
     table.add_row("total", format_bytes(peak.get("total", 0)), format_bytes(planned.total))
     return table
+
+
+def device_bytes(tensor_bytes: int) -> int:
+    """A GPU's memory for `tensor_bytes` of live tensors: the planner's allowances (fragmentation, CUDA context)."""
+    return round(tensor_bytes * (1 + ALLOCATOR_SLACK) + CUDA_CONTEXT_BYTES)
+
+
+def _device_line(tensor_bytes: int, hw: object, key: str) -> str:
+    """The simulated peak as a GPU would hold it, against the named device's memory."""
+    need = device_bytes(tensor_bytes)
+    verdict = "fits" if need <= hw.memory_bytes else "does NOT fit"
+    return (
+        f"on a GPU: about {format_bytes(need)} (tensors + {ALLOCATOR_SLACK:.0%} allocator fragmentation + "
+        f"{format_bytes(CUDA_CONTEXT_BYTES)} CUDA context); {verdict} in {key}'s {format_bytes(hw.memory_bytes)}"
+    )
 
 
 def _traffic(result: object, dims: ParallelDims) -> list[Traffic]:

@@ -19,6 +19,8 @@ from launcher.rules.values import Rule, choice
 from launcher.spec import RunSpec, SpecError
 
 MODEL_KINDS = ("gpt", "hf")
+SIMULATED_STRATEGIES = ("single", "fsdp", "tp", "pp")
+"""Strategies dry_run=simulate builds on fake tensors (DDP's reducer and DeepSpeed's engine read tensor data)."""
 NONFINITE_POLICIES = ("skip", "stop")
 DEVICES = ("auto", "cpu", "cuda")
 
@@ -49,6 +51,13 @@ def _names(spec: RunSpec, hw: Hardware) -> Iterator[SpecError]:
             f"(build and step one rank of each role on a fake process group), got {spec.dry_run!r}.",
         )
     yield from choice("simulate_hardware", spec.simulate_hardware, tuple(HARDWARE), "hardware profile")
+    if spec.dry_run == "simulate" and spec.parallel.strategy not in SIMULATED_STRATEGIES:
+        yield SpecError(
+            ("dry_run", "parallel.strategy"),
+            f"dry_run=simulate builds the torch-native strategies {', '.join(SIMULATED_STRATEGIES)} on fake "
+            f"tensors; {spec.parallel.strategy!r} reads tensor data while it builds (DDP's reducer, DeepSpeed's "
+            "engine). Use dry_run=true for its memory plan, or simulate parallel=fsdp.",
+        )
 
 
 RULES: tuple[Rule, ...] = (_names,)
