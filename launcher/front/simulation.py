@@ -9,6 +9,7 @@ refused like every spec problem: one paragraph, exit status 2.
 from __future__ import annotations
 
 import warnings
+from typing import TYPE_CHECKING
 
 from rich.console import Console
 from rich.table import Table
@@ -23,8 +24,11 @@ from launcher.parallel.parallelize import data_parallel_wrap
 from launcher.parallel.pipeline_split import bubble_fraction
 from launcher.plan.planner import ALLOCATOR_SLACK, CUDA_CONTEXT_BYTES, MemoryPlan, plan
 from launcher.plan.render import format_bytes
-from launcher.plan.roofline import HARDWARE, Prediction, Traffic, collective_s, predict
+from launcher.plan.roofline import HARDWARE, Hardware, Prediction, Traffic, collective_s, predict
 from launcher.spec import RunSpec, SpecError
+
+if TYPE_CHECKING:
+    from launcher.launch.simulate import RoleResult
 
 PLANNER_ROWS = (
     ("parameters", "parameters"),
@@ -89,7 +93,7 @@ def _planned(spec: RunSpec, dims: ParallelDims, rank: int) -> MemoryPlan:
     return pipeline_plan(spec, pipeline_layout(spec)).ranks[dims.pp_rank(rank)].memory
 
 
-def _memory_table(result: object, planned: MemoryPlan) -> Table:
+def _memory_table(result: RoleResult, planned: MemoryPlan) -> Table:
     """Peak bytes by category, simulated beside planned."""
     table = Table(box=None, padding=(0, 2, 0, 0))
     for column in ("category", "simulated", "planner"):
@@ -109,7 +113,7 @@ def device_bytes(tensor_bytes: int) -> int:
     return round(tensor_bytes * (1 + ALLOCATOR_SLACK) + CUDA_CONTEXT_BYTES)
 
 
-def _device_line(tensor_bytes: int, hw: object, key: str) -> str:
+def _device_line(tensor_bytes: int, hw: Hardware, key: str) -> str:
     """The simulated peak as a GPU would hold it, against the named device's memory."""
     need = device_bytes(tensor_bytes)
     verdict = "fits" if need <= hw.memory_bytes else "does NOT fit"
@@ -119,7 +123,7 @@ def _device_line(tensor_bytes: int, hw: object, key: str) -> str:
     )
 
 
-def _traffic(result: object, dims: ParallelDims) -> list[Traffic]:
+def _traffic(result: RoleResult, dims: ParallelDims) -> list[Traffic]:
     """The result's collectives with their groups' rank strides (for the roofline's NVLink/network choice)."""
     strides = {
         "tp": 1,
@@ -140,7 +144,7 @@ def _traffic(result: object, dims: ParallelDims) -> list[Traffic]:
     ]
 
 
-def _collective_table(result: object, dims: ParallelDims, hw: object) -> Table:
+def _collective_table(result: RoleResult, dims: ParallelDims, hw: Hardware) -> Table:
     """Every collective of one step: op, group, ranks, size, count, time on the hardware."""
     table = Table(title="collectives per step", title_justify="left", box=None, padding=(0, 2, 0, 0))
     for column in ("op", "group", "ranks", "size", "count", "time"):
@@ -159,7 +163,7 @@ def _collective_table(result: object, dims: ParallelDims, hw: object) -> Table:
     return table
 
 
-def _prediction(spec: RunSpec, dims: ParallelDims, result: object, hw: object) -> Prediction:
+def _prediction(spec: RunSpec, dims: ParallelDims, result: RoleResult, hw: Hardware) -> Prediction:
     """The roofline's step for this role's rank."""
     p = spec.parallel
     tokens = (
@@ -185,7 +189,7 @@ def _prediction(spec: RunSpec, dims: ParallelDims, result: object, hw: object) -
     )
 
 
-def _prediction_line(prediction: Prediction, hw: object, key: str) -> str:
+def _prediction_line(prediction: Prediction, hw: Hardware, key: str) -> str:
     """One line: the predicted step on the named hardware."""
     return (
         f"predicted on {key} ({hw.name}): step {prediction.step_s * 1e3:,.0f} ms = compute "
