@@ -19,7 +19,7 @@ from launcher.rules.values import Rule, choice
 from launcher.spec import RunSpec, SpecError
 
 MODEL_KINDS = ("gpt", "hf")
-SIMULATED_STRATEGIES = ("single", "fsdp", "tp", "pp")
+SIMULATED_STRATEGIES = ("single", "fsdp", "tp")
 """Strategies dry_run=simulate builds on fake tensors (DDP's reducer and DeepSpeed's engine read tensor data)."""
 NONFINITE_POLICIES = ("skip", "stop")
 DEVICES = ("auto", "cpu", "cuda")
@@ -57,6 +57,13 @@ def _names(spec: RunSpec, hw: Hardware) -> Iterator[SpecError]:
             f"dry_run=simulate builds the torch-native strategies {', '.join(SIMULATED_STRATEGIES)} on fake "
             f"tensors; {spec.parallel.strategy!r} reads tensor data while it builds (DDP's reducer, DeepSpeed's "
             "engine). Use dry_run=true for its memory plan, or simulate parallel=fsdp.",
+        )
+    if spec.dry_run == "simulate" and spec.parallel.pp_size > 1:
+        yield SpecError(
+            ("dry_run", "parallel.pp_size"),
+            "dry_run=simulate does not build pipelines yet: a pipeline stage learns its neighbours' tensor "
+            "shapes by receiving them, and the fake process group sends nothing. Use dry_run=true for the "
+            "pipeline's plan per pipeline rank.",
         )
 
 

@@ -92,6 +92,8 @@ def test_a_job_that_does_not_build_at_64_ranks_exits_2(capsys: pytest.CaptureFix
 def test_strategies_that_read_tensor_data_are_refused_before_building(capsys: pytest.CaptureFixture) -> None:
     assert cli.run([*SMALL, "parallel=ddp", "launcher.nproc=2", "dry_run=simulate"]) == 2
     assert "dry_run=simulate builds the torch-native strategies" in " ".join(capsys.readouterr().err.split())
+    assert cli.run([*SMALL, "parallel=pp", "launcher.nproc=2", "dry_run=simulate"]) == 2
+    assert "does not build pipelines yet" in " ".join(capsys.readouterr().err.split())
 
 
 def test_the_roofline_hides_fsdp_traffic_behind_compute_but_not_tensor_parallel_all_reduces() -> None:
