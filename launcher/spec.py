@@ -92,7 +92,10 @@ class RunSpec:
     """null (fresh start), auto (newest complete checkpoint of run_dir, else fresh) or a path."""
     dry_run: Any = False
     """true: print the keys that differ from the schema's defaults (all: every key), the verdict and
-    the launch plan, and start nothing; false, true or all (a name, so not typed bool)."""
+    the launch plan, and start nothing; simulate: also build one rank of each role on a fake process
+    group with fake tensors and step it; false, true, all or simulate (a name, so not typed bool)."""
+    simulate_hardware: str = "h100_sxm"
+    """The hardware profile `dry_run=simulate` predicts the step on (launcher.plan.roofline.HARDWARE)."""
     verify_resume: bool = False
     """Check exact resume on this spec: N steps straight vs N/2 + resume, losses compared step by step."""
     profile: bool = False

@@ -24,6 +24,7 @@ from launcher.front import (
     hydra_help,
     recipe_auto,
     rundir,
+    simulation,
     sweep,
     torchrun,
     verify,
@@ -66,6 +67,8 @@ def run(argv: CommandLine | Sequence[str]) -> int:
     if cfg.data.format == "auto" and built.spec is not None and report is not _silent:
         Console(highlight=False).print(data_format.announce(built.spec), markup=False, soft_wrap=True)
     run_dir = Path(cfg.run_dir) if cfg.get("run_dir") else rundir.default_run_dir(rundir.safe_name(cfg))
+    if cfg.get("dry_run") == "simulate":
+        return simulation.run(built)
     if cfg.get("dry_run"):
         dryrun.show(built, run_dir)
         return ExitStatus.INVALID_SPEC if built.errors else ExitStatus.OK

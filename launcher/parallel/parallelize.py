@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
+import torch
 from torch import nn
 
 from launcher.components import memory
@@ -45,6 +46,11 @@ def run_mesh(spec: RunSpec, dist: DistContext) -> DeviceMesh | None:
     return None
 
 
+def _elsewhere(part: nn.Module, device: torch.device) -> bool:
+    """Whether any tensor of `part` is off `device` (moving fake tensors in place is refused: a simulation's)."""
+    return any(t.device != device for t in (*part.parameters(), *part.buffers()))
+
+
 def parallelize(
     part: nn.Module,
     *,
@@ -61,7 +67,7 @@ def parallelize(
     """
     dims, device = dist.dims, dist.device
     wrap = data_parallel_wrap(spec, dims)
-    if not empty and wrap != "engine":  # DeepSpeed places the model itself
+    if not empty and wrap != "engine" and _elsewhere(part, device):  # DeepSpeed places the model itself
         part = part.to(device)
     # 0. context parallel: the part's attention gathers keys and values over the mesh's cp axis
     if dims.cp > 1:

@@ -214,9 +214,9 @@ def _fsdp(spec: RunSpec, counts: ParamCounts, n: int) -> ModelStates:
     weights, grads, states = replica.parameters, replica.gradients, replica.optimizer_states
     gather = 2 if _mixed(spec) else 4
     layer = counts.total / max(spec.model.n_layer, 1)
-    buffers = (
-        replica.buffers + (1 + p.prefetch_layers) * layer * gather + layer * 4
-    )  # gathered blocks + one grad
+    # gathered blocks + one grad; no autocast copies: FSDP2's mixed-precision policy gathers the
+    # weights in 16 bits already, so autocast finds nothing to cast (dry_run=simulate measured it)
+    buffers = (1 + p.prefetch_layers) * layer * gather + layer * 4
     kept = weights / shard if p.reshard_after_forward else weights / shard + counts.total * gather
     note = f"FSDP over {shard} ranks: " + (
         "full_shard ~ ZeRO-3" if p.reshard_after_forward else "shard_grad_op ~ ZeRO-2"

@@ -26,6 +26,8 @@ The order, and why:
 from __future__ import annotations
 
 import random
+from collections.abc import Callable
+from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 
@@ -151,8 +153,20 @@ def _runner(strategy: Strategy, setup: Setup, objective: Objective, plan: StageP
     return PipelineRunner(strategy, plan, setup, objective)
 
 
-def build(spec: RunSpec, dist: DistContext, run_dir: Path | None = None) -> Components:
-    """Build model, strategy, optimizer, scheduler and data for this rank."""
+@dataclass(frozen=True, kw_only=True)
+class Trainable:
+    """What steps 1-6 give a rank: the strategy over its parts, the runner, the batch split and their hooks."""
+
+    strategy: Strategy
+    runner: Runner
+    objective: Objective
+    batch: BatchSplit
+    pruner: prune.Pruner | None
+    qat_switch: Callable[[int], None] | None
+
+
+def build_trainable(spec: RunSpec, dist: DistContext, run_dir: Path | None = None) -> Trainable:
+    """Steps 1-6 for this rank: model, parts, objective, parallelism, strategy and runner (no data)."""
     seed_everything(spec.train.seed)
     apply_backend_flags(spec.precision, dist.device.type)
     device = dist.device
@@ -190,6 +204,26 @@ def build(spec: RunSpec, dist: DistContext, run_dir: Path | None = None) -> Comp
     strategy = build_strategy(parts, setup)
     bind_policy(objective, strategy.model)  # a LoRA run's reference: the policy with adapters off
     runner = _runner(strategy, setup, objective, plan)
+    return Trainable(
+        strategy=strategy,
+        runner=runner,
+        objective=objective,
+        batch=batch,
+        pruner=pruner,
+        qat_switch=qat_switch,
+    )
+
+
+def build(spec: RunSpec, dist: DistContext, run_dir: Path | None = None) -> Components:
+    """Build model, strategy, optimizer, scheduler and data for this rank."""
+    trainable = build_trainable(spec, dist, run_dir)
+    strategy, runner, objective, batch = (
+        trainable.strategy,
+        trainable.runner,
+        trainable.objective,
+        trainable.batch,
+    )
+    pruner, qat_switch, device = trainable.pruner, trainable.qat_switch, dist.device
     scheduler = build_scheduler(strategy.optimizer, spec.scheduler, spec.train.max_steps)
     ref_logps = _precomputed(spec, dist, strategy.model, objective)  # objective.reference=precompute
     stream, val, held_out, mixed = _data(spec, dist, batch, ref_logps)

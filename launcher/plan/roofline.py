@@ -1,0 +1,159 @@
+"""A predicted step time and MFU from a roofline over named hardware, for `dry_run=simulate`.
+
+A step's compute is the model's training FLOPs for this rank's tokens (6N + attention, divided by
+the tensor- and pipeline-parallel degrees) at the device's dense bf16 peak, plus the bytes the
+step streams through HBM (measured activations written in forward and read twice in backward,
+the parameters gathered for forward, backward and the optimizer) at its bandwidth. Each measured
+collective takes ring time: (n-1)/n x bytes for an all-gather or reduce-scatter, twice that for an
+all-reduce, over NVLink inside a node or the per-GPU network between nodes. What overlaps is the
+strategy's: FSDP2 prefetches its all-gathers and reduce-scatters behind compute (only what exceeds
+compute is exposed), DDP's bucketed all-reduce hides behind backward (about two thirds of
+compute), tensor-parallel all-reduces sit on the critical path, and a pipeline idles for its
+bubble. A peak-based roofline is an upper bound on speed: real kernels reach a fraction of peak
+(docs/planner.md compares the prediction with published runs).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, kw_only=True)
+class Hardware:
+    """One accelerator's published peaks."""
+
+    name: str
+    """What it is called in words."""
+    bf16_flops: float
+    """Dense bf16 tensor-core peak, FLOP/s (no sparsity)."""
+    hbm_bytes_per_s: float
+    """Peak memory bandwidth, bytes/s."""
+    nvlink_bytes_per_s: float
+    """NVLink bandwidth per GPU, one direction, bytes/s."""
+    network_bytes_per_s: float
+    """Inter-node bandwidth per GPU (one NIC per GPU), bytes/s."""
+    memory_bytes: int
+    """Device memory."""
+    gpus_per_node: int = 8
+    """GPUs one NVLink domain connects."""
+    source: str = ""
+    """Where the numbers are published."""
+
+
+HARDWARE: dict[str, Hardware] = {
+    "h100_sxm": Hardware(
+        name="NVIDIA H100 SXM 80GB",
+        bf16_flops=989e12,
+        hbm_bytes_per_s=3.35e12,
+        nvlink_bytes_per_s=450e9,  # 900 GB/s bidirectional
+        network_bytes_per_s=50e9,  # 400 Gb/s ConnectX-7 NDR per GPU (DGX H100)
+        memory_bytes=80 * 10**9,
+        source="NVIDIA H100 Tensor Core GPU datasheet (nvidia.com/en-us/data-center/h100/); DGX H100 user guide",
+    ),
+    "h100_hbm2e": Hardware(
+        name="NVIDIA H100 96GB HBM2e (500 W, Grand Teton)",
+        bf16_flops=989e12,  # the SXM figure; torchtitan notes the true peak lies between SXM and NVL
+        hbm_bytes_per_s=2.4e12,
+        nvlink_bytes_per_s=450e9,
+        network_bytes_per_s=50e9,
+        memory_bytes=96 * 10**9,
+        source="pytorch/torchtitan docs/performance.md (hardware of its published Llama 3.1 runs)",
+    ),
+    "h200": Hardware(
+        name="NVIDIA H200 SXM 141GB",
+        bf16_flops=989e12,
+        hbm_bytes_per_s=4.8e12,
+        nvlink_bytes_per_s=450e9,
+        network_bytes_per_s=50e9,
+        memory_bytes=141 * 10**9,
+        source="NVIDIA H200 Tensor Core GPU datasheet (nvidia.com/en-us/data-center/h200/)",
+    ),
+    "a100_80g": Hardware(
+        name="NVIDIA A100 SXM 80GB",
+        bf16_flops=312e12,
+        hbm_bytes_per_s=2.039e12,
+        nvlink_bytes_per_s=300e9,  # 600 GB/s bidirectional
+        network_bytes_per_s=25e9,  # 200 Gb/s HDR per GPU (DGX A100)
+        memory_bytes=80 * 10**9,
+        source="NVIDIA A100 Tensor Core GPU datasheet (nvidia.com/en-us/data-center/a100/); DGX A100 user guide",
+    ),
+}
+"""Hardware profiles by the name `simulate_hardware` takes."""
+
+RING_FACTOR = {"all_gather": 1.0, "reduce_scatter": 1.0, "all_reduce": 2.0}
+"""Bytes each rank sends per byte of the collective's buffer, times (n-1)/n (ring algorithms)."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class Traffic:
+    """One kind of collective of a step, as the roofline needs it."""
+
+    op: str
+    group: str
+    group_size: int
+    group_stride: int
+    num_bytes: int
+    count: int
+
+
+@dataclass(frozen=True, kw_only=True)
+class Prediction:
+    """A rank's predicted step."""
+
+    compute_s: float
+    """FLOPs at peak plus HBM traffic at peak bandwidth."""
+    comm_s: float
+    """All collectives back to back."""
+    exposed_comm_s: float
+    """The part of comm_s the strategy does not hide behind compute."""
+    step_s: float
+    """The predicted step (compute, exposed communication, pipeline bubble)."""
+    tokens_per_s_per_gpu: float
+    """Trained tokens per second per GPU."""
+    mfu: float
+    """Model FLOPs utilization: model FLOPs per second over the peak."""
+
+
+def collective_s(traffic: Traffic, hw: Hardware) -> float:
+    """Ring time of every call of one collective kind: NVLink within a node, the network across nodes."""
+    n = traffic.group_size
+    if n <= 1:
+        return 0.0
+    inside = traffic.group_stride * (n - 1) < hw.gpus_per_node
+    bandwidth = hw.nvlink_bytes_per_s if inside else hw.network_bytes_per_s
+    per_call = RING_FACTOR.get(traffic.op, 1.0) * (n - 1) / n * traffic.num_bytes / bandwidth
+    return per_call * traffic.count
+
+
+def predict(
+    *,
+    hw: Hardware,
+    model_flops_per_token: float,
+    tokens_per_gpu: float,
+    hbm_bytes: float,
+    traffic: list[Traffic],
+    wrap: str,
+    bubble: float = 0.0,
+) -> Prediction:
+    """The step of one rank: its share of the step's tokens (its data group's tokens / (tp x pp)) and their FLOPs."""
+    flops = model_flops_per_token * tokens_per_gpu
+    compute = flops / hw.bf16_flops + hbm_bytes / hw.hbm_bytes_per_s
+    overlapped = sum(collective_s(t, hw) for t in traffic if t.group.startswith(("dp", "world", "pp")))
+    critical = sum(collective_s(t, hw) for t in traffic) - overlapped  # tensor-parallel all-reduces
+    if wrap == "fsdp":
+        hidden = compute
+    elif wrap == "ddp":
+        hidden = compute * 2 / 3
+    else:
+        hidden = 0.0
+    exposed = critical + max(overlapped - hidden, 0.0)
+    step = (compute + exposed) / max(1.0 - bubble, 1e-6)
+    tokens_per_s = tokens_per_gpu / step if step > 0 else 0.0
+    return Prediction(
+        compute_s=compute,
+        comm_s=overlapped + critical,
+        exposed_comm_s=exposed,
+        step_s=step,
+        tokens_per_s_per_gpu=tokens_per_s,
+        mfu=model_flops_per_token * tokens_per_s / hw.bf16_flops,
+    )

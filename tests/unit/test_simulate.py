@@ -1,0 +1,118 @@
+"""`dry_run=simulate` against the real thing: the same build on a fake process group with fake tensors
+measures the tensor memory and the collectives of a real CPU run (gloo, real tensors) of the same
+spec; a job that does not build at its world size exits 2; the roofline's arithmetic."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+import torch.multiprocessing as mp
+
+from conftest import free_port
+from launcher.front import cli, compose
+from launcher.front.command_line import of
+from launcher.plan.planner import plan
+from launcher.plan.roofline import HARDWARE, Traffic, collective_s, predict
+from launcher.rank.simulate import simulate
+
+SMALL = ["model=gpt_tiny", "model.n_layer=2", "data.seq_len=64", "train.micro_batch_size=2", "launcher=local"]
+LLAMA_8B = str(Path(__file__).parents[1] / "assets" / "llama3_8b")
+
+
+def _spec(overrides: list[str]):
+    line = of(overrides)
+    cfg, errors = compose.compose_checked(list(line.overrides), line.source)
+    assert cfg is not None, errors
+    built = compose.build(cfg)
+    assert not built.errors, built.errors
+    return built.spec
+
+
+def _real_rank(rank: int, world: int, port: int, overrides: list[str], out: str) -> None:
+    """One real gloo rank: the same build and measured step as the simulation, with real tensors."""
+    import torch
+    import torch.distributed as dist
+
+    from launcher.parallel.dims import DistContext, ParallelDims
+    from launcher.rank.simulate import measure
+
+    compose.register_schemas()
+    spec = _spec(overrides)
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    dims = ParallelDims.of(spec.parallel, world)
+    ctx = DistContext(rank=rank, world_size=world, local_rank=rank, device=torch.device("cpu"), dims=dims)
+    result = measure(spec, ctx)
+    if rank == 0:
+        rows = [[c.op, c.group, c.group_size, c.num_bytes, c.count] for c in result.collectives]
+        Path(out).write_text(json.dumps({"peak": result.peak, "collectives": rows}))
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+@pytest.mark.parametrize(
+    ("args", "world"),
+    [(["parallel=single"], 1), (["parallel=fsdp"], 2), (["parallel=tp", "parallel.tp_size=2"], 2)],
+    ids=["single-1", "fsdp-2", "tp-2"],
+)
+def test_simulated_memory_and_collectives_match_a_real_run(
+    tmp_path: Path, args: list[str], world: int
+) -> None:
+    overrides = [*SMALL, *args, f"launcher.nproc={world}"]
+    out = tmp_path / "real.json"
+    mp.start_processes(
+        _real_rank, args=(world, free_port(), overrides, str(out)), nprocs=world, start_method="fork"
+    )
+    real = json.loads(out.read_text())
+    spec = _spec(overrides)
+    (simulated,) = simulate(spec)
+    assert simulated.peak["total"] == pytest.approx(real["peak"]["total"], rel=0.05)
+    # the planner adds the activation peak to the optimizer step's: above the simulation, never far below
+    assert 0.95 <= plan(spec, device_type="cpu").total / simulated.peak["total"] <= 1.30
+    rows = [[c.op, c.group, c.group_size, c.num_bytes, c.count] for c in simulated.collectives]
+    assert rows == real["collectives"]
+    assert (world == 1) == (not rows)  # a single rank talks to nobody; two ranks do
+
+
+def test_a_job_that_does_not_build_at_64_ranks_exits_2(capsys: pytest.CaptureFixture) -> None:
+    # Llama-3.1-8B has 8 key-value heads: 16 tensor-parallel ranks cannot split them
+    argv = [
+        "model=hf", f"model.hf_config={LLAMA_8B}", "parallel=tp_fsdp", "parallel.tp_size=16",
+        "launcher.nnodes=8", "launcher.nproc=8", "launcher.rdzv_endpoint=node0:29400", "run_dir=/tmp/never",
+        "data.seq_len=128", "train.micro_batch_size=1", "dry_run=simulate",
+    ]  # fmt: skip
+    assert cli.run(argv) == 2
+    text = " ".join(capsys.readouterr().err.split())
+    assert "16" in text and "head" in text
+
+
+def test_strategies_that_read_tensor_data_are_refused_before_building(capsys: pytest.CaptureFixture) -> None:
+    assert cli.run([*SMALL, "parallel=ddp", "launcher.nproc=2", "dry_run=simulate"]) == 2
+    assert "dry_run=simulate builds the torch-native strategies" in " ".join(capsys.readouterr().err.split())
+    assert cli.run([*SMALL, "parallel=pp", "launcher.nproc=2", "dry_run=simulate"]) == 2
+    assert "does not build pipelines yet" in " ".join(capsys.readouterr().err.split())
+    cp = [*SMALL, "parallel=fsdp", "launcher.nproc=2", "parallel.cp_size=2", "dry_run=simulate"]
+    assert cli.run(cp) == 2
+    assert "does not split them over a context-parallel group" in " ".join(capsys.readouterr().err.split())
+
+
+def test_the_roofline_hides_fsdp_traffic_behind_compute_but_not_tensor_parallel_all_reduces() -> None:
+    hw = HARDWARE["h100_sxm"]
+    gather = Traffic(
+        op="all_gather", group="dp_shard", group_size=8, group_stride=1, num_bytes=2**30, count=1
+    )
+    across = Traffic(
+        op="all_gather", group="dp_shard", group_size=8, group_stride=8, num_bytes=2**30, count=1
+    )
+    assert collective_s(gather, hw) == pytest.approx(7 / 8 * 2**30 / 450e9)
+    assert collective_s(across, hw) == pytest.approx(7 / 8 * 2**30 / 50e9)  # spans nodes: the network
+    reduce = Traffic(op="all_reduce", group="tp", group_size=8, group_stride=1, num_bytes=2**30, count=1)
+    common = {"hw": hw, "model_flops_per_token": 6e10, "tokens_per_gpu": 8192, "hbm_bytes": 0.0}
+    fsdp = predict(**common, traffic=[gather], wrap="fsdp")
+    assert fsdp.exposed_comm_s == 0 and fsdp.step_s == pytest.approx(6e10 * 8192 / 989e12)
+    assert fsdp.mfu == pytest.approx(1.0)  # a roofline at peak with nothing exposed
+    tp = predict(**common, traffic=[reduce], wrap="none")
+    assert tp.exposed_comm_s == pytest.approx(collective_s(reduce, hw))
