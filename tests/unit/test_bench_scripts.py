@@ -156,3 +156,16 @@ def test_bench_tokenize_times_the_launcher_against_datasets_on_the_same_tokens(t
     assert "launcher / datasets" in result.stdout
     numbers = json.loads(out.read_text())
     assert numbers["tokens"] > 0 and numbers["ratio"] > 0 and numbers["cpu_ratio"] > 0
+
+
+def test_bench_long_context_measures_each_path_and_writes_its_table(tmp_path) -> None:
+    out, numbers = tmp_path / "table.md", tmp_path / "numbers.json"
+    tiny = ["model.n_layer=1", "model.d_model=32", "model.n_head=2"]
+    args = ["--models", "gpt", "--seqs", "64", "--variants", "dense", "chunked", "--steps", "1"]
+    result = _run("bench_long_context", *tiny, *args, "--out", str(out), "--json", str(numbers), cwd=tmp_path)
+    rows = json.loads(numbers.read_text())
+    assert set(rows) == {"gpt 64 dense", "gpt 64 chunked"}, rows
+    assert all(r["peak_gib"] > 0.05 and r["tokens_per_s"] > 0 for r in rows.values()), rows
+    table = out.read_text()
+    assert table.strip() in result.stdout
+    assert "| gpt | 64 | dense mask (sdpa), whole logits |" in table and "| 1.00 |" in table

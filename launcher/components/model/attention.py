@@ -63,15 +63,17 @@ def varlen_attention(
 
     Keys and values may have fewer heads than queries (grouped-query attention). Splitting the
     flattened [B * T, H, D] tensors keeps every span contiguous, and their backward is one concat.
+    Each span goes in as a batch of one ([1, H, t, D]): SDPA's CPU flash kernel takes only 4-D inputs,
+    and a 3-D one falls back to the math path, which keeps the [H, t, t] attention weights for backward.
     """
     batch, seq, heads, dim = q.shape
     gqa = k.shape[2] != heads
     pieces = zip(*(t.reshape(batch * seq, t.shape[2], dim).split(sizes, 0) for t in (q, k, v)), strict=True)
     outs = [
         F.scaled_dot_product_attention(
-            qs.transpose(0, 1), ks.transpose(0, 1), vs.transpose(0, 1),
+            qs.transpose(0, 1).unsqueeze(0), ks.transpose(0, 1).unsqueeze(0), vs.transpose(0, 1).unsqueeze(0),
             dropout_p=dropout_p, is_causal=True, enable_gqa=gqa, scale=scale,
-        ).transpose(0, 1)
+        ).squeeze(0).transpose(0, 1)
         for qs, ks, vs in pieces
     ]  # fmt: skip
     return torch.cat(outs, 0).reshape(batch, seq, heads, dim)
