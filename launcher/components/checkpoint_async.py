@@ -19,8 +19,10 @@ every rank, naming the step, as a synchronous save does. At most one save is in 
 
 from __future__ import annotations
 
+import re
 import threading
 import time
+import warnings
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
@@ -29,10 +31,34 @@ from launcher.components import checkpoint
 from launcher.components.checkpoint_files import CheckpointFiles
 from launcher.config.checkpoint import PARTIAL_PREFIX
 
+STAGER_MIN_TORCH = (2, 13)
+"""The oldest torch whose host-memory stager was seen to stage the loop's whole state (torch 2.11's raised
+KeyError: <class 'type'> on it, on CPU and CUDA alike); older ones save synchronously."""
 WRITTEN_PREFIX = ".written_rank"
 """A rank's marker in the partial directory: all its files and its digests are on disk."""
 POLL_S = 0.05
 """How often rank 0's background thread looks for the other ranks' markers."""
+
+
+def stager_works(torch_version: str) -> bool:
+    """Whether background saves run on this torch version (STAGER_MIN_TORCH or newer)."""
+    match = re.match(r"(\d+)\.(\d+)", torch_version)
+    return match is not None and (int(match[1]), int(match[2])) >= STAGER_MIN_TORCH
+
+
+def background_saves(requested: bool) -> bool:
+    """checkpoint.async_save as this torch allows it; a warning says so where a request falls back to blocking saves."""
+    import torch
+
+    if requested and not stager_works(torch.__version__):
+        warnings.warn(
+            f"checkpoint.async_save=true: torch {torch.__version__}'s host-memory stager cannot copy this loop's "
+            f"state (it needs torch>={'.'.join(map(str, STAGER_MIN_TORCH))}), so checkpoints are saved "
+            "synchronously; set checkpoint.async_save=false to silence this.",
+            stacklevel=2,
+        )
+        return False
+    return requested
 
 
 def _stager() -> Any:

@@ -25,7 +25,7 @@ from rich.console import Console
 
 from launcher.components import checkpoint, metrics, profiling
 from launcher.components.batch_split import BatchSplit
-from launcher.components.checkpoint_async import AsyncSaver, StagedFiles
+from launcher.components.checkpoint_async import AsyncSaver, StagedFiles, background_saves
 from launcher.components.checkpoint_files import CheckpointFiles
 from launcher.components.data.batching import Batches
 from launcher.components.data.interleave import HeldOut
@@ -110,7 +110,7 @@ class Engine:
         self.saver = (
             AsyncSaver(self.run_dir, rank=dist.rank, world_size=dist.world_size, keep=self.spec.checkpoint.keep,
                        agree=dist.all_true, timeout_s=self.spec.launcher.timeout_s)
-            if self.spec.checkpoint.async_save else None
+            if background_saves(self.spec.checkpoint.async_save) else None
         )  # fmt: skip
         """Writes checkpoints in the background (checkpoint.async_save), None where saves block the loop."""
 
