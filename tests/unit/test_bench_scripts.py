@@ -147,3 +147,13 @@ def test_bench_gpu_skips_cleanly_without_a_gpu(tmp_path) -> None:
         pytest.skip("a GPU is visible: the script would measure (tests/gpu runs it)")
     result = _run("bench_gpu", cwd=tmp_path)
     assert "skipped, no CUDA GPU is visible" in result.stdout
+
+
+def test_bench_ddp_compares_train_with_a_plain_torchrun_script_under_load(tmp_path) -> None:
+    out = tmp_path / "ddp.json"
+    _run("bench_ddp", "--rounds", "1", "--steps", "10", "--load", "1", "--only-load", "--strategies", "ddp",
+         "--json", str(out), *TINY_RUN, cwd=tmp_path)  # fmt: skip
+    numbers = json.loads(out.read_text())
+    row = numbers["summary"]["ddp load 1"]
+    assert row["plain_tokens_per_s"] > 0 and row["train_tokens_per_s"] > 0 and row["ratio"] > 0
+    assert numbers["machine"]["background_processes"] == 1
