@@ -60,7 +60,10 @@ class TrainConfig:
     max_grad_norm: float | None = 1.0
     """Clip the global gradient norm to this value; null turns clipping off."""
     eval_every: int | None = 100
-    """Optimizer steps between evaluations (and one at the end); null turns evaluation off."""
+    """Optimizer steps between evaluations (and one at the end, see eval_at_end); null: none between."""
+    eval_at_end: bool | None = None
+    """Evaluate after the last step: null (auto) when max_steps >= eval_every, so a run shorter than one
+    evaluation interval ends without one; true always (also with eval_every=null); false never."""
     eval_batches: int = 8
     """Micro batches of held-out data per evaluation."""
     log_every: int = 10
@@ -78,6 +81,16 @@ class TrainConfig:
     advice: bool = True
     """Print run-time advice (input-bound steps, loss spikes, fp16 scale collapse, ...) once each, and list it
     in summary.json; false silences it (docs/monitoring.md)."""
+
+    def evaluates_at_end(self) -> bool:
+        """Whether the run evaluates after its last step (eval_at_end, or auto: max_steps >= eval_every)."""
+        if self.eval_at_end is not None:
+            return self.eval_at_end
+        return self.eval_every is not None and self.max_steps >= self.eval_every
+
+    def evaluates(self) -> bool:
+        """Whether the run evaluates at all, so needs held-out data."""
+        return bool(self.eval_every) or self.eval_at_end is True
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -37,11 +37,26 @@ def param_groups(named_params: Iterable[tuple[str, nn.Parameter]], cfg: Optimize
     return groups
 
 
+FUSED_AUTO_DEVICES = {"adamw": ("cuda", "cpu"), "sgd": ("cuda",)}
+"""Where `implementation=auto` picks torch's fused kernel, per optimizer. AdamW's CPU kernel (torch >= 2.4,
+float32/64, bfloat16 and float16, plain tensors and DTensors) is one vectorized pass over each
+tensor, where foreach launches several ops per tensor list; Hugging Face Trainer picks it too."""
+
+
+def _fused_on(name: str, device_type: str) -> bool:
+    """Whether `auto` means fused for optimizer `name` on `device_type` with the installed torch."""
+    if device_type not in FUSED_AUTO_DEVICES.get(name, ()):
+        return False
+    from torch.optim.optimizer import _get_fused_kernels_supported_devices
+
+    return device_type in _get_fused_kernels_supported_devices()
+
+
 def _kernel_flags(cfg: OptimizerConfig, device_type: str) -> dict:
     """Map `implementation` to torch's fused/foreach keyword arguments."""
     choice = cfg.implementation
     if choice == "auto":
-        choice = "fused" if device_type == "cuda" else "foreach"
+        choice = "fused" if _fused_on(cfg.name, device_type) else "foreach"
     return {"fused": choice == "fused", "foreach": choice == "foreach" or None}
 
 

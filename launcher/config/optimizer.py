@@ -29,7 +29,8 @@ class OptimizerConfig:
     decay_norms_and_biases: bool = False
     """Apply weight decay to norm weights and biases as well (usually worse)."""
     implementation: str = "auto"
-    """torch kernel choice: auto (fused on CUDA, foreach otherwise), fused, foreach or for_loop."""
+    """torch kernel choice: auto (fused AdamW on CUDA and CPU, fused SGD on CUDA, foreach otherwise),
+    fused, foreach or for_loop."""
 
 
 BNB_OPTIMIZERS = ("adamw_8bit", "paged_adamw_8bit", "lion_8bit")

@@ -53,7 +53,7 @@ def size_errors(spec: RunSpec) -> list[SpecError]:
         with corpus_folder(source.data, source.tokenizer) as folder:
             meta = json.loads((folder / "meta.json").read_text())
             errors += _train_errors(source, folder, meta, train_needs)
-        if spec.train.eval_every:
+        if spec.train.evaluates():
             errors += _val_errors(source, meta, needs)
     return errors
 

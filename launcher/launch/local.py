@@ -73,7 +73,15 @@ def rank_main(
     from launcher.rank import worker
 
     die_with_parent(parent_pid)  # no rank outlives the launching process
-    os.setpgrp()  # off the terminal's process group: a Ctrl-C reaches the launcher, which passes it on once
+    # A session of its own, as torchrun's ranks have: off the terminal (a Ctrl-C reaches the launcher, which
+    # passes it on once), and its own share of the CPU where the kernel's autogroup scheduler shares it
+    # between sessions (Linux's default on desktops and many servers): in the launching session, the
+    # ranks shared one share with every other process of that shell and ran at a fraction of a plain
+    # torchrun script's speed on a busy machine (docs/performance.md).
+    try:
+        os.setsid()
+    except OSError:  # already a session or group leader: a group of its own still keeps Ctrl-C away
+        os.setpgrp()
     if loopback and (interface := loopback_interface()):  # one node: collectives stay on loopback too
         os.environ.setdefault("GLOO_SOCKET_IFNAME", interface)
         os.environ.setdefault("NCCL_SOCKET_IFNAME", interface)

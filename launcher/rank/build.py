@@ -110,9 +110,7 @@ def _data(
         )
         mixed, held_out = None, ()
         val = PackedSequences(corpus.val, d.seq_len, document_mask=d.packing and d.document_mask)
-        if (
-            spec.train.eval_every
-        ):  # fail here, not at the first evaluation (the launching process refuses it first)
+        if spec.train.evaluates():  # fail here, not at the first evaluation (the launching process first)
             check_held_out(val, dist.dp_size)
     if d.num_workers > 0:
         stream = PrefetchedBatches(stream, num_workers=d.num_workers, pin_memory=device.type == "cuda")

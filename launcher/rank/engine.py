@@ -37,6 +37,7 @@ from launcher.parallel.dims import DistContext
 from launcher.parallel.runner import Runner
 from launcher.parallel.state_bytes import is_dtensor
 from launcher.parallel.strategy import Strategy
+from launcher.rank import collection
 from launcher.rank.nonfinite import ADVICE, NonFiniteGuard, NonFiniteStop
 from launcher.rank.preemption import StopSignal
 from launcher.rank.rng import restore_rng, rng_state
@@ -209,7 +210,7 @@ class Engine:
             self.spec.profile, self.spec.profiler, self.run_dir, rank=dist.rank, device_type=self.device.type,
             console=self.console,
         )  # fmt: skip
-        with progress if show else contextlib.nullcontext(), profiler as prof:
+        with progress if show else contextlib.nullcontext(), profiler as prof, collection.collect_at_pauses():
             while self.step < t.max_steps:
                 self._train_step()
                 self.step += 1
@@ -248,10 +249,12 @@ class Engine:
         t, last = self.spec.train, self.step == self.spec.train.max_steps
         if self.step % t.log_every == 0 or last:
             records.append(record := self._log_record())
+            collection.collect()
             self.guard.check_loss_scale(record["loss_scale"], self.step)
             show(loss=f"{record['loss']:.4f}", tps=f"{record['tokens_per_s']:,.0f}")
-        if t.eval_every and (self.step % t.eval_every == 0 or last):
+        if (t.eval_every and self.step % t.eval_every == 0) or (last and t.evaluates_at_end()):
             records.append({"step": self.step, "session": self.session, **self.evaluate()})
+            collection.collect(full=True)
         stopping = self.step == t.stop_after
         # A stop signal on any rank stops every rank after this same step (collective).
         signum = None if last else self.stop.agreed(self.parts.dist)

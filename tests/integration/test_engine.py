@@ -157,3 +157,12 @@ def test_failed_save_keeps_the_previous_checkpoint(tmp_path) -> None:
         resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
     assert [p.name for p in checkpoint.good_checkpoints(run_dir)] == ["step_1"]
     assert not list((run_dir / "checkpoints").glob(".partial_*"))
+
+
+def test_a_run_shorter_than_one_eval_interval_ends_without_evaluating(tmp_path) -> None:
+    """eval_every=10, 3 steps: no end-of-run evaluation (train.eval_at_end=auto), the final checkpoint stays."""
+    run_dir = tmp_path / "run"
+    assert run_inline([*TINY, "train.max_steps=3"], run_dir) == 0
+    assert not [r for r in read_metrics(run_dir / "metrics.jsonl") if "eval_loss" in r]
+    assert json.loads((run_dir / "summary.json").read_text())["eval_loss"] is None
+    assert (run_dir / "checkpoints" / "latest").read_text().strip() == "step_3"

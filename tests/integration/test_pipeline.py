@@ -20,7 +20,8 @@ import torch
 from conftest import TINY, losses, run_cli, run_inline, run_ranks
 from launcher.components.metrics import read_metrics
 
-BASE = [*TINY, "model.n_layer=4", "train.max_steps=6", "train.micro_batch_size=8", "checkpoint.every=3"]
+BASE = [*TINY, "model.n_layer=4", "train.max_steps=6", "train.micro_batch_size=8", "checkpoint.every=3",
+        "train.eval_at_end=true"]  # fmt: skip
 SCHEDULES = {
     "gpipe": ["parallel.pp_schedule=gpipe"],
     "1f1b": ["parallel.pp_schedule=1f1b"],

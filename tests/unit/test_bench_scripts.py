@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import ast
 import importlib
+import importlib.util
 import json
 import subprocess
 import sys
@@ -169,3 +170,38 @@ def test_bench_long_context_measures_each_path_and_writes_its_table(tmp_path) ->
     table = out.read_text()
     assert table.strip() in result.stdout
     assert "| gpt | 64 | dense mask (sdpa), whole logits |" in table and "| 1.00 |" in table
+
+
+def test_bench_ddp_compares_train_with_a_plain_torchrun_script(tmp_path) -> None:
+    """One round without background load (a busy process would take one of two cores from the suite)."""
+    out = tmp_path / "ddp.json"
+    _run("bench_ddp", "--rounds", "1", "--steps", "10", "--load", "0", "--strategies", "ddp",
+         "--json", str(out), *TINY_RUN, cwd=tmp_path)  # fmt: skip
+    numbers = json.loads(out.read_text())
+    row = numbers["summary"]["ddp load 0"]
+    assert row["plain_tokens_per_s"] > 0 and row["train_tokens_per_s"] > 0 and row["ratio"] > 0
+    assert list(numbers["summary"]) == ["ddp load 0"] and numbers["machine"]["background_processes"] == 0
+
+
+def test_bench_runs_the_comparisons_and_writes_the_table_the_docs_show(tmp_path, monkeypatch) -> None:
+    """`scripts/bench`, the one command behind README's and docs/performance.md's table."""
+    from importlib.machinery import SourceFileLoader
+
+    table = tmp_path / "table.md"
+    result = _run("bench", "--quick", "--only", "checkpoint", "--table", str(table), cwd=tmp_path)
+    text = table.read_text()
+    assert "| checkpoint save / torch.save + fsync" in text and "| verified load / torch.load" in text
+    assert "load average" in result.stdout and "scripts/bench --update-docs" in text
+    loader = SourceFileLoader("bench", str(ROOT / "scripts" / "bench"))
+    bench = importlib.util.module_from_spec(importlib.util.spec_from_loader("bench", loader))
+    monkeypatch.setitem(sys.modules, "bench", bench)  # its dataclasses look their module up there
+    loader.exec_module(bench)
+    page = tmp_path / "page.md"
+    page.write_text(f"before\n{bench.START}\nold table\n{bench.END}\nafter\n")
+    plain = tmp_path / "no_markers.md"
+    plain.write_text("no table here\n")
+    assert bench.update_docs(text, (page, plain)) == [page]
+    assert plain.read_text() == "no table here\n"
+    assert page.read_text() == f"before\n{bench.START}\n{text}{bench.END}\nafter\n"
+    for path in bench.DOCS:  # both pages carry the markers the command fills
+        assert bench.START in path.read_text() and bench.END in path.read_text(), path
