@@ -24,7 +24,6 @@ from launcher.front import (
     hydra_help,
     recipe_auto,
     rundir,
-    simulation,
     sweep,
     torchrun,
     verify,
@@ -68,6 +67,8 @@ def run(argv: CommandLine | Sequence[str]) -> int:
         Console(highlight=False).print(data_format.announce(built.spec), markup=False, soft_wrap=True)
     run_dir = Path(cfg.run_dir) if cfg.get("run_dir") else rundir.default_run_dir(rundir.safe_name(cfg))
     if cfg.get("dry_run") == "simulate":
+        from launcher.front import simulation  # builds ranks on fake tensors: torch, only when asked
+
         return simulation.run(built)
     if cfg.get("dry_run"):
         dryrun.show(built, run_dir)

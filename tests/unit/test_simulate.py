@@ -64,7 +64,7 @@ def test_simulated_memory_and_collectives_match_a_real_run(
     overrides = [*SMALL, *args, f"launcher.nproc={world}"]
     out = tmp_path / "real.json"
     mp.start_processes(
-        _real_rank, args=(world, free_port(), overrides, str(out)), nprocs=world, start_method="fork"
+        _real_rank, args=(world, free_port(), overrides, str(out)), nprocs=world, start_method="spawn"
     )
     real = json.loads(out.read_text())
     spec = _spec(overrides)
