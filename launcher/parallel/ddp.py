@@ -19,6 +19,7 @@ from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_
 from torch.nn.parallel import DistributedDataParallel
 
 from launcher.config.parallel import ParallelConfig
+from launcher.parallel import ddp_fake_group
 
 _POWERSGD_FIELDS = ("error_dict", "p_memory_dict", "q_memory_dict", "iter")
 
@@ -26,8 +27,13 @@ _POWERSGD_FIELDS = ("error_dict", "p_memory_dict", "q_memory_dict", "iter")
 def apply_ddp(
     part: nn.Module, device: torch.device, parallel: ParallelConfig, group: dist.ProcessGroup | None
 ) -> DistributedDataParallel:
-    """DistributedDataParallel over `group` (None: every rank) with the spec's bucket settings."""
-    return DistributedDataParallel(
+    """DistributedDataParallel over `group` (None: every rank) with the spec's bucket settings.
+
+    On torch's fake process group (dry_run=simulate) the start's shape check and broadcast are skipped
+    and the reducer is met where it reads what a real group delivers (launcher.parallel.ddp_fake_group).
+    """
+    simulated = ddp_fake_group.simulated(group)
+    model = DistributedDataParallel(
         part,
         device_ids=[device.index] if device.type == "cuda" else None,
         process_group=group,
@@ -35,7 +41,11 @@ def apply_ddp(
         static_graph=parallel.static_graph,
         gradient_as_bucket_view=parallel.gradient_as_bucket_view,
         find_unused_parameters=parallel.find_unused_parameters,
+        init_sync=not simulated,
     )
+    if simulated:
+        ddp_fake_group.prepare(model)
+    return model
 
 
 def register_comm_hook(

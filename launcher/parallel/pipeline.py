@@ -55,6 +55,37 @@ def _schedule_class(name: str) -> type:
     }[name]
 
 
+def _static_shapes(setup: Setup, wrap: str, stage: int, num_stages: int) -> dict[str, torch.Tensor]:
+    """A stage's example input and output, for a fake process group (dry_run=simulate), where nothing is received.
+
+    On a real group torch infers them by running the first step and sending each stage's output
+    metadata to the next; the fake group delivers nothing, so the stage is told them: a pipeline
+    micro batch of token ids into the first stage, of hidden states between stages (in FSDP2's
+    compute dtype under its mixed precision, else the float32 residual stream), of logits out of
+    the last.
+    """
+    spec, device = setup.spec, setup.dist.device
+    rows, seq = setup.batch.micro_batch_size // spec.parallel.pp_microbatches, spec.data.seq_len
+    shape = model_shape(spec.model).equivalent
+    policy = None
+    if wrap == "fsdp":
+        from launcher.parallel.fsdp import mixed_precision_policy
+
+        policy = mixed_precision_policy(spec.precision)
+    hidden_dtype = policy.param_dtype if policy is not None else torch.float32
+    logits_dtype = hidden_dtype if policy is not None else train_dtype(spec.precision)
+
+    def hidden() -> torch.Tensor:
+        return torch.empty(rows, seq, shape.d_model, dtype=hidden_dtype, device=device, requires_grad=True)
+
+    first = torch.empty(rows, seq, dtype=torch.long, device=device)
+    last = torch.empty(rows, seq, shape.vocab_size, dtype=logits_dtype, device=device, requires_grad=True)
+    return {
+        "input_args": first if stage == 0 else hidden(),
+        "output_args": last if stage == num_stages - 1 else hidden(),
+    }
+
+
 class _Precision:
     """The autocast dtype the stages' forwards run under (training's, or evaluation's while evaluating)."""
 
@@ -99,8 +130,16 @@ class PipelineRunner:
         self.schedule_name = p.pp_schedule
         self.block = self.dist.world_size // self.dist.dims.pp
         self.hidden_size = model_shape(spec.model).equivalent.d_model
+        simulated = dist.get_backend(strategy.pp_group) == "fake"
         stages = [
-            PipelineStage(part, index, plan.num_stages, device, group=strategy.pp_group)
+            PipelineStage(
+                part,
+                index,
+                plan.num_stages,
+                device,
+                group=strategy.pp_group,
+                **(_static_shapes(setup, strategy.wrap, index, plan.num_stages) if simulated else {}),
+            )
             for part, index in zip(self.parts, plan.local, strict=True)
         ]
         kwargs = {"n_microbatches": p.pp_microbatches, "loss_fn": self._loss, "scale_grads": False}

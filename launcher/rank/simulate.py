@@ -318,6 +318,7 @@ def measure(spec: RunSpec, ctx: DistContext, role: str = "every rank", num_ranks
         ) from error
     vocab = min(vocab_size(spec.model) or 256, 256)
     _step(spec, trainable, vocab, ctx.device)  # creates the optimizer state
+    _rebuild_ddp_buckets(trainable.strategy.parts)  # DDP's one bucket rebuild, before the measured step
     tracker = _step_tracker()
     tracker.track_external(*trainable.strategy.parts, trainable.strategy.optimizer)
     log = CollectiveLog(ctx.dims)
@@ -338,6 +339,17 @@ def measure(spec: RunSpec, ctx: DistContext, role: str = "every rank", num_ranks
         collectives=log.collectives(),
         num_params=num_params,
     )
+
+
+def _rebuild_ddp_buckets(parts: list[torch.nn.Module]) -> None:
+    """Rebuild DDP's buckets in gradient-ready order now, as the next forward would (a steady step has them)."""
+    from torch.nn.parallel import DistributedDataParallel
+
+    from launcher.parallel.ddp_fake_group import rebuild_buckets
+
+    for part in parts:
+        if isinstance(part, DistributedDataParallel):
+            rebuild_buckets(part)
 
 
 def _local_numel(param: torch.Tensor) -> int:

@@ -19,8 +19,10 @@ from launcher.rules.values import Rule, choice
 from launcher.spec import RunSpec, SpecError
 
 MODEL_KINDS = ("gpt", "hf")
-SIMULATED_STRATEGIES = ("single", "fsdp", "tp")
-"""Strategies dry_run=simulate builds on fake tensors (DDP's reducer and DeepSpeed's engine read tensor data)."""
+SIMULATED_STRATEGIES = ("single", "fsdp", "tp", "ddp", "pp")
+"""Strategies dry_run=simulate builds on fake tensors (DeepSpeed's engine decides its step by reading tensor values)."""
+SIMULATED_PP_SCHEDULES = ("gpipe", "1f1b")
+"""Pipeline schedules dry_run=simulate steps (checked against real runs; the multi-stage ones are not yet)."""
 NONFINITE_POLICIES = ("skip", "stop")
 DEVICES = ("auto", "cpu", "cuda")
 
@@ -51,20 +53,8 @@ def _names(spec: RunSpec, hw: Hardware) -> Iterator[SpecError]:
             f"(build and step one rank of each role on a fake process group), got {spec.dry_run!r}.",
         )
     yield from choice("simulate_hardware", spec.simulate_hardware, tuple(HARDWARE), "hardware profile")
-    if spec.dry_run == "simulate" and spec.parallel.strategy not in SIMULATED_STRATEGIES:
-        yield SpecError(
-            ("dry_run", "parallel.strategy"),
-            f"dry_run=simulate builds the torch-native strategies {', '.join(SIMULATED_STRATEGIES)} on fake "
-            f"tensors; {spec.parallel.strategy!r} reads tensor data while it builds (DDP's reducer, DeepSpeed's "
-            "engine). Use dry_run=true for its memory plan, or simulate parallel=fsdp.",
-        )
-    if spec.dry_run == "simulate" and spec.parallel.pp_size > 1:
-        yield SpecError(
-            ("dry_run", "parallel.pp_size"),
-            "dry_run=simulate does not build pipelines yet: a pipeline stage learns its neighbours' tensor "
-            "shapes by receiving them, and the fake process group sends nothing. Use dry_run=true for the "
-            "pipeline's plan per pipeline rank.",
-        )
+    if spec.dry_run == "simulate":
+        yield from _simulated_layout(spec)
     if spec.dry_run == "simulate" and spec.parallel.cp_size > 1:
         yield SpecError(
             ("dry_run", "parallel.cp_size"),
@@ -78,6 +68,36 @@ def _names(spec: RunSpec, hw: Hardware) -> Iterator[SpecError]:
             f"dry_run=simulate steps the cross-entropy objective on random token ids; objective="
             f"{spec.objective.name} needs preference pairs and a reference. Use dry_run=true for its plan (a "
             "pair as two rows, the reference's weights), or simulate objective=sft for the parallel layout.",
+        )
+
+
+def _simulated_layout(spec: RunSpec) -> Iterator[SpecError]:
+    """What dry_run=simulate cannot build on fake tensors and a fake process group, refused before building."""
+    p = spec.parallel
+    if p.strategy in STRATEGIES and p.strategy not in SIMULATED_STRATEGIES:
+        yield SpecError(
+            ("dry_run", "parallel.strategy"),
+            f"dry_run=simulate builds {', '.join(SIMULATED_STRATEGIES)} on fake tensors; DeepSpeed "
+            f"(parallel.strategy={p.strategy}) cannot run there: its engine moves the model with "
+            "module.to, which swaps each parameter and torch refuses for these fake ones, and its step "
+            "reads values on the host (the overflow flag, the gradient norm) to decide whether to step, "
+            "which a fake tensor cannot answer. Use dry_run=true for its memory plan, or simulate the "
+            "same sharding with parallel=fsdp (ZeRO-3; parallel=fsdp_shard_grad_op for ZeRO-2).",
+        )
+    if p.pp_size > 1 and p.pp_schedule not in SIMULATED_PP_SCHEDULES:
+        yield SpecError(
+            ("dry_run", "parallel.pp_schedule"),
+            f"dry_run=simulate steps the pipeline schedules {', '.join(SIMULATED_PP_SCHEDULES)} (checked "
+            f"against real runs); {p.pp_schedule} holds several stages per rank and is not checked yet. Use "
+            "dry_run=true for its plan per pipeline rank, or simulate parallel.pp_schedule=1f1b for the "
+            "stages' layout.",
+        )
+    if p.strategy == "ddp" and p.comm_hook != "none":
+        yield SpecError(
+            ("dry_run", "parallel.comm_hook"),
+            f"dry_run=simulate runs DDP's own bucket all-reduce; the {p.comm_hook} hook takes its result from "
+            "what the group delivers, and the fake process group delivers nothing. Use dry_run=true for "
+            "its plan, or simulate parallel.comm_hook=none (the same buckets, uncompressed).",
         )
 
 

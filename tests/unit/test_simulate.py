@@ -31,6 +31,31 @@ def _spec(overrides: list[str]):
     return built.spec
 
 
+CASES: list[tuple[str, list[str], int]] = [
+    ("single-1", ["parallel=single"], 1),
+    ("fsdp-2", ["parallel=fsdp"], 2),
+    ("tp-2", ["parallel=tp", "parallel.tp_size=2"], 2),
+    ("ddp-2", ["parallel=ddp", "parallel.bucket_mb=1"], 2),  # two buckets: the rebuilt ones' sizes
+    ("pp-2", ["parallel=pp", "parallel.pp_microbatches=2"], 2),
+]
+"""(name, overrides on top of SMALL, ranks) of each configuration whose simulation is checked against a real run."""
+FOUR_RANK_CASES: list[tuple[str, list[str], int]] = [
+    ("pp_fsdp-4", ["parallel=pp_fsdp", "parallel.pp_microbatches=2"], 4),
+    (  # DDP in 2-layer gpt_tiny stages fails on real ranks (docs/planner.md): TINY's 4 layers
+        "pp_ddp-4",
+        ["parallel=ddp", "parallel.pp_size=2", "train.micro_batch_size=4", "model.n_layer=4", "model.d_model=64",
+         "model.n_head=2", "data.seq_len=32", "parallel.bucket_mb=0.05"],
+        4,
+    ),
+]  # fmt: skip
+"""Pipelines with FSDP2 or DDP inside the stages: 4 real ranks, about a minute each here (marked extended)."""
+
+
+def case_overrides(args: list[str], world: int) -> list[str]:
+    """The full override list of a CASES row."""
+    return [*SMALL, *args, f"launcher.nproc={world}"]
+
+
 def _real_rank(rank: int, world: int, port: int, overrides: list[str], out: str) -> None:
     """One real gloo rank: the same build and measured step as the simulation, with real tensors."""
     import torch
@@ -46,35 +71,37 @@ def _real_rank(rank: int, world: int, port: int, overrides: list[str], out: str)
     dims = ParallelDims.of(spec.parallel, world)
     ctx = DistContext(rank=rank, world_size=world, local_rank=rank, device=torch.device("cpu"), dims=dims)
     result = measure(spec, ctx)
-    if rank == 0:
-        rows = [[c.op, c.group, c.group_size, c.num_bytes, c.count] for c in result.collectives]
-        Path(out).write_text(json.dumps({"peak": result.peak, "collectives": rows}))
+    rows = [[c.op, c.group, c.group_size, c.num_bytes, c.count] for c in result.collectives]
+    (Path(out) / f"{rank}.json").write_text(json.dumps({"peak": result.peak, "collectives": rows}))
     dist.barrier()
     dist.destroy_process_group()
 
 
 @pytest.mark.parametrize(
     ("args", "world"),
-    [(["parallel=single"], 1), (["parallel=fsdp"], 2), (["parallel=tp", "parallel.tp_size=2"], 2)],
-    ids=["single-1", "fsdp-2", "tp-2"],
+    [pytest.param(*case[1:], id=case[0]) for case in CASES]
+    # a further variant of the pp-2 and fsdp-2/ddp-2 rows: the data-parallel wrap inside the stages
+    + [pytest.param(*case[1:], id=case[0], marks=pytest.mark.extended) for case in FOUR_RANK_CASES],
 )
 def test_simulated_memory_and_collectives_match_a_real_run(
     tmp_path: Path, args: list[str], world: int
 ) -> None:
-    overrides = [*SMALL, *args, f"launcher.nproc={world}"]
-    out = tmp_path / "real.json"
+    overrides = case_overrides(args, world)
     mp.start_processes(
-        _real_rank, args=(world, free_port(), overrides, str(out)), nprocs=world, start_method="spawn"
+        _real_rank, args=(world, free_port(), overrides, str(tmp_path)), nprocs=world, start_method="spawn"
     )
-    real = json.loads(out.read_text())
     spec = _spec(overrides)
-    (simulated,) = simulate(spec)
-    assert simulated.peak["total"] == pytest.approx(real["peak"]["total"], rel=0.05)
-    # the planner adds the activation peak to the optimizer step's: above the simulation, never far below
-    assert 0.95 <= plan(spec, device_type="cpu").total / simulated.peak["total"] <= 1.30
-    rows = [[c.op, c.group, c.group_size, c.num_bytes, c.count] for c in simulated.collectives]
-    assert rows == real["collectives"]
-    assert (world == 1) == (not rows)  # a single rank talks to nobody; two ranks do
+    roles = simulate(spec)
+    assert len(roles) == spec.parallel.pp_size  # one role per pipeline rank
+    for simulated in roles:  # each role against the real rank it stands for
+        real = json.loads((tmp_path / f"{simulated.rank}.json").read_text())
+        assert simulated.peak["total"] == pytest.approx(real["peak"]["total"], rel=0.05)
+        rows = [[c.op, c.group, c.group_size, c.num_bytes, c.count] for c in simulated.collectives]
+        assert rows == real["collectives"]
+        assert (world == 1) == (not rows)  # a single rank talks to nobody; two ranks do
+    if spec.parallel.pp_size == 1:
+        # the planner adds the activation peak to the optimizer step's: above the simulation, never far below
+        assert 0.95 <= plan(spec, device_type="cpu").total / roles[0].peak["total"] <= 1.30
 
 
 def test_a_job_that_does_not_build_at_64_ranks_exits_2(capsys: pytest.CaptureFixture) -> None:
@@ -89,14 +116,19 @@ def test_a_job_that_does_not_build_at_64_ranks_exits_2(capsys: pytest.CaptureFix
     assert "16" in text and "head" in text
 
 
-def test_strategies_that_read_tensor_data_are_refused_before_building(capsys: pytest.CaptureFixture) -> None:
-    assert cli.run([*SMALL, "parallel=ddp", "launcher.nproc=2", "dry_run=simulate"]) == 2
-    assert "dry_run=simulate builds the torch-native strategies" in " ".join(capsys.readouterr().err.split())
-    assert cli.run([*SMALL, "parallel=pp", "launcher.nproc=2", "dry_run=simulate"]) == 2
-    assert "does not build pipelines yet" in " ".join(capsys.readouterr().err.split())
-    cp = [*SMALL, "parallel=fsdp", "launcher.nproc=2", "parallel.cp_size=2", "dry_run=simulate"]
-    assert cli.run(cp) == 2
-    assert "does not split them over a context-parallel group" in " ".join(capsys.readouterr().err.split())
+def test_what_the_fake_group_cannot_run_is_refused_before_building(capsys: pytest.CaptureFixture) -> None:
+    refusals = [
+        (["parallel=zero2"], "DeepSpeed (parallel.strategy=deepspeed) cannot run there"),
+        (
+            ["parallel=pp", "parallel.pp_schedule=interleaved_1f1b"],
+            "steps the pipeline schedules gpipe, 1f1b",
+        ),
+        (["parallel=ddp", "parallel.comm_hook=fp16"], "the fp16 hook takes its result"),
+        (["parallel=fsdp", "parallel.cp_size=2"], "does not split them over a context-parallel group"),
+    ]
+    for args, message in refusals:
+        assert cli.run([*SMALL, *args, "launcher.nproc=2", "dry_run=simulate"]) == 2
+        assert message in " ".join(capsys.readouterr().err.split())
 
 
 def test_the_roofline_hides_fsdp_traffic_behind_compute_but_not_tensor_parallel_all_reduces() -> None:
