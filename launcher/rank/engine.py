@@ -16,7 +16,6 @@ import statistics
 import time
 import warnings
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -24,63 +23,20 @@ import torch
 from rich.console import Console
 
 from launcher.components import checkpoint, metrics, profiling
-from launcher.components.batch_split import BatchSplit
 from launcher.components.checkpoint_async import AsyncSaver, StagedFiles, background_saves
 from launcher.components.checkpoint_files import CheckpointFiles
-from launcher.components.data.batching import Batches
 from launcher.components.data.interleave import HeldOut
 from launcher.components.data.sequences import PackedSequences, val_batches
 from launcher.components.loggers import observers
-from launcher.components.objective import CrossEntropy, Objective
 from launcher.components.precision import eval_dtype, train_dtype
-from launcher.parallel.dims import DistContext
-from launcher.parallel.runner import Runner
 from launcher.parallel.state_bytes import is_dtensor
-from launcher.parallel.strategy import Strategy
 from launcher.rank import collection
+from launcher.rank.loop_parts import Components
 from launcher.rank.nonfinite import ADVICE, NonFiniteGuard, NonFiniteStop
 from launcher.rank.preemption import StopSignal
 from launcher.rank.rng import restore_rng, rng_state
+from launcher.rank.step_inputs import StepInputs, draw
 from launcher.rank.watchers import build_observers
-from launcher.spec import RunSpec
-
-
-@dataclass(kw_only=True)
-class Components:
-    """Everything the loop drives, built once per rank by `launcher.rank.build`."""
-
-    spec: RunSpec
-    """The spec the components were built for: the only spec the engine reads."""
-    batch: BatchSplit
-    """Micro batch and accumulation steps (the spec's, or the micro-batch search's choice)."""
-    strategy: Strategy
-    """The parallel strategy: wrapped model parts, optimizer and the loop's verbs."""
-    runner: Runner
-    """Forward and backward of a micro batch (the whole model, or the pipeline's schedule) with the objective's loss."""
-    scheduler: torch.optim.lr_scheduler.LRScheduler
-    """The learning-rate schedule over the strategy's optimizer."""
-    stream: Batches
-    """Training micro batches for this rank."""
-    val: PackedSequences
-    """Held-out sequences for evaluation."""
-    held_out: tuple[HeldOut, ...] = ()
-    """A mixture's held-out sequences per source (evaluated instead of `val`: `eval_loss/<name>`)."""
-    dist: DistContext
-    """This rank's place in the job."""
-    flops_per_token: float
-    """Training FLOPs per token of the model (for MFU)."""
-    peak_flops: float | None
-    """The device's dense peak FLOP/s, None where unknown (every CPU)."""
-    objective: Objective = field(default_factory=CrossEntropy)
-    """The loss the runner asks for; its `count` of a batch's terms (tokens, pairs) normalizes each step."""
-    record_extras: list[Callable[[], dict[str, float]]] = field(default_factory=list)
-    """Called at each log step; their keys join the metrics record (e.g. the pruned layers' sparsity)."""
-    after_step: list[Callable[[int], None]] = field(default_factory=list)
-    """Called with the step number after every optimizer step (e.g. memory.empty_cache_steps)."""
-    before_step: list[Callable[[int], None]] = field(default_factory=list)
-    """Called with the 0-based index of the step about to run, before its first forward (e.g. the QAT switch)."""
-    local_batch: Callable[[dict[str, torch.Tensor]], dict[str, torch.Tensor]] | None = None
-    """This rank's part of a batch its group reads whole (context parallel: its chunks of every sequence)."""
 
 
 class Engine:
@@ -103,6 +59,8 @@ class Engine:
         self.timer = metrics.PhaseTimer(self.device.type)
         self._interval = {"loss": torch.zeros((), device=self.device), "tokens": 0, "samples": 0, "terms": 0}
         self._last_result = None
+        self._next: StepInputs | None = None  # the next step's inputs, drawn and agreed on after a step
+        self._schedule_started = False  # torch checks the schedule's order at its first step only
         self._history: dict[str, list] = {"tokens_per_s": [], "loss": []}
         self._eval: dict[str, float] = {}
         self.observers = observers.Observers()
@@ -122,7 +80,8 @@ class Engine:
             "step": self.step,
             "session": self.session,
             "scheduler": self.parts.scheduler.state_dict(),
-            "data": self.parts.stream.state_dict(),
+            # the position before the next step's batches, which the loop has drawn already
+            "data": self._next.data_state if self._next is not None else self.parts.stream.state_dict(),
             **self.guard.state_dict(),
         }
 
@@ -149,6 +108,7 @@ class Engine:
         state = checkpoint.load_tensor_file(directory / "trainer.pt")
         self.parts.scheduler.load_state_dict(state["scheduler"])
         self.parts.stream.load_state_dict(state["data"])
+        self._next = None
         self.step = state["step"]
         self.session = int(state.get("session", 0)) + 1
         self.guard.load_state_dict(state)
@@ -224,7 +184,8 @@ class Engine:
                     for record in records if writer else ():
                         writer.write(record)
                         self.observers.record(record)
-                progress.update(task, completed=self.step)
+                if show:
+                    progress.update(task, completed=self.step)
                 if stopping or signum:
                     break
         self.finish_saves()  # a session that ends without a final save still commits the one in flight
@@ -256,8 +217,9 @@ class Engine:
             records.append({"step": self.step, "session": self.session, **self.evaluate()})
             collection.collect(full=True)
         stopping = self.step == t.stop_after
-        # A stop signal on any rank stops every rank after this same step (collective).
-        signum = None if last else self.stop.agreed(self.parts.dist)
+        # A stop signal on any rank stops every rank after this same step: agreed on with the next step's
+        # count of terms (one collective, launcher.rank.step_inputs).
+        signum = None if last else self._prepare_next_step()
         every, final = self.spec.checkpoint.every, last or stopping or bool(signum)
         if (every and self.step % every == 0) or signum or (final and self.spec.checkpoint.save_final):
             held = {"time_checkpoint_s": round(self.save(wait=final), 6)}  # the session's last: written
@@ -273,6 +235,20 @@ class Engine:
             session=self.session, world_size=self.parts.dist.world_size, max_steps=self.spec.train.max_steps,
         )  # fmt: skip
 
+    def _draw(self, stop: StopSignal | None) -> tuple[StepInputs, int | None]:
+        """The next step's inputs and, with `stop`, the signal every rank stops on (one collective)."""
+        parts = self.parts
+        return draw(
+            parts.stream, grad_accum_steps=parts.batch.grad_accum_steps, objective=parts.objective, dist=parts.dist,
+            stop=stop, timer=self.timer, counts_samples=self._counts_samples, local_batch=parts.local_batch,
+        )  # fmt: skip
+
+    def _prepare_next_step(self) -> int | None:
+        """Draw the next step's inputs after this step and agree on the stop signal with their count."""
+        self._next, signum = self._draw(self.stop)
+        self.timer.stop()
+        return signum
+
     def _train_step(self) -> None:
         """One optimizer step over grad_accum_steps micro batches, normalized by the step's terms (the objective's
         count: trained tokens, or pairs) on all ranks."""
@@ -281,18 +257,12 @@ class Engine:
         for hook in self.parts.before_step:
             hook(self.step)
         self.guard.check_learning_rate(self.parts.scheduler.get_last_lr()[0], self.step)
-        self.timer.start("data")
-        batches = [self.parts.stream.next_batch() for _ in range(self.parts.batch.grad_accum_steps)]
-        samples = sum(len(b["input_ids"]) for b in batches) if self._counts_samples else 0
-        if self.parts.local_batch is not None:
-            batches = [self.parts.local_batch(b) for b in batches]
-        num_tokens = sum(int((b["labels"] != -100).sum()) for b in batches)  # CPU tensors: no device sync
-        num_terms = sum(self.parts.objective.count(b) for b in batches)  # tokens, or a preference's pairs
-        batches = [{k: v.to(self.device, non_blocking=True) for k, v in b.items()} for b in batches]
-        # The data phase is making batches only: the collective below waits for the slowest rank (on
-        # gloo it blocks), which is compute skew, not input, so it counts with the forward phase.
-        self.timer.start("forward")
-        terms_per_rank = self.parts.dist.data_mean(num_terms)  # the step's terms, however ranks share them
+        if self._next is None:  # a session's first step
+            inputs = self._draw(None)[0]
+        else:
+            inputs, self._next = self._next, None
+            self.timer.start("forward")
+        batches, terms_per_rank = inputs.batches, inputs.terms_per_rank
         loss_sum = torch.zeros((), device=self.device)
         for i, batch in enumerate(batches):
             sync = i == len(batches) - 1
@@ -300,14 +270,18 @@ class Engine:
                 loss_sum += runner.forward_backward(batch, terms_per_rank, dtype, self.timer)
         self.timer.start("optimizer")
         result = strategy.step(loss_ok=torch.isfinite(loss_sum))
-        with warnings.catch_warnings():  # a skipped step still advances the schedule, on purpose
-            warnings.filterwarnings("ignore", message=re.escape("Detected call of `lr_scheduler.step()`"))
+        if self._schedule_started:
             self.parts.scheduler.step()
+        else:  # a skipped step still advances the schedule, on purpose; torch warns at its first step only
+            with warnings.catch_warnings():
+                warnings.filterwarnings("ignore", message=re.escape("Detected call of `lr_scheduler.step()`"))
+                self.parts.scheduler.step()
+            self._schedule_started = True
         self.timer.stop()
         self._interval["loss"] += loss_sum
-        self._interval["tokens"] += num_tokens
-        self._interval["terms"] += num_terms
-        self._interval["samples"] += samples
+        self._interval["tokens"] += inputs.num_tokens
+        self._interval["terms"] += inputs.num_terms
+        self._interval["samples"] += inputs.samples
         self._last_result = result
         self.guard.record(result, self.step + 1)
 

@@ -5,8 +5,9 @@ presses Ctrl-C or sends SIGTERM. The rank's entry creates a `StopSignal` for the
 handles and hands it to the engine, which calls `agreed(dist)` once per optimizer step; when it
 returns a signal, every rank stops after that same step, writes a complete checkpoint and ends
 the run: "preempted" (exit status 4, requeued) for the scheduler's signal, "interrupted" for
-SIGINT (130) or SIGTERM (143). A second SIGINT or SIGTERM stops the process at once. A
-`StopSignal()` without signals costs nothing and never communicates. The state lives in the
+SIGINT (130) or SIGTERM (143). A second SIGINT or SIGTERM stops the process at once. On a CPU
+run the loop carries the flag in the next step's count of trained tokens, one collective for both
+(launcher.rank.step_inputs). A `StopSignal()` without signals costs nothing and never communicates. The state lives in the
 object, not in the module, and `close()` puts the previous handlers back.
 """
 
@@ -49,6 +50,11 @@ class StopSignal:
                 self._previous[number] = signal.signal(number, self._handle)
             except ValueError:  # not the main thread: signals cannot be caught here
                 break
+
+    @property
+    def numbers(self) -> tuple[signal.Signals, ...]:
+        """The signals a handler is installed for."""
+        return tuple(self._previous)
 
     @property
     def installed(self) -> bool:

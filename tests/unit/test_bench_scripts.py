@@ -175,11 +175,15 @@ def test_bench_long_context_measures_each_path_and_writes_its_table(tmp_path) ->
 def test_bench_ddp_compares_train_with_a_plain_torchrun_script(tmp_path) -> None:
     """One round without background load (a busy process would take one of two cores from the suite)."""
     out = tmp_path / "ddp.json"
-    _run("bench_ddp", "--rounds", "1", "--steps", "10", "--load", "0", "--strategies", "ddp",
+    _run("bench_ddp", "--rounds", "1", "--steps", "16", "--load", "0", "--strategies", "ddp", "--cpu",
          "--json", str(out), *TINY_RUN, cwd=tmp_path)  # fmt: skip
     numbers = json.loads(out.read_text())
     row = numbers["summary"]["ddp load 0"]
     assert row["plain_tokens_per_s"] > 0 and row["train_tokens_per_s"] > 0 and row["ratio"] > 0
+    # each rank's CPU seconds per step between log steps 10 and 15, read from /proc
+    assert (
+        0 < row["plain_cpu_s_per_step"] < 1 and 0 < row["train_cpu_s_per_step"] < 1 and row["cpu_ratio"] > 0
+    )
     assert list(numbers["summary"]) == ["ddp load 0"] and numbers["machine"]["background_processes"] == 0
 
 

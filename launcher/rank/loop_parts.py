@@ -1,0 +1,58 @@
+"""What the training loop drives: the components `launcher.rank.build` makes once per rank."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+
+from launcher.components.batch_split import BatchSplit
+from launcher.components.data.batching import Batches
+from launcher.components.data.interleave import HeldOut
+from launcher.components.data.sequences import PackedSequences
+from launcher.components.objective import CrossEntropy, Objective
+from launcher.parallel.dims import DistContext
+from launcher.parallel.runner import Runner
+from launcher.parallel.strategy import Strategy
+from launcher.spec import RunSpec
+
+__all__ = ["Components"]
+
+
+@dataclass(kw_only=True)
+class Components:
+    """Everything the loop drives, built once per rank by `launcher.rank.build`."""
+
+    spec: RunSpec
+    """The spec the components were built for: the only spec the engine reads."""
+    batch: BatchSplit
+    """Micro batch and accumulation steps (the spec's, or the micro-batch search's choice)."""
+    strategy: Strategy
+    """The parallel strategy: wrapped model parts, optimizer and the loop's verbs."""
+    runner: Runner
+    """Forward and backward of a micro batch (the whole model, or the pipeline's schedule) with the objective's loss."""
+    scheduler: torch.optim.lr_scheduler.LRScheduler
+    """The learning-rate schedule over the strategy's optimizer."""
+    stream: Batches
+    """Training micro batches for this rank."""
+    val: PackedSequences
+    """Held-out sequences for evaluation."""
+    held_out: tuple[HeldOut, ...] = ()
+    """A mixture's held-out sequences per source (evaluated instead of `val`: `eval_loss/<name>`)."""
+    dist: DistContext
+    """This rank's place in the job."""
+    flops_per_token: float
+    """Training FLOPs per token of the model (for MFU)."""
+    peak_flops: float | None
+    """The device's dense peak FLOP/s, None where unknown (every CPU)."""
+    objective: Objective = field(default_factory=CrossEntropy)
+    """The loss the runner asks for; its `count` of a batch's terms (tokens, pairs) normalizes each step."""
+    record_extras: list[Callable[[], dict[str, float]]] = field(default_factory=list)
+    """Called at each log step; their keys join the metrics record (e.g. the pruned layers' sparsity)."""
+    after_step: list[Callable[[int], None]] = field(default_factory=list)
+    """Called with the step number after every optimizer step (e.g. memory.empty_cache_steps)."""
+    before_step: list[Callable[[int], None]] = field(default_factory=list)
+    """Called with the 0-based index of the step about to run, before its first forward (e.g. the QAT switch)."""
+    local_batch: Callable[[dict[str, torch.Tensor]], dict[str, torch.Tensor]] | None = None
+    """This rank's part of a batch its group reads whole (context parallel: its chunks of every sequence)."""
