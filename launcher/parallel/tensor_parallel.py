@@ -162,14 +162,16 @@ def _hf_layer_plan(config: Any, sequence_parallel: bool) -> dict[str, ParallelSt
         {
             "input_layernorm": SequenceParallel(),
             "post_attention_layernorm": SequenceParallel(),
-            # the attention takes its input as a keyword, the MLP positionally: both gather the sequence
+            # the attention takes its input as a keyword, the MLP positionally: both gather the sequence,
+            # left a DTensor so that backward reduce-scatters the projections' summed input gradients
+            # (a plain tensor would all-reduce each projection's)
             "self_attn": PrepareModuleInput(
                 input_kwarg_layouts={"hidden_states": Shard(1)},
                 desired_input_kwarg_layouts={"hidden_states": Replicate()},
-                use_local_output=True,
+                use_local_output=False,
             ),
             "mlp": PrepareModuleInput(
-                input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),), use_local_output=True
+                input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),), use_local_output=False
             ),
         }
     )
