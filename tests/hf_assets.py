@@ -10,7 +10,10 @@ ARCHITECTURES = ("llama", "qwen2", "gpt2")
 
 
 def hf_config(arch: str, vocab_size: int = 256):
-    """A tiny transformers config of `arch` (grouped-query attention where the family has it, untied head, no dropout)."""
+    """A tiny transformers config of `arch` (grouped-query attention where the family has it, no dropout).
+
+    qwen2's head is tied to its embedding, as in the small Qwen2 models; llama's is not.
+    """
     from transformers import GPT2Config, LlamaConfig, Qwen2Config
 
     if arch == "gpt2":
@@ -22,7 +25,7 @@ def hf_config(arch: str, vocab_size: int = 256):
     return family(
         hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
         num_key_value_heads=2, max_position_embeddings=128, vocab_size=vocab_size,
-        tie_word_embeddings=False, use_cache=False,
+        tie_word_embeddings=arch == "qwen2", use_cache=False,
     )  # fmt: skip
 
 

@@ -105,6 +105,19 @@ class _Precision:
         module.forward = cast
 
 
+def _match_grad_layouts(model: nn.Module) -> None:
+    """Give each DTensor gradient its parameter's layout.
+
+    Through the schedule's backward the last stage's vocabulary-split head gets its gradient
+    replicated (equal values, the whole matrix on every rank) where its weight is sharded; the
+    optimizer, clipping and the tied copies' sum (on local shards) want the weight's layout.
+    """
+    for param in model.parameters():
+        grad = param.grad
+        if grad is not None and getattr(grad, "placements", None) not in (None, param.placements):
+            param.grad = grad.redistribute(param.device_mesh, param.placements)
+
+
 class _NoTimer:
     """A phase timer that records nothing (the warm-up step is not the run's)."""
 
@@ -187,6 +200,7 @@ class PipelineRunner:
         self._precision.dtype = dtype
         kwargs = {"position_ids": batch["position_ids"]} if "position_ids" in batch else {}
         self.schedule.step(batch["input_ids"], target=batch["labels"], **kwargs)
+        _match_grad_layouts(self.model)
         if not self._sums:
             return torch.zeros((), device=self.dist.device)
         return torch.stack(self._sums).sum()

@@ -298,15 +298,17 @@ def model_states(spec: RunSpec, n: int, counts: ParamCounts | None = None) -> Mo
     """Weights, gradients and optimizer state per device for `n` ranks (of `counts`, default the whole model)."""
     counts = counts or count_params(spec)
     tp = max(spec.parallel.tp_size, 1)
-    if tp > 1:  # the block linears are split over the tensor-parallel group; the rest is replicated
+    if tp > 1:  # block linears, head and embedding split over the tensor-parallel group; the rest whole
         split = counts.block_linear // tp
-        share = (counts.total - counts.block_linear + split) / counts.total
+        tied = model_shape(spec.model).equivalent.tie_embeddings
+        vocab = counts.head * (1 if tied else 2)  # the head's matrix and the embedding's
+        total = counts.total - counts.block_linear + split - vocab + vocab // tp
         counts = ParamCounts(
-            total=counts.total - counts.block_linear + split,
+            total=total,
             block_linear=split,
             adapters=counts.adapters // tp,
-            trainable=round(counts.trainable * share),
-            head=counts.head,
+            trainable=round(counts.trainable * total / counts.total),
+            head=counts.head // tp,
         )
     formula, pp = MODEL_STATES[spec.parallel.strategy], max(spec.parallel.pp_size, 1)
     if pp == 1 or formula is _pipeline:
@@ -392,7 +394,7 @@ def plan(spec: RunSpec, world: int | None = None, device_type: str | None = None
         states.note,
         f"activations: micro batch {shape.micro_batch} x {shape.seq_len} tokens, "
         f"checkpointing {mem.activation_checkpointing}, logits {acts.logit_rows(shape)}"
-        f" x {vocab_size(gpt.model)} x 4 B x 3"
+        f" x {acts.vocab_shard(gpt.model, shape)} x 4 B x 3"
         + (f" (one of {shape.loss_chunks} loss chunks)" if shape.loss_chunks > 1 else ""),
     ]
     if shape.dense_mask:

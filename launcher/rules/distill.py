@@ -19,8 +19,8 @@ TEACHER = ("distill.teacher",)
 REFUSED = {
     "pp": "a pipeline's stages never hold the whole student's logits on one rank (the last stage holds only its "
     "micro batches' hidden states), and the teacher would need the same stages and schedule",
-    "tp": "tensor parallelism splits the student's projections (and vocabulary) over ranks, and the teacher would "
-    "need the same split",
+    "tp": "tensor parallelism splits the student's projections and its logits over the vocabulary, and the "
+    "teacher's logits would need the same split for the KD term",
     "deepspeed": "DeepSpeed's engine partitions the one model it wraps; a second, frozen model beside it is not "
     "partitioned (ZeRO-3) or placed by it",
 }
@@ -47,6 +47,12 @@ def _settings(spec: RunSpec, hw: Hardware) -> Iterator[SpecError]:
             ("distill.teacher", "parallel.pp_size"),
             f"distillation does not run under a pipeline (parallel.pp_size={spec.parallel.pp_size}): "
             f"{REFUSED['pp']}. Set parallel.pp_size=1 (`parallel=fsdp` shards the teacher like the student).",
+        )
+    elif spec.parallel.tp_size > 1 and spec.parallel.strategy in STRATEGIES:
+        yield SpecError(
+            ("distill.teacher", "parallel.tp_size"),
+            f"distillation does not run under tensor parallelism (parallel.tp_size={spec.parallel.tp_size}): "
+            f"{REFUSED['tp']}. Set parallel.tp_size=1 (`parallel=fsdp` shards the teacher like the student).",
         )
     elif spec.parallel.strategy not in STRATEGIES:
         yield SpecError(

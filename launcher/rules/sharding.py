@@ -73,7 +73,7 @@ def _degrees(spec: RunSpec, hw: Hardware) -> Iterator[SpecError]:
 
 def _hf_tp(spec: RunSpec) -> Iterator[SpecError]:
     """Tensor parallelism of a Hugging Face model: its config's own plan, and heads and width that split evenly."""
-    from launcher.components.model.hf_files import hf_config, tp_plan_problem
+    from launcher.components.model.hf_files import hf_config, llama_layout, tp_plan_problem
 
     p = spec.parallel
     try:
@@ -98,11 +98,31 @@ def _hf_tp(spec: RunSpec) -> Iterator[SpecError]:
             f"heads ({heads}), key-value heads ({kv_heads}) and MLP width ({width}) must be multiples of "
             f"parallel.tp_size ({p.tp_size}). Choose a tp_size that divides them.",
         )
-    if p.sequence_parallel and p.strategy != "pp":  # pp refuses it for every model (launcher.rules.pipeline)
+    if p.sequence_parallel and p.strategy != "pp" and not llama_layout(config):  # pp: launcher.rules.pipeline
         yield SpecError(
             ("parallel.sequence_parallel", "model.kind"),
-            "sequence parallelism is implemented for the built-in GPT's blocks; a Hugging Face model runs "
-            "tensor parallel without it. Set parallel.sequence_parallel=false.",
+            f"sequence parallelism of a Hugging Face model splits Llama-style decoder layers (self_attn.* and "
+            f"mlp.* in the config's tensor-parallel plan); {type(config).__name__}'s plan is laid out otherwise. "
+            "Set parallel.sequence_parallel=false.",
+        )
+
+
+def _sequence_split(spec: RunSpec) -> Iterator[SpecError]:
+    """Sequence parallelism cuts every sequence into tp_size equal parts."""
+    p = spec.parallel
+    if not p.sequence_parallel or p.strategy == "pp":  # pp refuses it (launcher.rules.pipeline)
+        return
+    if spec.data.seq_len % p.tp_size:
+        yield SpecError(
+            ("parallel.sequence_parallel", "data.seq_len"),
+            f"sequence parallelism splits each sequence into {p.tp_size} equal parts, so data.seq_len "
+            f"({spec.data.seq_len}) must be a multiple of parallel.tp_size.",
+        )
+    if not spec.data.packing:
+        yield SpecError(
+            ("parallel.sequence_parallel", "data.packing"),
+            "sequence parallelism needs every batch to be data.seq_len long, but unpacked batches are as long as "
+            "their longest document. Set data.packing=true, or parallel.sequence_parallel=false.",
         )
 
 
@@ -110,28 +130,16 @@ def _model_shape(spec: RunSpec, hw: Hardware) -> Iterator[SpecError]:
     p, m = spec.parallel, spec.model
     if p.strategy not in MESH_STRATEGIES or p.tp_size <= 1:
         return
+    yield from _sequence_split(spec)
     if m.kind == "hf":
         yield from _hf_tp(spec)
         return
-    sequence_parallel = p.sequence_parallel and p.strategy != "pp"  # pp refuses it (launcher.rules.pipeline)
     d_ff = m.d_ff if m.d_ff is not None else 4 * m.d_model
     if m.n_head % p.tp_size or d_ff % p.tp_size:
         yield SpecError(
             ("parallel.tp_size", "model.n_head", "model.d_ff"),
             f"tensor parallelism gives each rank whole heads and an equal slice of the MLP, so model.n_head "
             f"({m.n_head}) and the MLP width ({d_ff}) must be multiples of parallel.tp_size ({p.tp_size}).",
-        )
-    if sequence_parallel and spec.data.seq_len % p.tp_size:
-        yield SpecError(
-            ("parallel.sequence_parallel", "data.seq_len"),
-            f"sequence parallelism splits each sequence into {p.tp_size} equal parts, so data.seq_len "
-            f"({spec.data.seq_len}) must be a multiple of parallel.tp_size.",
-        )
-    if sequence_parallel and not spec.data.packing:
-        yield SpecError(
-            ("parallel.sequence_parallel", "data.packing"),
-            "sequence parallelism needs every batch to be data.seq_len long, but unpacked batches are as long as "
-            "their longest document. Set data.packing=true, or parallel.sequence_parallel=false.",
         )
 
 

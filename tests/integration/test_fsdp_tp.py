@@ -65,7 +65,7 @@ PARITY = {
 }
 
 
-# In the extended tier: tp_fsdp on a 1 x 2 mesh (test_hf_pretrained.py's llama-tp_fsdp runs the preset on
+# In the extended tier: tp_fsdp on a 1 x 2 mesh (test_hf_pretrained.py's llama-tp_fsdp-sequence-parallel runs the preset on
 # 2 x 2 ranks), plain tp (test_compiled_blocks_match_one_eager_process[tp] holds the same plan against one
 # eager process) and shard_grad_op (fsdp with reshard_after_forward=false: the same arithmetic as fsdp).
 EXTENDED = {"tp_fsdp-dp1xtp2", "tp", "shard_grad_op"}

@@ -90,8 +90,8 @@ PARITY = {
     "llama-fsdp": ("llama", ["parallel=fsdp"], 2),
     "llama-tp": ("llama", ["parallel=tp", "train.micro_batch_size=8"], 2),
     "llama-zero3": ("llama", ["parallel=zero3"], 2),
-    "llama-tp_fsdp": ("llama", ["parallel=tp_fsdp"], 4),
-    "qwen2-tp": ("qwen2", ["parallel=tp", "train.micro_batch_size=8"], 2),
+    "llama-tp_fsdp-sequence-parallel": ("llama", ["parallel=tp_fsdp", "parallel.sequence_parallel=true"], 4),
+    "qwen2-tp-tied": ("qwen2", ["parallel=tp", "train.micro_batch_size=8"], 2),  # head tied to the embedding
     "gpt2-fsdp": ("gpt2", ["parallel=fsdp"], 2),
 }
 

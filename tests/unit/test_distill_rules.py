@@ -71,6 +71,16 @@ def test_pipeline_parallel_is_refused_with_the_reason(hf_teacher: Path) -> None:
     )
 
 
+def test_fsdp_with_tensor_parallel_is_refused_with_the_reason(hf_teacher: Path) -> None:
+    """The student's logits are split over the vocabulary under tp_size > 1; the teacher's are whole."""
+    errors = _errors(
+        "distill=kd", f"distill.teacher={hf_teacher}", "model.vocab_size=300",
+        "parallel=tp_fsdp", "launcher=local", "launcher.nproc=4",
+    )  # fmt: skip
+    message = errors[("distill.teacher", "parallel.tp_size")]
+    assert "splits the student's projections and its logits" in message and "parallel.tp_size=1" in message
+
+
 def test_distill_none_composes_without_a_teacher() -> None:
     assert _errors("distill=none") == {}
     # distill=kd: the teacher must be named

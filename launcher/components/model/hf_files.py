@@ -153,3 +153,9 @@ def layer_tp_plan(config: Any) -> dict[str, str]:
     """Style (colwise/rowwise) per module name inside one decoder layer, from the config's own plan."""
     plan = getattr(config, "base_model_tp_plan", None) or {}
     return {k.removeprefix(TP_LAYER_PREFIX): v for k, v in plan.items()}
+
+
+def llama_layout(config: Any) -> bool:
+    """True when the config's layer plan splits only self_attn.* and mlp.* (Llama's layout, which sequence parallelism needs)."""
+    plan = layer_tp_plan(config)
+    return bool(plan) and all(name.startswith(("self_attn.", "mlp.")) for name in plan)

@@ -70,12 +70,14 @@ def loss_chunk_count(setting: str, *, tokens: int, vocab: int) -> int:
 def loss_chunking_bypass(parallel: ParallelConfig, model: ModelConfig) -> str | None:
     """Why this run computes whole logits whatever train.loss_chunks says (None: chunking applies).
 
-    A vocabulary-sharded head (tensor parallel, loss_parallel) already holds only its shard of the
-    logits; a pipeline's last stage hands its logits to torch's schedule; DeepSpeed owns the
-    module calls of its engine. Each of these keeps the whole-logits loss.
+    Tensor parallel splits the head over the vocabulary: each rank projects its [B, T, vocab / tp]
+    slice of the logits and the loss runs over the slices (torch's loss_parallel), so a rank holds
+    1 / tp_size of the logits, computed at once; chunking the rows is not combined with it. A
+    pipeline's last stage hands its logits to torch's schedule; DeepSpeed owns the module calls of
+    its engine. Each of these keeps the whole-logits loss.
     """
     if parallel.tp_size > 1:
-        return "tensor parallel shards the head over the vocabulary (each rank holds its slice of the logits)"
+        return "tensor parallel splits the head over the vocabulary (each rank scores its 1 / tp_size slice of the logits)"
     if parallel.pp_size > 1:
         return "a pipeline's last stage returns logits to torch's schedule, which calls the loss"
     if parallel.data_parallel == "deepspeed":

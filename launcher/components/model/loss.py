@@ -14,6 +14,8 @@ from typing import NamedTuple
 import torch
 import torch.nn.functional as F
 
+from launcher.components.model.vocab_parallel import is_vocab_sharded, vocab_parallel_cross_entropy
+
 
 class HeadOutputs(NamedTuple):
     """Final hidden states [B, T, d] and the head that turns them into logits, for a chunked loss.
@@ -70,10 +72,13 @@ def lm_loss(
 
     Returning the sum rather than the mean lets accumulation and data parallelism normalize by the
     tokens of the whole optimizer step, so that the loss does not depend on how a batch is split.
+    Logits sharded over the vocabulary (tensor parallel's head) are scored shard by shard.
     """
     counted = (labels != ignore_index).sum()
     if isinstance(logits, HeadOutputs):
         return chunked_lm_loss(logits, labels, ignore_index), counted
+    if is_vocab_sharded(logits):  # tensor parallel: each rank holds its vocabulary slice of the logits
+        return vocab_parallel_cross_entropy(logits, labels, ignore_index), counted
     loss_sum = F.cross_entropy(
         logits.reshape(-1, logits.shape[-1]).float(),
         labels.reshape(-1),
