@@ -101,7 +101,7 @@ class Prediction:
     """A rank's predicted step."""
 
     compute_s: float
-    """FLOPs at peak plus HBM traffic at peak bandwidth."""
+    """The step's compute: per operator at achievable rates, or FLOPs at peak plus HBM traffic at peak bandwidth."""
     comm_s: float
     """All collectives back to back."""
     exposed_comm_s: float
@@ -134,10 +134,15 @@ def predict(
     traffic: list[Traffic],
     wrap: str,
     bubble: float = 0.0,
+    compute_s: float | None = None,
 ) -> Prediction:
-    """The step of one rank: its share of the step's tokens (its data group's tokens / (tp x pp)) and their FLOPs."""
+    """The step of one rank: its share of the step's tokens (its data group's tokens / (tp x pp)) and their FLOPs.
+
+    `compute_s`, where given (the per-operator sum of launcher.plan.op_roofline), replaces the
+    peak-rate compute (FLOPs at the dense peak plus `hbm_bytes` at the HBM peak).
+    """
     flops = model_flops_per_token * tokens_per_gpu
-    compute = flops / hw.bf16_flops + hbm_bytes / hw.hbm_bytes_per_s
+    compute = flops / hw.bf16_flops + hbm_bytes / hw.hbm_bytes_per_s if compute_s is None else compute_s
     overlapped = sum(collective_s(t, hw) for t in traffic if t.group.startswith(("dp", "world", "pp")))
     critical = sum(collective_s(t, hw) for t in traffic) - overlapped  # tensor-parallel all-reduces
     if wrap == "fsdp":
