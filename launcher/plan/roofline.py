@@ -1,16 +1,16 @@
-"""A predicted step time and MFU from a roofline over named hardware, for `dry_run=simulate`.
+"""Hardware profiles and the predicted step of `dry_run=simulate`: compute, communication, overlap.
 
-A step's compute is the model's training FLOPs for this rank's tokens (6N + attention, divided by
-the tensor- and pipeline-parallel degrees) at the device's dense bf16 peak, plus the bytes the
-step streams through HBM (measured activations written in forward and read twice in backward,
-the parameters gathered for forward, backward and the optimizer) at its bandwidth. Each measured
+The step's compute is the per-operator sum of launcher.plan.op_roofline (each aten op of the
+simulated step at the rate its kernel achieves, measured on a GPU) where the simulation counted the
+ops; without them, and as the stated upper bound beside it, the model's training FLOPs for this
+rank's tokens (6N + attention, divided by the tensor- and pipeline-parallel degrees) at the dense
+bf16 peak plus the bytes the step streams through HBM at its peak bandwidth. Each measured
 collective takes ring time: (n-1)/n x bytes for an all-gather or reduce-scatter, twice that for an
 all-reduce, over NVLink inside a node or the per-GPU network between nodes. What overlaps is the
 strategy's: FSDP2 prefetches its all-gathers and reduce-scatters behind compute (only what exceeds
 compute is exposed), DDP's bucketed all-reduce hides behind backward (about two thirds of
 compute), tensor-parallel all-reduces sit on the critical path, and a pipeline idles for its
-bubble. A peak-based roofline is an upper bound on speed: real kernels reach a fraction of peak
-(docs/planner.md compares the prediction with published runs).
+bubble (docs/planner.md compares the prediction with real and published runs).
 """
 
 from __future__ import annotations

@@ -3,9 +3,10 @@
 `OpCounter` is a dispatch mode: active around a step (of fake tensors in `dry_run=simulate`, or real
 ones), it sees each operator after autograd and autocast, so the shapes and dtypes are those a GPU
 run has (bf16 matmul inputs under autocast, the mixed-precision policy's casts, the optimizer's
-float32 state). Operators that launch no kernel (views, aliases, collectives, which the roofline
-times from the collective log) are not counted. Calls of one operator with the same shape class
-and cost are tallied together.
+float32 state). An operator on DTensors (tensor parallelism, FSDP2's sharded parameters in the
+optimizer) is costed on this rank's local shards, which its kernel touches. Operators that launch
+no kernel (views, aliases, collectives, which the roofline times from the collective log) are not
+counted. Calls of one operator with the same shape class and cost are tallied together.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from typing import Any
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_leaves
+from torch.utils._pytree import tree_leaves, tree_map
 
 MATMULS = ("mm", "addmm", "bmm", "baddbmm")
 """aten matmuls costed at the calibrated GEMM rate of their shape."""
@@ -57,6 +58,12 @@ class OpTally:
     """A matmul's operand layout: n (row-major) or t (transposed) for A then B, as scripts/calibrate_roofline names it."""
 
 
+def _local(x: Any) -> Any:
+    """A DTensor's local shard (what this rank's kernel touches); anything else as it is."""
+    local = getattr(x, "_local_tensor", None)
+    return local if isinstance(x, torch.Tensor) and isinstance(local, torch.Tensor) else x
+
+
 def _tensors(tree: Any) -> list[torch.Tensor]:
     return [t for t in tree_leaves(tree) if isinstance(t, torch.Tensor)]
 
@@ -80,7 +87,9 @@ def _attention(func: Any, args: tuple, kwargs: dict) -> tuple[float, tuple[int, 
     named = {arg.name: value for arg, value in zip(func._schema.arguments, args, strict=False)} | kwargs
     q, k = named["query"], named["key"]
     heads_batch = math.prod(q.shape[:-2])
-    causal = 0.5 if named.get("is_causal") is True else 1.0
+    # A mask in a simulated step is transformers' causal mask, built because its check for "causal
+    # without a mask" cannot read fake tensors; a GPU run takes the causal kernel (packed documents: less).
+    causal = 0.5 if named.get("is_causal") is True or named.get("attn_mask") is not None else 1.0
     flops = 4.0 * heads_batch * q.shape[-2] * k.shape[-2] * q.shape[-1] * causal
     return flops, (heads_batch, q.shape[-2], q.shape[-1])
 
@@ -102,8 +111,9 @@ def _bytes(func: Any, args: tuple, kwargs: dict, out: Any) -> int:
     seen = {id(t) for t in inputs}
     written = sum(t.nbytes for t in _tensors(out) if id(t) not in seen)
     mutated = 0
+    unscaled = kwargs.get("grad_scale") is None  # a fused optimizer writes its grads only to unscale them
     for arg, value in zip(func._schema.arguments, args, strict=False):
-        if arg.alias_info is not None and arg.alias_info.is_write:
+        if arg.alias_info is not None and arg.alias_info.is_write and not (arg.name == "grads" and unscaled):
             mutated += sum(t.nbytes for t in _tensors(value))
     read = sum(t.nbytes for t in inputs)
     if func.__name__.split(".")[0] == "copy_":
@@ -129,13 +139,18 @@ class OpCounter(TorchDispatchMode):
         name = func.__name__.split(".")[0]
         if func.namespace != "aten" or name in NO_KERNEL or _is_view(func):
             return out
+        self._record(
+            func, name, *tree_map(_local, (args, kwargs, out))
+        )  # a DTensor op costs its local shards
+        return out
+
+    def _record(self, func: Any, name: str, args: tuple, kwargs: dict, out: Any) -> None:
         kind, flops, shape, layout = _kind(name), 0.0, (), ""
         if kind == "matmul":
             flops, shape, layout = _matmul(name, args)
         elif kind.startswith("attention"):
             flops, shape = _attention(func, args, kwargs)
         self.counts[(name, kind, flops, _bytes(func, args, kwargs, out), shape, layout)] += 1
-        return out
 
     def tallies(self) -> tuple[OpTally, ...]:
         """What was counted, most expensive first (by FLOPs, then bytes)."""
