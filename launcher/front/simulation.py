@@ -22,6 +22,7 @@ from launcher.front.compose import Built
 from launcher.parallel.dims import ParallelDims
 from launcher.parallel.parallelize import data_parallel_wrap
 from launcher.parallel.pipeline_split import bubble_fraction
+from launcher.plan.op_roofline import ACHIEVABLE, Compute, step_compute
 from launcher.plan.planner import ALLOCATOR_SLACK, CUDA_CONTEXT_BYTES, MemoryPlan, plan
 from launcher.plan.render import format_bytes
 from launcher.plan.roofline import HARDWARE, Hardware, Prediction, Traffic, collective_s, predict
@@ -72,9 +73,12 @@ def run(built: Built) -> int:
         )
         console.print(_memory_table(result, planned), highlight=False)
         console.print(_device_line(result.peak.get("total", 0), hw, spec.simulate_hardware), highlight=False)
-        prediction = _prediction(spec, dims, result, hw)
+        compute = step_compute(result.ops, hw, ACHIEVABLE[spec.simulate_hardware]) if result.ops else None
+        bound = _prediction(spec, dims, result, hw)
+        prediction = _prediction(spec, dims, result, hw, compute) if compute else bound
         console.print(_collective_table(result, dims, hw), highlight=False)
-        console.print(_prediction_line(prediction, hw, spec.simulate_hardware), highlight=False, markup=False)
+        line = _prediction_line(prediction, bound, compute, spec.simulate_hardware)
+        console.print(line, highlight=False, markup=False)
     console.print(
         "simulated on CPU kernels: attention activations follow the CPU path (see docs/planner.md); "
         "the planner's figure is its CPU tensor bytes. Nothing was started and nothing was written.",
@@ -163,8 +167,10 @@ def _collective_table(result: RoleResult, dims: ParallelDims, hw: Hardware) -> T
     return table
 
 
-def _prediction(spec: RunSpec, dims: ParallelDims, result: RoleResult, hw: Hardware) -> Prediction:
-    """The roofline's step for this role's rank."""
+def _prediction(
+    spec: RunSpec, dims: ParallelDims, result: RoleResult, hw: Hardware, compute: Compute | None = None
+) -> Prediction:
+    """The roofline's step for this role's rank: per operator where `compute` is given, else at peak rates."""
     p = spec.parallel
     tokens = (
         spec.train.micro_batch_size * spec.data.seq_len * spec.train.grad_accum_steps / (dims.tp * dims.pp)
@@ -186,14 +192,26 @@ def _prediction(spec: RunSpec, dims: ParallelDims, result: RoleResult, hw: Hardw
         traffic=_traffic(result, dims),
         wrap=data_parallel_wrap(spec, dims),
         bubble=bubble,
+        compute_s=compute.step_s if compute else None,
     )
 
 
-def _prediction_line(prediction: Prediction, hw: Hardware, key: str) -> str:
-    """One line: the predicted step on the named hardware."""
-    return (
+def _prediction_line(prediction: Prediction, bound: Prediction, compute: Compute | None, key: str) -> str:
+    """The predicted step on the named hardware: per operator at achievable rates, and the peak bound."""
+    hw = HARDWARE[key]
+    head = (
         f"predicted on {key} ({hw.name}): step {prediction.step_s * 1e3:,.0f} ms = compute "
-        f"{prediction.compute_s * 1e3:,.0f} ms + exposed communication {prediction.exposed_comm_s * 1e3:,.0f} ms "
+        f"{prediction.compute_s * 1e3:,.0f} ms"
+    )
+    if compute is not None:
+        kinds = ", ".join(f"{kind} {s * 1e3:,.0f} ms" for kind, s in compute.by_kind_s.items())
+        head += (
+            f" (per operator: {kinds}; {compute.num_kernels:,} kernels, eager issue {compute.cpu_s * 1e3:,.0f} ms "
+            f"of CPU)"
+        )
+    return (
+        f"{head} + exposed communication {prediction.exposed_comm_s * 1e3:,.0f} ms "
         f"(of {prediction.comm_s * 1e3:,.0f} ms); {prediction.tokens_per_s_per_gpu:,.0f} tokens/s per GPU, "
-        f"MFU {prediction.mfu:.0%} (a roofline at peak: an upper bound)"
+        f"MFU {prediction.mfu:.0%}. At datasheet peaks (an upper bound): {bound.tokens_per_s_per_gpu:,.0f} tokens/s "
+        f"per GPU, MFU {bound.mfu:.0%}. Achievable rates: {ACHIEVABLE[key].source}."
     )

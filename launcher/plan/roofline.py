@@ -1,16 +1,16 @@
-"""A predicted step time and MFU from a roofline over named hardware, for `dry_run=simulate`.
+"""Hardware profiles and the predicted step of `dry_run=simulate`: compute, communication, overlap.
 
-A step's compute is the model's training FLOPs for this rank's tokens (6N + attention, divided by
-the tensor- and pipeline-parallel degrees) at the device's dense bf16 peak, plus the bytes the
-step streams through HBM (measured activations written in forward and read twice in backward,
-the parameters gathered for forward, backward and the optimizer) at its bandwidth. Each measured
+The step's compute is the per-operator sum of launcher.plan.op_roofline (each aten op of the
+simulated step at the rate its kernel achieves, measured on a GPU) where the simulation counted the
+ops; without them, and as the stated upper bound beside it, the model's training FLOPs for this
+rank's tokens (6N + attention, divided by the tensor- and pipeline-parallel degrees) at the dense
+bf16 peak plus the bytes the step streams through HBM at its peak bandwidth. Each measured
 collective takes ring time: (n-1)/n x bytes for an all-gather or reduce-scatter, twice that for an
 all-reduce, over NVLink inside a node or the per-GPU network between nodes. What overlaps is the
 strategy's: FSDP2 prefetches its all-gathers and reduce-scatters behind compute (only what exceeds
 compute is exposed), DDP's bucketed all-reduce hides behind backward (about two thirds of
 compute), tensor-parallel all-reduces sit on the critical path, and a pipeline idles for its
-bubble. A peak-based roofline is an upper bound on speed: real kernels reach a fraction of peak
-(docs/planner.md compares the prediction with published runs).
+bubble (docs/planner.md compares the prediction with real and published runs).
 """
 
 from __future__ import annotations
@@ -101,7 +101,7 @@ class Prediction:
     """A rank's predicted step."""
 
     compute_s: float
-    """FLOPs at peak plus HBM traffic at peak bandwidth."""
+    """The step's compute: per operator at achievable rates, or FLOPs at peak plus HBM traffic at peak bandwidth."""
     comm_s: float
     """All collectives back to back."""
     exposed_comm_s: float
@@ -134,10 +134,15 @@ def predict(
     traffic: list[Traffic],
     wrap: str,
     bubble: float = 0.0,
+    compute_s: float | None = None,
 ) -> Prediction:
-    """The step of one rank: its share of the step's tokens (its data group's tokens / (tp x pp)) and their FLOPs."""
+    """The step of one rank: its share of the step's tokens (its data group's tokens / (tp x pp)) and their FLOPs.
+
+    `compute_s`, where given (the per-operator sum of launcher.plan.op_roofline), replaces the
+    peak-rate compute (FLOPs at the dense peak plus `hbm_bytes` at the HBM peak).
+    """
     flops = model_flops_per_token * tokens_per_gpu
-    compute = flops / hw.bf16_flops + hbm_bytes / hw.hbm_bytes_per_s
+    compute = flops / hw.bf16_flops + hbm_bytes / hw.hbm_bytes_per_s if compute_s is None else compute_s
     overlapped = sum(collective_s(t, hw) for t in traffic if t.group.startswith(("dp", "world", "pp")))
     critical = sum(collective_s(t, hw) for t in traffic) - overlapped  # tensor-parallel all-reduces
     if wrap == "fsdp":

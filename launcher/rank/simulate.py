@@ -35,6 +35,7 @@ from launcher.components.metrics import PhaseTimer
 from launcher.components.precision import train_dtype
 from launcher.parallel.dims import DistContext, ParallelDims
 from launcher.rank.build import build_trainable, seed_everything
+from launcher.rank.op_count import OpCounter, OpTally
 from launcher.spec import RunSpec
 
 CATEGORIES = {
@@ -100,6 +101,8 @@ class RoleResult:
     """Every collective of the step, grouped."""
     num_params: int
     """Parameters this rank holds (its shards)."""
+    ops: tuple[OpTally, ...] = ()
+    """Every kernel-launching operator of the measured step with its FLOPs and bytes (launcher.rank.op_count)."""
 
 
 def roles(dims: ParallelDims) -> list[tuple[int, str, int]]:
@@ -321,8 +324,8 @@ def measure(spec: RunSpec, ctx: DistContext, role: str = "every rank", num_ranks
     _rebuild_ddp_buckets(trainable.strategy.parts)  # DDP's one bucket rebuild, before the measured step
     tracker = _step_tracker()
     tracker.track_external(*trainable.strategy.parts, trainable.strategy.optimizer)
-    log = CollectiveLog(ctx.dims)
-    with tracker, log:
+    log, op_counter = CollectiveLog(ctx.dims), OpCounter()
+    with tracker, log, op_counter:
         _step(spec, trainable, vocab, ctx.device)
     snapshot = tracker.get_tracker_snapshot("peak")
     peak = Counter()
@@ -338,6 +341,7 @@ def measure(spec: RunSpec, ctx: DistContext, role: str = "every rank", num_ranks
         peak=dict(peak),
         collectives=log.collectives(),
         num_params=num_params,
+        ops=op_counter.tallies(),
     )
 
 
