@@ -113,8 +113,8 @@ def _match_grad_layouts(model: nn.Module) -> None:
     optimizer, clipping and the tied copies' sum (on local shards) want the weight's layout.
     """
     for param in model.parameters():
-        grad = param.grad
-        if grad is not None and getattr(grad, "placements", None) not in (None, param.placements):
+        grad, want = param.grad, getattr(param, "placements", None)
+        if grad is not None and want is not None and getattr(grad, "placements", None) not in (None, want):
             param.grad = grad.redistribute(param.device_mesh, param.placements)
 
 
