@@ -1,4 +1,4 @@
-"""When each part of a rank's memory is alive: the three moments of an optimizer step, of which a rank holds the largest.
+"""When each part of a rank's memory is alive: the moments of an optimizer step (and the build), of which a rank holds the largest.
 
 The planner's rows (launcher.plan.planner) say how large each part gets; they are not all alive at
 once. `dry_run=simulate` (torch's MemTracker over a real step) shows three moments:
@@ -16,6 +16,10 @@ once. `dry_run=simulate` (torch's MemTracker over a real step) shows three momen
 - the optimizer step: every gradient, and foreach AdamW's one parameter-sized temporary (the fused
   kernel, the default, makes none).
 
+Under FSDP2 and TP a fourth moment comes before the first step: the build (`build_bytes`), the
+whole float32 model of an eager build beside the kept shards, or one whole parameter of the
+built-in GPT's meta-device build (launcher.components.model.meta_init).
+
 Pipeline schedules overlap micro batches (one's backward while the next's activations are alive):
 their plans keep the sum of the parts.
 """
@@ -25,6 +29,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Protocol
 
+from launcher.components.model.on_meta import builds_on_meta
 from launcher.components.model.shape import model_shape
 from launcher.config.model import vocab_size
 from launcher.config.optimizer import FUSED_AUTO_DEVICES
@@ -43,11 +48,13 @@ class Moments:
     """As the token embedding's gradient is made."""
     optimizer_step: float
     """While the optimizer updates the weights."""
+    build: float = 0.0
+    """While the model is built and split (0: the rank keeps the whole model anyway)."""
 
     @property
     def peak(self) -> float:
-        """The largest of the three: what the device must hold."""
-        return max(self.activation_peak, self.end_of_backward, self.optimizer_step)
+        """The largest moment: what the device must hold."""
+        return max(self.activation_peak, self.end_of_backward, self.optimizer_step, self.build)
 
     @property
     def name(self) -> str:
@@ -56,6 +63,7 @@ class Moments:
             (self.activation_peak, "the activation peak"),
             (self.end_of_backward, "the end of backward"),
             (self.optimizer_step, "the optimizer step"),
+            (self.build, "the model build"),
         ]
         return max(pairs, key=lambda pair: pair[0])[1]
 
@@ -78,6 +86,8 @@ class StepBytes:
 
     held: float
     """Alive throughout: weights, optimizer state, buffers of every moment."""
+    parameters: float = 0.0
+    """The weights this rank keeps (part of `held`)."""
     forward_buffers: float
     """Alive with the activations only: autocast's weight copies, FSDP2's gathered blocks."""
     backward_buffers: float
@@ -95,6 +105,7 @@ class StepBytes:
         held = states.parameters + states.optimizer_states + states.buffers
         return cls(
             held=held - states.forward_buffers - states.backward_buffers,
+            parameters=states.parameters,
             forward_buffers=states.forward_buffers,
             backward_buffers=states.backward_buffers,
             activations=activations,
@@ -142,4 +153,23 @@ def step_moments(spec: RunSpec, step: StepBytes, *, mixed: bool, device_type: st
     forward = step.held + step.forward_buffers + step.activations + forward_grads
     end = step.held + step.backward_buffers + max(end_grads, 0.0) + temporaries
     update = step.held + step.gradients * (2 if _foreach_adamw(spec, device_type) else 1)
-    return Moments(activation_peak=forward, end_of_backward=end, optimizer_step=update)
+    build = build_bytes(spec, step)
+    return Moments(activation_peak=forward, end_of_backward=end, optimizer_step=update, build=build)
+
+
+def build_bytes(spec: RunSpec, step: StepBytes) -> float:
+    """The build of a rank whose strategy splits the model: its kept weights, plus the whole float32 model of
+    an eager build (and a tied head's first weight, dropped when tied) or one whole parameter of a meta-device
+    build (launcher.components.model.meta_init); 0 where the rank keeps the whole model anyway."""
+    if step.shard == 1 and spec.parallel.tp_size <= 1:
+        return 0.0
+    shape = model_shape(spec.model)
+    cfg = shape.equivalent
+    largest = max([vocab_size(cfg) * cfg.d_model, *(i * o for i, o in shape.block_linears.values())])
+    p = spec
+    if builds_on_meta(
+        p.model, splits=True, quantization=p.quantization, qat=p.qat, prune=p.prune,
+        precision=p.precision, objective=p.objective, memory=p.memory,
+    ):  # fmt: skip
+        return step.parameters + FP32 * largest
+    return step.parameters + FP32 * (shape.num_params + largest * int(cfg.tie_embeddings))

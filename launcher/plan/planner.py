@@ -386,7 +386,9 @@ def device_plan(
     if moments:
         step = step_moments(spec, StepBytes.of(states, activations), mixed=_mixed(spec), device_type=kind)
         tensors = peak = step.peak
-        notes.append(f"total: {step.name}, the largest of the step's three moments (launcher.plan.moments)")
+        notes.append(
+            f"total: {step.name}, the largest moment of the build and the step (launcher.plan.moments)"
+        )
     if kind == "cuda":
         extra = CUDA_CONTEXT_BYTES + ALLOCATOR_SLACK * tensors
         buffers, peak = buffers + extra, peak + extra * bool(peak)
