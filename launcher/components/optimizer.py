@@ -13,7 +13,7 @@ import warnings
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING
 
-from launcher.config.optimizer import OptimizerConfig
+from launcher.config.optimizer import FUSED_AUTO_DEVICES, OptimizerConfig
 
 if TYPE_CHECKING:  # torch only where a rank builds the optimizer: the launching process never needs it
     import torch
@@ -35,12 +35,6 @@ def param_groups(named_params: Iterable[tuple[str, nn.Parameter]], cfg: Optimize
     if no_decay:
         groups.append({"params": no_decay, "weight_decay": 0.0})
     return groups
-
-
-FUSED_AUTO_DEVICES = {"adamw": ("cuda", "cpu"), "sgd": ("cuda",)}
-"""Where `implementation=auto` picks torch's fused kernel, per optimizer. AdamW's CPU kernel (torch >= 2.4,
-float32/64, bfloat16 and float16, plain tensors and DTensors) is one vectorized pass over each
-tensor, where foreach launches several ops per tensor list; Hugging Face Trainer picks it too."""
 
 
 def _fused_on(name: str, device_type: str) -> bool:

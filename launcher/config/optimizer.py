@@ -33,5 +33,11 @@ class OptimizerConfig:
     fused, foreach or for_loop."""
 
 
+FUSED_AUTO_DEVICES = {"adamw": ("cuda", "cpu"), "sgd": ("cuda",)}
+"""Where `implementation=auto` picks torch's fused kernel, per optimizer. AdamW's CPU kernel (torch >= 2.4,
+float32/64, bfloat16 and float16, plain tensors and DTensors) is one vectorized pass over each
+tensor, where foreach launches several ops per tensor list; Hugging Face Trainer picks it too."""
+
+
 BNB_OPTIMIZERS = ("adamw_8bit", "paged_adamw_8bit", "lion_8bit")
 """The options whose state bitsandbytes keeps in 8 bits (block-wise quantized)."""

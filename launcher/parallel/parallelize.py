@@ -26,6 +26,7 @@ from launcher.spec import RunSpec
 if TYPE_CHECKING:
     from torch.distributed.device_mesh import DeviceMesh
 
+    from launcher.components.model.meta_init import MetaInit
     from launcher.parallel.dims import ParallelDims
 
 
@@ -58,16 +59,19 @@ def parallelize(
     dist: DistContext,
     mesh: DeviceMesh | None,
     empty: bool = False,
+    init: MetaInit | None = None,
     measure: Callable[[nn.Module], None] | None = None,
 ) -> nn.Module:
     """Apply (the cp group) -> TP -> activation checkpointing/offload -> (measure) -> compile -> data-parallel wrap.
 
     `empty`: the part was built without weights (a pretrained folder under fsdp/tp); they are read
-    into its shards after the wrap.
+    into its shards after the wrap. `init`: the part was built on the meta device; its initial
+    values are regenerated into its shards after the wrap.
     """
     dims, device = dist.dims, dist.device
     wrap = data_parallel_wrap(spec, dims)
-    if not empty and wrap != "engine" and _elsewhere(part, device):  # DeepSpeed places the model itself
+    on_meta = empty or init is not None
+    if not on_meta and wrap != "engine" and _elsewhere(part, device):  # DeepSpeed places the model itself
         part = part.to(device)
     # 0. context parallel: the part's attention gathers keys and values over the mesh's cp axis
     if dims.cp > 1:
@@ -107,4 +111,6 @@ def parallelize(
         part = apply_ddp(part, device, spec.parallel, group)
     if empty:  # built empty: the shards receive the pretrained weights now
         pretrained.load_into_shards(part, spec.model, dist)
+    elif init is not None:  # built on the meta device: the shards receive the eager build's values now
+        init.fill(part, device)
     return part

@@ -26,6 +26,7 @@ from launcher.config.objective import rows_per_example
 from launcher.plan import activations as acts
 from launcher.plan import compression
 from launcher.plan.long_context import long_context_terms
+from launcher.plan.moments import StepBytes, step_moments
 from launcher.spec import RunSpec
 
 MiB, GiB = 1024**2, 1024**3
@@ -81,11 +82,14 @@ class MemoryPlan:
     """Parameters of the model."""
     notes: tuple[str, ...] = field(default_factory=tuple)
     """How each figure was counted."""
+    peak: int = 0
+    """Device bytes at the step's largest moment (launcher.plan.moments); 0: the parts all coexist."""
 
     @property
     def total(self) -> int:
-        """Device bytes of all five parts together."""
-        return self.parameters + self.gradients + self.optimizer_states + self.activations + self.buffers
+        """Device bytes at the peak: the largest moment of the step, or all five parts together."""
+        parts = self.parameters + self.gradients + self.optimizer_states + self.activations + self.buffers
+        return self.peak or parts
 
 
 def gpt_view(spec: RunSpec) -> RunSpec:
@@ -157,6 +161,14 @@ class ModelStates:
     buffers: float
     host_bytes: float
     note: str
+    forward_buffers: float = 0.0
+    """The part of `buffers` alive only with the activations (autocast's copies, FSDP2's gathered blocks)."""
+    backward_buffers: float = 0.0
+    """The part of `buffers` alive only at the end of backward (FSDP2's unsharded gradient of one block)."""
+    shard: int = 1
+    """Ranks FSDP2 shards the gradients over (1: not sharded)."""
+    by_moment: bool = True
+    """Whether the parts are split by moment (launcher.plan.moments); DeepSpeed's buckets are not: summed."""
 
 
 def _mixed(spec: RunSpec) -> bool:
@@ -193,6 +205,7 @@ def _replica(spec: RunSpec, counts: ParamCounts, n: int) -> ModelStates:
         buffers=buffers,
         host_bytes=0.0,
         note="full replica: 4Ψ weights + 4Ψ gradients + optimizer state",
+        forward_buffers=buffers,  # the cache is cleared when the forward's autocast region ends
     )
 
 
@@ -213,10 +226,15 @@ def _fsdp(spec: RunSpec, counts: ParamCounts, n: int) -> ModelStates:
         return replica
     weights, grads, states = replica.parameters, replica.gradients, replica.optimizer_states
     gather = 2 if _mixed(spec) else 4
-    layer = counts.total / max(spec.model.n_layer, 1)
-    # gathered blocks + one grad; no autocast copies: FSDP2's mixed-precision policy gathers the
-    # weights in 16 bits already, so autocast finds nothing to cast (dry_run=simulate measured it)
-    buffers = (1 + p.prefetch_layers) * layer * gather + layer * 4
+    cfg = gpt_view(spec).model
+    num_layers = max(cfg.n_layer, 1)
+    # the root group (embeddings, final norm, head) stays gathered from forward to the end of backward
+    root = max(counts.total - counts.block_linear - num_layers * 2 * cfg.d_model * (1 + int(cfg.bias)), 0)
+    layer = (counts.total - root) / num_layers
+    # + gathered blocks in forward and backward, one block's unsharded gradient at its reduce-scatter; no
+    # autocast copies: FSDP2's mixed-precision policy gathers 16-bit weights, autocast casts nothing
+    blocks = min(1 + p.prefetch_layers, num_layers) * layer * gather
+    buffers = root * gather + blocks + layer * 4
     kept = weights / shard if p.reshard_after_forward else weights / shard + counts.total * gather
     note = f"FSDP over {shard} ranks: " + (
         "full_shard ~ ZeRO-3" if p.reshard_after_forward else "shard_grad_op ~ ZeRO-2"
@@ -230,6 +248,8 @@ def _fsdp(spec: RunSpec, counts: ParamCounts, n: int) -> ModelStates:
             buffers=buffers,
             host_bytes=host,
             note=note + ", weights/grads/states offloaded to CPU",
+            forward_buffers=blocks,
+            backward_buffers=layer * 4,
         )
     return ModelStates(
         parameters=kept,
@@ -238,6 +258,9 @@ def _fsdp(spec: RunSpec, counts: ParamCounts, n: int) -> ModelStates:
         buffers=buffers,
         host_bytes=0.0,
         note=note,
+        forward_buffers=blocks,
+        backward_buffers=layer * 4,
+        shard=shard,
     )
 
 
@@ -274,6 +297,7 @@ def _deepspeed(spec: RunSpec, counts: ParamCounts, n: int) -> ModelStates:
         buffers=buffers,
         host_bytes=host,
         note=note + (", offloaded to CPU" if host else ""),
+        by_moment=False,
     )
 
 
@@ -348,16 +372,28 @@ def device_plan(
     world: int,
     kind: str,
     notes: list[str],
+    moments: bool = False,
 ) -> MemoryPlan:
-    """One rank's plan from its model states and activations: offload (`kept` stays), CUDA context, slack."""
+    """One rank's plan from its model states and activations: offload (`kept` stays), CUDA context, slack.
+
+    With `moments` the total is the step's largest moment (launcher.plan.moments), else the parts' sum.
+    """
     host = states.host_bytes
     if spec.memory.offload_activations and kind == "cuda":
         host, activations = host + activations, kept
         notes.append("activations offloaded to CPU: one block and the logits stay on the device")
     buffers = states.buffers
+    tensors = states.parameters + states.gradients + states.optimizer_states + activations + buffers
+    peak = 0.0
+    if moments:
+        step = step_moments(spec, StepBytes.of(states, activations), mixed=_mixed(spec), device_type=kind)
+        tensors = peak = step.peak
+        notes.append(
+            f"total: {step.name}, the largest moment of the build and the step (launcher.plan.moments)"
+        )
     if kind == "cuda":
-        tensors = states.parameters + states.gradients + states.optimizer_states + activations + buffers
-        buffers += CUDA_CONTEXT_BYTES + ALLOCATOR_SLACK * tensors
+        extra = CUDA_CONTEXT_BYTES + ALLOCATOR_SLACK * tensors
+        buffers, peak = buffers + extra, peak + extra * bool(peak)
         notes.append("buffers include the CUDA context (~512 MiB) and 10% allocator fragmentation")
     return MemoryPlan(
         parameters=round(states.parameters),
@@ -370,6 +406,7 @@ def device_plan(
         device_type=kind,
         num_params=count_params(spec).total,
         notes=tuple(notes),
+        peak=round(peak),
     )
 
 
@@ -407,4 +444,6 @@ def plan(spec: RunSpec, world: int | None = None, device_type: str | None = None
     )  # masks, teachers, observers: small per-technique terms
     states = dataclasses.replace(states, buffers=states.buffers + extra)
     notes += extra_notes
-    return device_plan(spec, states, activations, kept=kept, world=n, kind=kind, notes=notes)
+    return device_plan(
+        spec, states, activations, kept=kept, world=n, kind=kind, notes=notes, moments=states.by_moment
+    )

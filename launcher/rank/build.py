@@ -4,7 +4,9 @@ The order, and why:
 
 1. weights, created identically on every rank (same seed) before anything wraps them; a pretrained
    Hugging Face folder under fsdp/tp is built empty instead and read into the shards after the wrap
-   (launcher.parallel.pretrained);
+   (launcher.parallel.pretrained), and the built-in GPT under FSDP2, TP or a pipeline is built on the
+   meta device and its initial values regenerated into the shards after the wrap, bitwise those of
+   the eager build (launcher.components.model.meta_init): no rank holds the whole model;
 2. quantization and adapters, which change which parameters exist, then QAT's fake quantizers
    (launcher.components.qat: nn.Linear -> torchao FakeQuantizedLinear, the same parameters), which must be
    in the module tree before TP splits, compile traces and DDP/FSDP2 wrap it;
@@ -47,13 +49,15 @@ from launcher.components.data.tokens import Corpus, build_cache, load_corpus, us
 from launcher.components.model.build import build_model, flops_per_token
 from launcher.components.model.context_parallel import shard_batch
 from launcher.components.model.long_context import loss_chunking_bypass
+from launcher.components.model.meta_init import build_on_meta
+from launcher.components.model.on_meta import builds_on_meta
 from launcher.components.objective import Objective
 from launcher.components.precision import apply_backend_flags, apply_fp8
 from launcher.components.scheduler import build_scheduler
 from launcher.config.objective import NEEDS_REFERENCE
 from launcher.parallel import pretrained
 from launcher.parallel.dims import DistContext
-from launcher.parallel.parallelize import parallelize, run_mesh
+from launcher.parallel.parallelize import data_parallel_wrap, parallelize, run_mesh
 from launcher.parallel.pipeline_stage import StagePlan, split_model
 from launcher.parallel.registry import build_strategy
 from launcher.parallel.runner import ModelRunner, Runner
@@ -151,6 +155,22 @@ def _runner(strategy: Strategy, setup: Setup, objective: Objective, plan: StageP
     return PipelineRunner(strategy, plan, setup, objective)
 
 
+def _on_meta(spec: RunSpec, dist: DistContext) -> bool:
+    """Whether this rank builds the model on the meta device (launcher.components.model.meta_init): DDP
+    and DeepSpeed read the weights as they wrap, so their parts (pipeline stages too) are built eagerly."""
+    dims, wrap = dist.dims, data_parallel_wrap(spec, dist.dims)
+    return builds_on_meta(
+        spec.model,
+        splits=(dims.pp > 1 or dims.tp > 1 or wrap == "fsdp") and wrap in ("fsdp", "none"),
+        quantization=spec.quantization,
+        qat=spec.qat,
+        prune=spec.prune,
+        precision=spec.precision,
+        objective=spec.objective,
+        memory=spec.memory,
+    )
+
+
 @dataclass(frozen=True, kw_only=True)
 class Trainable:
     """What steps 1-6 give a rank: the strategy over its parts, the runner, the batch split and their hooks."""
@@ -170,7 +190,8 @@ def build_trainable(spec: RunSpec, dist: DistContext, run_dir: Path | None = Non
     device = dist.device
     mesh = run_mesh(spec, dist)
     empty = pretrained.deferred(spec)
-    model = build_model(spec.model, empty=empty)
+    built = build_on_meta(partial(build_model, spec.model)) if _on_meta(spec, dist) else None
+    model, init = built or (build_model(spec.model, empty=empty), None)
     if loss_chunking_bypass(spec.parallel, spec.model) is None:  # tp, pp and DeepSpeed keep whole logits
         model.loss_chunks = spec.train.loss_chunks
     model = quantization.apply(
@@ -196,7 +217,8 @@ def build_trainable(spec: RunSpec, dist: DistContext, run_dir: Path | None = Non
 
     search = measure if spec.memory.auto_micro_batch else None
     parts = [
-        parallelize(part, spec=spec, dist=dist, mesh=mesh, empty=empty, measure=search) for part in parts
+        parallelize(part, spec=spec, dist=dist, mesh=mesh, empty=empty, init=init, measure=search)
+        for part in parts
     ]
     setup = Setup(spec=spec, dist=dist, batch=batch, mesh=mesh)
     strategy = build_strategy(parts, setup)

@@ -22,7 +22,7 @@ from launcher.plan import planner
 from launcher.spec import load_spec
 
 # The documented bound (docs/planner.md): estimate / measured within [LOW, HIGH].
-LOW, HIGH = 0.95, 1.25
+LOW, HIGH = 0.95, 1.10
 BASE = [
     "data.max_bytes=200000",
     "train.max_steps=3",
