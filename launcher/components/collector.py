@@ -11,9 +11,9 @@ off, as long-running Python services start (gc.disable early, gc.freeze once sta
   the spec is built (`resume`: start-up's garbage collected once, what lives frozen, so that later
   passes, e.g. while the local backend waits for its ranks or a corpus is tokenized, skip it);
 - a rank started in the launching process (the inline backend) runs its imports and build with it
-  paused (`paused`) and freezes what the imports made (`freeze_imported`), so that the one
-  collection of the loop's own policy (rank/collection.py: collect, freeze, collect at the loop's
-  pauses, unfreeze at its end) walks only what the build made;
+  paused (`paused`) and what the imports made frozen (`frozen`), so that the one collection of the
+  loop's own policy (rank/collection.py: collect, freeze, collect at the loop's pauses, unfreeze at
+  its end) walks only what the build made;
 - at the console process's exit everything is frozen (`freeze_for_exit`): the interpreter's last
   collections skip what lived until then, which the process's end frees anyway.
 
@@ -61,9 +61,14 @@ def paused() -> Iterator[None]:
             gc.enable()
 
 
-def freeze_imported() -> None:
-    """The rank's modules are imported: keep what they made out of later passes (the loop's policy unfreezes at its end)."""
+@contextlib.contextmanager
+def frozen() -> Iterator[None]:
+    """Every object alive now (a rank's imported modules) out of the collector's passes inside; back in after."""
     gc.freeze()
+    try:
+        yield
+    finally:
+        gc.unfreeze()
 
 
 def freeze_for_exit() -> None:

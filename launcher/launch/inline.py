@@ -18,5 +18,5 @@ def launch(spec: RunSpec, run_dir: Path) -> int:
     with collector.paused():  # the rank's imports and build; the loop collects at its own pauses
         from launcher.rank import worker
 
-        collector.freeze_imported()
-        return worker.run(run_dir / "spec.yaml")
+        with collector.frozen():  # the imports' objects: out of the passes until the rank ends
+            return worker.run(run_dir / "spec.yaml")

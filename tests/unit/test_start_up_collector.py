@@ -50,9 +50,9 @@ def test_a_collector_the_start_up_did_not_pause_is_left_as_it_was() -> None:
         assert not gc.isenabled()
     finally:
         gc.enable()
-    with collector.paused():
-        assert not gc.isenabled()
-    assert gc.isenabled()
+    with collector.paused(), collector.frozen():
+        assert not gc.isenabled() and gc.get_freeze_count() > 0
+    assert gc.isenabled() and gc.get_freeze_count() == 0
 
 
 RUN = textwrap.dedent(
