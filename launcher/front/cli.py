@@ -13,7 +13,7 @@ from pathlib import Path
 
 from rich.console import Console
 
-from launcher.components import warning_lines
+from launcher.components import collector, warning_lines
 from launcher.exits import ExitStatus
 from launcher.front import (
     command_line,
@@ -52,6 +52,7 @@ def run(argv: CommandLine | Sequence[str]) -> int:
         rundir.report(errors)
         return ExitStatus.INVALID_SPEC
     if line.multirun and not torchrun.active():
+        collector.resume()  # every point is composed here: start-up is over
         return sweep.run(line)
     report = rundir.report if torchrun.reports() else _silent  # under torchrun, rank 0 speaks for all
     cfg, errors = compose.compose_checked(list(line.overrides), line.source)
@@ -63,6 +64,7 @@ def run(argv: CommandLine | Sequence[str]) -> int:
         report(errors)
         return ExitStatus.INVALID_SPEC
     built = compose.build(cfg)
+    collector.resume()  # the spec is built: what follows (tokenizing, waiting for ranks) collects as usual
     if cfg.data.format == "auto" and built.spec is not None and report is not _silent:
         Console(highlight=False).print(data_format.announce(built.spec), markup=False, soft_wrap=True)
     run_dir = Path(cfg.run_dir) if cfg.get("run_dir") else rundir.default_run_dir(rundir.safe_name(cfg))

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from launcher.components import collector
 from launcher.spec import RunSpec
 
 
@@ -22,6 +23,8 @@ def describe(spec: RunSpec, run_dir: Path) -> str:
 
 def launch(spec: RunSpec, run_dir: Path) -> int:
     """Run this process's rank; returns its exit status."""
-    from launcher.rank import worker
+    with collector.paused():  # the rank's imports and build; the loop collects at its own pauses
+        from launcher.rank import worker
 
-    return worker.run(run_dir / "spec.yaml")
+        with collector.frozen():  # the imports' objects: out of the passes until the rank ends
+            return worker.run(run_dir / "spec.yaml")

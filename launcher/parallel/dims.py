@@ -317,12 +317,13 @@ def shutdown(*, barrier: bool = True) -> None:
 
     Tearing down gloo while its threads still hold references aborts the process at exit in a
     fraction of runs; releasing objects first and meeting at a barrier avoids that. A process
-    told to stop at once (`barrier=False`) waits for no other rank.
+    told to stop at once (`barrier=False`) waits for no other rank. Without a process group there
+    is nothing to release first (a full collection walks every object the process holds).
     """
     import torch.distributed as dist
 
-    gc.collect()
     if dist.is_initialized():
+        gc.collect()
         try:
             if barrier:
                 dist.barrier()
