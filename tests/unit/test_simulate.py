@@ -41,6 +41,12 @@ CASES: list[tuple[str, list[str], int]] = [
     ("tp-2", ["parallel=tp", "parallel.tp_size=2"], 2),
     ("ddp-2", ["parallel=ddp", "parallel.bucket_mb=1"], 2),  # two buckets: the rebuilt ones' sizes
     ("pp-2", ["parallel=pp", "parallel.pp_microbatches=2"], 2),
+    (
+        "llama-fsdp-2",
+        ["model=hf_llama_tiny", "parallel=fsdp"],
+        2,
+    ),  # a Hugging Face Llama through the same path
+    ("llama-tp-2", ["model=hf_llama_tiny", "parallel=tp", "parallel.tp_size=2"], 2),
 ]
 """(name, overrides on top of SMALL, ranks) of each configuration whose simulation is checked against a real run."""
 FOUR_RANK_CASES: list[tuple[str, list[str], int]] = [
@@ -117,6 +123,13 @@ PLANNER_DRIFT = [
     pytest.param([*SMALL, "parallel=tp", "parallel.tp_size=2", "launcher.nproc=2"], id="gpt_tiny-tp-2"),
     pytest.param([*GPT_125M, "parallel=single", "launcher.nproc=1"], id="gpt_125m-single-1"),
     pytest.param([*GPT_125M, "parallel=fsdp", "launcher.nproc=2"], id="gpt_125m-fsdp-2"),
+    pytest.param([*SMALL, "model=hf_llama_tiny", "parallel=single", "launcher.nproc=1"], id="llama-single-1"),
+    pytest.param([*SMALL, "model=hf_llama_tiny", "parallel=fsdp", "launcher.nproc=2"], id="llama-fsdp-2"),
+    pytest.param(  # planned 0.85x of the simulation: the HF layers' tensor-parallel terms (docs/planner.md)
+        [*SMALL, "model=hf_llama_tiny", "parallel=tp", "parallel.tp_size=2", "launcher.nproc=2"],
+        id="llama-tp-2",
+        marks=pytest.mark.xfail(strict=True, reason="planner 0.85x of the simulation for HF Llama under TP"),
+    ),
     # about a minute at idle (four on a loaded machine): the property the rows above prove, at 64 ranks
     pytest.param(
         LLAMA_8B_64,
