@@ -118,6 +118,22 @@ def _match_grad_layouts(model: nn.Module) -> None:
             param.grad = grad.redistribute(param.device_mesh, param.placements)
 
 
+def _reduce_at_the_last_backward_only(part: nn.Module) -> None:
+    """Let torch's stage alone arm a DDP stage's gradient reduction, at a step's last backward.
+
+    DDP's forward arms its reducer for the next backward unless gradient sync is off. A schedule
+    runs several micro batches' forwards before their backwards, and torch's stage runs every
+    backward but the last under `no_sync` and arms the reducer itself before the last one: with
+    the forwards armed as well, the first step's bucket rebuild saw each parameter once per micro
+    batch and DDP's reducer failed ("rebuilt parameter indices size is not same as original model
+    parameters size"). With sync off in forward, gradients accumulate locally and are reduced once.
+    """
+    from torch.nn.parallel import DistributedDataParallel
+
+    if isinstance(part, DistributedDataParallel):
+        part.require_backward_grad_sync = False
+
+
 class _NoTimer:
     """A phase timer that records nothing (the warm-up step is not the run's)."""
 
@@ -139,6 +155,7 @@ class PipelineRunner:
         self._precision = _Precision(self.dist.device.type)
         for part in self.parts:
             self._precision.wrap(part)
+            _reduce_at_the_last_backward_only(part)
         device = self.dist.device
         self.schedule_name = p.pp_schedule
         self.block = self.dist.world_size // self.dist.dims.pp

@@ -20,7 +20,9 @@ BASE = [
 ]  # fmt: skip
 LAYOUTS = {
     "fsdp": ["parallel=fsdp", "parallel.pp_size=2"],
-    "ddp": ["parallel=ddp", "parallel.pp_size=2"],
+    # two pipeline micro batches of 2: DDP's first-step bucket rebuild hung the ranks when every
+    # micro batch's forward armed the reducer
+    "ddp": ["parallel=ddp", "parallel.pp_size=2", "parallel.pp_microbatches=2"],
 }
 
 
