@@ -51,7 +51,7 @@ CASES: list[tuple[str, list[str], int]] = [
 """(name, overrides on top of SMALL, ranks) of each configuration whose simulation is checked against a real run."""
 FOUR_RANK_CASES: list[tuple[str, list[str], int]] = [
     ("pp_fsdp-4", ["parallel=pp_fsdp", "parallel.pp_microbatches=2"], 4),
-    (  # DDP in 2-layer gpt_tiny stages fails on real ranks (docs/planner.md): TINY's 4 layers
+    (  # the integration test's TINY shape, 4 layers
         "pp_ddp-4",
         ["parallel=ddp", "parallel.pp_size=2", "train.micro_batch_size=4", "model.n_layer=4", "model.d_model=64",
          "model.n_head=2", "data.seq_len=32", "parallel.bucket_mb=0.05"],
