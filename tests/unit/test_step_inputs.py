@@ -10,7 +10,7 @@ import sys
 from conftest import free_port
 
 RANK = """
-import json, os, signal
+import json, os, signal, sys
 import torch
 from launcher.parallel.dims import init_process_group
 from launcher.rank.preemption import StopSignal
@@ -29,8 +29,10 @@ separate = (dist.data_mean(own), stop.agreed(dist))
 between = count()
 terms, signum = agree(dist, own, stop)
 collectives = [between - before, count() - between]
-print(json.dumps({"rank": dist.rank, "quiet": quiet, "terms": terms.item(), "collectives": collectives,
-                  "bitwise": bool(torch.equal(terms, separate[0])), "signum": signum, "separate": separate[1]}))
+row = {"rank": dist.rank, "quiet": quiet, "terms": terms.item(), "collectives": collectives,
+       "bitwise": bool(torch.equal(terms, separate[0])), "signum": signum, "separate": separate[1]}
+with open(os.path.join(sys.argv[1], f"rank{dist.rank}.json"), "w") as out:  # one file each: stdout interleaves
+    json.dump(row, out)
 torch.distributed.barrier()
 """
 
@@ -39,13 +41,11 @@ def test_terms_and_a_stop_signal_on_one_rank_are_agreed_in_one_all_reduce(tmp_pa
     script = tmp_path / "rank.py"
     script.write_text(RANK)
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node=2", "--master-addr=127.0.0.1",
-           f"--master-port={free_port()}", str(script)]  # fmt: skip
+           f"--master-port={free_port()}", str(script), str(tmp_path)]  # fmt: skip
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-3000:]
-    rows = sorted(
-        (json.loads(x) for x in done.stdout.splitlines() if x.startswith("{")), key=lambda r: r["rank"]
-    )
-    assert [r["rank"] for r in rows] == [0, 1], done.stdout
+    rows = [json.loads((tmp_path / f"rank{rank}.json").read_text()) for rank in (0, 1)]
+    assert [r["rank"] for r in rows] == [0, 1], rows
     for row in rows:
         assert row["quiet"] is None
         assert row["collectives"] == [2, 1] and row["terms"] == 13.5 and row["bitwise"], row
