@@ -207,5 +207,12 @@ def test_bench_runs_the_comparisons_and_writes_the_table_the_docs_show(tmp_path,
     assert bench.update_docs(text, (page, plain)) == [page]
     assert plain.read_text() == "no table here\n"
     assert page.read_text() == f"before\n{bench.START}\n{text}{bench.END}\nafter\n"
+    shown = bench.published_rows((plain, page))  # what the page shows reads back as rows
+    assert [r.comparison for r in shown][:1] == ["checkpoint save / torch.save + fsync, 0.00 GiB, wall"]
+    assert shown[0].when and shown[0].load and shown[0].aim == "<= 1.0"
+    again = bench.Row(shown[1].comparison, 9.0, 8.0, 10.0, "", "0.1-0.2", "2000-01-01")
+    extra = bench.Row("a new comparison", 1.0, 1.0, 1.0, "", "", "2000-01-01")
+    # `--only X --update-docs`: X's rows replaced in place, the other rows kept, new ones last
+    assert bench.merged(shown, [extra, again]) == [shown[0], again, extra]
     for path in bench.DOCS:  # both pages carry the markers the command fills
         assert bench.START in path.read_text() and bench.END in path.read_text(), path
