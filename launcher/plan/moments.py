@@ -69,7 +69,7 @@ class Moments:
 
 
 class HeldStates(Protocol):
-    """A rank's model states as the planner counts them (launcher.plan.planner.ModelStates)."""
+    """A rank's model states as the planner counts them (launcher.plan.states.ModelStates)."""
 
     parameters: float
     optimizer_states: float

@@ -35,15 +35,8 @@ from dataclasses import dataclass
 from launcher.components.model.shape import model_shape
 from launcher.config.model import vocab_size
 from launcher.plan import activations as acts
-from launcher.plan.planner import (
-    MemoryPlan,
-    ParamCounts,
-    activation_shape,
-    count_params,
-    device_plan,
-    gpt_view,
-    model_states,
-)
+from launcher.plan.planner import MemoryPlan, activation_shape, device_plan
+from launcher.plan.states import ParamCounts, count_params, gpt_view, model_states
 from launcher.spec import RunSpec
 
 FP32 = 4

@@ -22,7 +22,7 @@ from launcher.parallel.pipeline import PipelineRunner
 from launcher.parallel.registry import STRATEGIES, strategy_module
 from launcher.parallel.runner import ModelRunner, Runner
 from launcher.parallel.strategy import Strategy
-from launcher.plan.planner import MODEL_STATES
+from launcher.plan.states import MODEL_STATES
 
 ROOT = Path(launcher.__file__).parent
 

@@ -6,7 +6,7 @@ import pytest
 from rich.console import Console
 
 from launcher.front import compose, dryrun
-from launcher.plan import planner
+from launcher.plan import planner, states
 from launcher.plan.activations import activation_bytes, layer_bytes, mask_bytes
 from launcher.plan.pipeline import pipeline_plan
 from launcher.spec import RunSpec, to_spec
@@ -42,7 +42,7 @@ def pp_plan(overrides: list[str], device_type: str = "cpu"):
 )
 def test_stage_parameters_add_up_to_the_model_and_the_tied_copy(overrides: list[str]) -> None:
     spec, pipeline = pp_plan(overrides)
-    counts = planner.count_params(spec)
+    counts = states.count_params(spec)
     tied_copy = counts.head if spec.model.tie_embeddings else 0
     assert sum(rank.num_params for rank in pipeline.ranks) == counts.total + tied_copy
     layers = sorted(i for rank in pipeline.ranks for r in rank.layers for i in r)
@@ -172,7 +172,7 @@ def test_dry_run_prints_the_stage_table_and_the_bubble() -> None:
 def test_hugging_face_stages_add_up_to_its_exact_count() -> None:
     pytest.importorskip("transformers")
     spec, pipeline = pp_plan(["parallel.pp_size=2", "launcher.nproc=2", "model=hf_llama_tiny"])
-    counts = planner.count_params(spec)
-    tied_copy = counts.head if planner.gpt_view(spec).model.tie_embeddings else 0
+    counts = states.count_params(spec)
+    tied_copy = counts.head if states.gpt_view(spec).model.tie_embeddings else 0
     assert sum(rank.num_params for rank in pipeline.ranks) == counts.total + tied_copy
     assert all(rank.num_params > 0 for rank in pipeline.ranks)

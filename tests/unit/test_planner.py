@@ -9,6 +9,7 @@ from launcher.components.model.build import build_model, num_params
 from launcher.config.model import ModelConfig
 from launcher.front import compose, dryrun
 from launcher.plan import planner
+from launcher.plan import states as model_states
 from launcher.plan.activations import ActivationShape, activation_bytes
 from launcher.spec import RunSpec, to_spec
 
@@ -22,7 +23,7 @@ def make_spec(overrides: list[str]) -> RunSpec:
 def test_parameter_count_matches_the_built_model(shape: dict) -> None:
     cfg = ModelConfig(n_layer=2, d_model=64, n_head=2, **shape)
     spec = RunSpec(model=cfg)
-    assert planner.count_params(spec).total == num_params(build_model(cfg))
+    assert model_states.count_params(spec).total == num_params(build_model(cfg))
 
 
 LLAMA_2_7B = {
@@ -40,7 +41,7 @@ def test_hugging_face_models_are_counted_from_their_config(tmp_path) -> None:
     (tmp_path / "config.json").write_text(json.dumps(LLAMA_2_7B))
     cfg = ModelConfig(kind="hf", hf_config=str(tmp_path), vocab_size=32000)
     spec = RunSpec(model=cfg)
-    counts = planner.count_params(spec)
+    counts = model_states.count_params(spec)
     assert counts.total == 6_738_415_616
     assert counts.block_linear == 32 * (4 * 4096 * 4096 + 3 * 4096 * 11008)
     memory = planner.plan(spec, world=8)
@@ -49,7 +50,7 @@ def test_hugging_face_models_are_counted_from_their_config(tmp_path) -> None:
         model=ModelConfig(kind="hf", hf_config=str(tmp_path), vocab_size=32064, resize_embeddings=True)
     )
     assert (
-        planner.count_params(resized).total == counts.total + 2 * 64 * 4096
+        model_states.count_params(resized).total == counts.total + 2 * 64 * 4096
     )  # embedding and untied head grow
 
 
@@ -57,7 +58,7 @@ def test_hugging_face_models_are_counted_from_their_config(tmp_path) -> None:
 def test_zero_stages_shard_as_the_paper_says(stage: int) -> None:
     world = 8
     spec = make_spec(["model=gpt_125m", "precision=bf16", f"parallel=zero{stage}"])
-    psi = planner.count_params(spec).total
+    psi = model_states.count_params(spec).total
     plan = planner.plan(spec, world, "cpu")
     weights, grads, states = {
         0: (2 * psi, 2 * psi, 12 * psi),
@@ -74,11 +75,11 @@ def test_zero_offload_moves_states_to_the_host() -> None:
     spec = make_spec(["model=gpt_125m", "precision=bf16", "parallel=zero3_offload"])
     plan = planner.plan(spec, 4, "cpu")
     assert plan.parameters == plan.optimizer_states == 0
-    assert plan.host_bytes == pytest.approx(14 * planner.count_params(spec).total / 4, rel=1e-6)
+    assert plan.host_bytes == pytest.approx(14 * model_states.count_params(spec).total / 4, rel=1e-6)
 
 
 def test_fsdp_full_shard_divides_everything_and_shard_grad_op_keeps_weights() -> None:
-    psi = planner.count_params(make_spec(["model=gpt_125m"])).total
+    psi = model_states.count_params(make_spec(["model=gpt_125m"])).total
     full = planner.plan(make_spec(["model=gpt_125m", "parallel=fsdp"]), 8, "cpu")
     assert (full.parameters, full.gradients, full.optimizer_states) == pytest.approx(
         (4 * psi / 8, 4 * psi / 8, 8 * psi / 8), rel=1e-6
@@ -88,7 +89,7 @@ def test_fsdp_full_shard_divides_everything_and_shard_grad_op_keeps_weights() ->
 
 
 def test_single_and_ddp_hold_full_float32_states() -> None:
-    psi = planner.count_params(make_spec([])).total
+    psi = model_states.count_params(make_spec([])).total
     for overrides in ([], ["parallel=ddp", "launcher=local"]):
         plan = planner.plan(make_spec(overrides), 2, "cpu")
         assert (plan.parameters, plan.gradients, plan.optimizer_states) == (4 * psi, 4 * psi, 8 * psi)
@@ -100,24 +101,24 @@ def test_single_and_ddp_hold_full_float32_states() -> None:
 def test_optimizer_state_bytes(optimizer: str, per_param: float) -> None:
     spec = make_spec([f"optimizer={optimizer}"])
     plan = planner.plan(spec, 1, "cpu")
-    assert plan.optimizer_states / planner.count_params(spec).total == pytest.approx(per_param, abs=0.01)
+    assert plan.optimizer_states / model_states.count_params(spec).total == pytest.approx(per_param, abs=0.01)
 
 
 def test_lora_trains_only_the_adapters() -> None:
     spec = make_spec(["model=gpt_125m", "quantization=lora", "quantization.lora.rank=8"])
-    counts = planner.count_params(spec)
+    counts = model_states.count_params(spec)
     d, ff = 768, 4 * 768
     assert counts.adapters == 12 * 8 * (4 * (d + d) + (d + ff) + (ff + d))
     plan = planner.plan(spec, 1, "cpu")
     assert plan.gradients == 4 * counts.adapters and plan.optimizer_states == 8 * counts.adapters
     only_qv = make_spec(["model=gpt_125m", "quantization=lora", "quantization.lora.targets=[q_proj,v_proj]"])
-    assert planner.count_params(only_qv).adapters == 12 * 16 * 2 * (d + d)
+    assert model_states.count_params(only_qv).adapters == 12 * 16 * 2 * (d + d)
 
 
 @pytest.mark.parametrize(("method", "per_weight"), [("nf4", 0.5159), ("int8", 1.005)])
 def test_quantized_weights_take_their_bits(method: str, per_weight: float) -> None:
     spec = make_spec(["model=gpt_125m", f"quantization={method}_lora"])
-    counts = planner.count_params(spec)
+    counts = model_states.count_params(spec)
     plan = planner.plan(spec, 1, "cpu")
     rest = 4 * (counts.total - counts.block_linear) + 4 * counts.adapters  # embeddings, norms, adapters
     assert (plan.parameters - rest) / counts.block_linear == pytest.approx(per_weight, abs=1e-3)
