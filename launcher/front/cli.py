@@ -8,6 +8,7 @@ first checks the command line as a run would, so it prints only a config a run w
 from __future__ import annotations
 
 import sys
+import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
@@ -54,7 +55,7 @@ def run(argv: CommandLine | Sequence[str]) -> int:
     if line.multirun and not torchrun.active():
         collector.resume()  # every point is composed here: start-up is over
         return sweep.run(line)
-    report = rundir.report if torchrun.reports() else _silent  # under torchrun, rank 0 speaks for all
+    report = rundir.report if torchrun.reports() else _after_rank_0  # under torchrun, rank 0 speaks for all
     cfg, errors = compose.compose_checked(list(line.overrides), line.source)
     if cfg is None:
         report(errors)
@@ -65,7 +66,7 @@ def run(argv: CommandLine | Sequence[str]) -> int:
         return ExitStatus.INVALID_SPEC
     built = compose.build(cfg)
     collector.resume()  # the spec is built: what follows (tokenizing, waiting for ranks) collects as usual
-    if cfg.data.format == "auto" and built.spec is not None and report is not _silent:
+    if cfg.data.format == "auto" and built.spec is not None and report is not _after_rank_0:
         Console(highlight=False).print(data_format.announce(built.spec), markup=False, soft_wrap=True)
     run_dir = Path(cfg.run_dir) if cfg.get("run_dir") else rundir.default_run_dir(rundir.safe_name(cfg))
     if cfg.get("dry_run") == "simulate":
@@ -96,8 +97,20 @@ def _launch(built: compose.Built, run_dir: Path, report: Callable[[list[SpecErro
     return rundir.start(built, run_dir)
 
 
-def _silent(errors: list[SpecError]) -> None:
-    """Report nothing (another rank reports the same problems)."""
+PEER_REPORT_WAIT_S = 30.0
+"""How long a torchrun rank other than 0 waits before it reports a spec problem itself."""
+
+
+def _after_rank_0(errors: list[SpecError]) -> None:
+    """Let global rank 0 report the same problems first, then report them if this rank still runs.
+
+    Every rank finds the same problems; rank 0 reports them. A rank that exited at once could end
+    first, and torchrun then ends the job's other ranks, rank 0 among them, before it has printed
+    anything: the user saw no reason. torchrun ends this rank when rank 0 exits; where it still runs
+    after the wait (rank 0 elsewhere, or not affected), it speaks for itself.
+    """
+    time.sleep(PEER_REPORT_WAIT_S)
+    rundir.report(errors)
 
 
 def _hydra_print(argv: Sequence[str]) -> int:
