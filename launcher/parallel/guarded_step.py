@@ -32,7 +32,7 @@ def guarded_step(
     if clip is not None:  # a strategy whose norm spans more than this rank's mesh (pipeline stages)
         norm = clip(params, max_grad_norm)
     else:
-        norm = torch.nn.utils.clip_grad_norm_(params, max_grad_norm or math.inf, foreach=True)
+        norm = torch.nn.utils.clip_grad_norm_(params, max_grad_norm or math.inf, foreach=_foreach(params))
         if isinstance(norm, DTensor):  # sharded gradients: the global norm, the same on every rank
             norm = norm.full_tensor()
     grads_ok = torch.isfinite(norm)
@@ -51,3 +51,10 @@ def guarded_step(
         result = StepResult(norm, nonfinite=~ok, overflow=False)
     optimizer.zero_grad(set_to_none=True)
     return result
+
+
+def _foreach(params: list[torch.Tensor]) -> bool | None:
+    """Clipping's kernel choice: foreach for DTensor gradients (sharded: the norm is summed over shards
+    in one op), else torch's own (foreach on CUDA; on the CPU, where foreach ops loop per tensor, the
+    per-tensor path: the same norm bitwise, 0.39 instead of 0.60 ms for gpt_tiny's 35 gradients)."""
+    return True if any(isinstance(p.grad, DTensor) for p in params) else None
