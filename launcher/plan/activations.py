@@ -20,12 +20,26 @@ boolean mask; varlen and flex add nothing of that size. Context parallel (`paral
 the tokens of a rank by cp_size and adds, per block, the keys and values gathered from the other
 ranks, and once per forward the chunks' masks. `selective` checkpointing keeps each
 block's input and its matmul and attention outputs (all, or every other matmul's).
+
+A Hugging Face Llama-style layer (`ActivationShape.llama`) is counted tensor by tensor too, as its
+code saves them: each RMSNorm keeps its float32 input and its float32 normalized output (the
+weight multiplies the latter) and a float32 reciprocal RMS per token; the queries at q_proj's width,
+the keys and values at k_proj's (copied out to the query heads where SDPA gets a mask and a
+rank holds more than one key-value head); SDPA's output
+is o_proj's input (no copy); SDPA turns the boolean document mask into its own float copy in every
+layer; the gated MLP keeps four [tokens x d_ff] tensors (gate and up outputs, SiLU's output, the
+product) and its input (one float32 tensor, or one 16-bit copy each for gate and up under
+autocast); the rotary cos and sin tables once per forward. Under FSDP2's mixed precision the
+residual stream is 16-bit: the norms cast their input to float32 and keep a 16-bit normalized
+output, and the projections share one 16-bit input. Under tensor parallelism the
+projections' widths divide by tp_size; under sequence parallelism the norms' tensors do too.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+from launcher.components.model.shape import LlamaLayer
 from launcher.config.model import ModelConfig, ff_width, vocab_size
 
 FP32 = 4
@@ -55,10 +69,17 @@ class ActivationShape:
     cp_size: int = 1
     """Context-parallel degree: seq_len is this rank's share of a sequence (its two chunks), and each block
     keeps the keys and values gathered from the other cp_size - 1 ranks."""
+    llama: LlamaLayer | None = None
+    """A Hugging Face Llama-style layer's widths: its own tensors are counted (None: the GPT block's)."""
+    residual_bytes: int = FP32
+    """Bytes of a residual-stream element: 4, or 2 where FSDP2's mixed-precision policy computes with 16-bit
+    weights (nothing promotes the stream to float32 then; read by the Llama-style terms)."""
 
 
 def _attention_bytes(cfg: ModelConfig, shape: ActivationShape) -> int:
     """Saved by one block's attention branch (its input LayerNorm output onwards)."""
+    if shape.llama is not None:
+        return _llama_attention_bytes(cfg, shape, shape.llama)
     tokens, d, act = shape.micro_batch * shape.seq_len, cfg.d_model, shape.act_bytes
     local = d // shape.tp_size
     heads = max(cfg.n_head // shape.tp_size, 1)
@@ -72,9 +93,34 @@ def _attention_bytes(cfg: ModelConfig, shape: ActivationShape) -> int:
     return proj_inputs + qkv + sdpa_out + o_input + masks + gathered
 
 
+def _llama_attention_bytes(cfg: ModelConfig, shape: ActivationShape, layer: LlamaLayer) -> int:
+    """Saved by a Llama-style layer's attention (input_layernorm's output onwards)."""
+    tokens, act, tp = shape.micro_batch * shape.seq_len, shape.act_bytes, shape.tp_size
+    # q/k/v inputs: one shared tensor of the residual's dtype (under sequence parallelism the gathered
+    # sequence), or three 16-bit copies made by autocast of a float32 one
+    proj_inputs = tokens * cfg.d_model * (shape.residual_bytes if shape.residual_bytes == act else 3 * act)
+    # SDPA keeps q and k after the rotary embedding and v; given a mask, transformers repeats the
+    # key-value heads to the query heads (grouped-query attention runs in SDPA only without one), a
+    # copy unless the rank holds one key-value head (then the repeat is a view of it)
+    kv_heads = layer.kv_width // (layer.head_dim * tp)
+    kv_width = layer.q_width if shape.dense_mask and kv_heads > 1 else layer.kv_width
+    qkv = tokens * (layer.q_width + 2 * kv_width) // tp * act
+    heads = max(layer.q_width // (layer.head_dim * tp), 1)
+    # SDPA's output (o_proj's input: no copy) and its log-sum-exp
+    sdpa_out = tokens * layer.q_width // tp * act + tokens * heads * FP32
+    # SDPA turns the boolean document mask into an additive one in the query's dtype, per layer
+    mask = shape.micro_batch * shape.seq_len * shape.seq_len * act if shape.dense_mask else 0
+    dropout = 2 * tokens * cfg.d_model if cfg.dropout > 0 else 0
+    gathered = 2 * tokens * (shape.cp_size - 1) * kv_width // tp * act  # cp: the other ranks' keys and values
+    return proj_inputs + qkv + sdpa_out + mask + dropout + gathered
+
+
 def _mlp_bytes(cfg: ModelConfig, shape: ActivationShape) -> int:
     """Saved by one block's MLP branch (its input LayerNorm output onwards)."""
     tokens, act = shape.micro_batch * shape.seq_len, shape.act_bytes
+    if shape.llama is not None:  # gate and up share their input, or each casts a 16-bit copy of a float32 one
+        inputs = tokens * cfg.d_model * (shape.residual_bytes if shape.residual_bytes == act else 2 * act)
+        return inputs + 4 * tokens * (shape.llama.ff_width // shape.tp_size) * act  # gate, up, SiLU, product
     ff = ff_width(cfg) // shape.tp_size
     up_input = tokens * cfg.d_model * act
     gelu_input, down_input = tokens * ff * act, tokens * ff * act
@@ -83,9 +129,15 @@ def _mlp_bytes(cfg: ModelConfig, shape: ActivationShape) -> int:
 
 
 def _norm_bytes(cfg: ModelConfig, shape: ActivationShape) -> int:
-    """One LayerNorm: its float32 input (the residual stream) and two float32 statistics per token."""
+    """One LayerNorm: its float32 input (the residual stream) and two float32 statistics per token.
+
+    A Llama-style RMSNorm: its input cast to float32, its normalized output in the residual's dtype (which
+    the weight multiplies) and one float32 reciprocal RMS per token.
+    """
     tokens = shape.micro_batch * shape.seq_len
     split = shape.tp_size if shape.sequence_parallel else 1
+    if shape.llama is not None:
+        return (tokens * cfg.d_model * (FP32 + shape.residual_bytes) + tokens * FP32) // split
     return (tokens * cfg.d_model * FP32 + 2 * tokens * FP32) // split
 
 
@@ -116,6 +168,13 @@ def mask_bytes(shape: ActivationShape) -> int:
         chunk = shape.seq_len // 2
         return shape.micro_batch * chunk * chunk * (2 * shape.cp_size + 1) * shape.act_bytes
     return shape.micro_batch * shape.seq_len * shape.seq_len if shape.dense_mask else 0
+
+
+def rotary_bytes(shape: ActivationShape) -> int:
+    """A Llama-style model's rotary cos and sin tables, one row of positions per sequence (0 for the GPT)."""
+    if shape.llama is None:
+        return 0
+    return 2 * shape.micro_batch * shape.seq_len * shape.llama.head_dim * shape.residual_bytes
 
 
 def layer_bytes(cfg: ModelConfig, shape: ActivationShape, mode: str = "none") -> int:
@@ -184,4 +243,4 @@ def activation_bytes(
     kept, recompute = layers_bytes(
         cfg, shape, range(cfg.n_layer), mode=mode, checkpoint_every=checkpoint_every
     )
-    return kept + recompute + head_bytes(cfg, shape) + mask_bytes(shape)
+    return kept + recompute + head_bytes(cfg, shape) + mask_bytes(shape) + rotary_bytes(shape)

@@ -192,7 +192,8 @@ def _activations(
         else:
             saved += boundary
             once = max(once, recompute)
-        saved += acts.mask_bytes(shape)  # each stage builds the batch's dense document mask (sdpa) itself
+        # each stage builds the batch's dense document mask (sdpa) and rotary tables itself
+        saved += acts.mask_bytes(shape) + acts.rotary_bytes(shape)
         total += count * saved
     return total + once, kept
 

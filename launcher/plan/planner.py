@@ -3,7 +3,8 @@
 Model states (weights, gradients, optimizer state; the ZeRO paper's formulas) come from
 `launcher.plan.states`, activations from `launcher.plan.activations`, and the step's largest moment
 from `launcher.plan.moments`. A Hugging Face model's activations are those of the GPT of its width,
-depth and heads, a gated MLP counted 1.5 times as wide.
+depth and heads, a gated MLP counted 1.5 times as wide; a Llama-style one's layers are counted
+tensor by tensor from their own widths (`launcher.plan.activations`).
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 
+from launcher.components.model.shape import model_shape
 from launcher.config.objective import rows_per_example
 from launcher.plan import activations as acts
 from launcher.plan import compression
@@ -75,8 +77,22 @@ def activation_shape(
         act_bytes=2 if autocasts_16bit(spec) else 4,
         tp_size=max(p.tp_size, 1),
         sequence_parallel=p.sequence_parallel,
+        llama=model_shape(spec.model).llama_layer if spec.model.kind == "hf" else None,
+        residual_bytes=2 if fsdp_computes_16bit(spec) else 4,
         **long_context_terms(spec, batch, device_type),
     )
+
+
+def fsdp_computes_16bit(spec: RunSpec) -> bool:
+    """Whether FSDP2 wraps the model with its mixed-precision policy (16-bit weights, so a 16-bit residual stream).
+
+    Pipeline stages are counted as FSDP2-wrapped where other ranks hold the same stage.
+    """
+    p = spec.parallel
+    if not autocasts_16bit(spec) or p.data_parallel != "fsdp":
+        return False
+    model_ranks = max(p.pp_size, 1) * max(p.tp_size, 1) * max(p.cp_size, 1)
+    return p.pp_size <= 1 or max(spec.launcher.world_size, 1) > model_ranks
 
 
 def device_plan(

@@ -125,10 +125,9 @@ PLANNER_DRIFT = [
     pytest.param([*GPT_125M, "parallel=fsdp", "launcher.nproc=2"], id="gpt_125m-fsdp-2"),
     pytest.param([*SMALL, "model=hf_llama_tiny", "parallel=single", "launcher.nproc=1"], id="llama-single-1"),
     pytest.param([*SMALL, "model=hf_llama_tiny", "parallel=fsdp", "launcher.nproc=2"], id="llama-fsdp-2"),
-    pytest.param(  # planned 0.85x of the simulation: the HF layers' tensor-parallel terms (docs/planner.md)
+    pytest.param(
         [*SMALL, "model=hf_llama_tiny", "parallel=tp", "parallel.tp_size=2", "launcher.nproc=2"],
         id="llama-tp-2",
-        marks=pytest.mark.xfail(strict=True, reason="planner 0.85x of the simulation for HF Llama under TP"),
     ),
     # about a minute at idle (four on a loaded machine): the property the rows above prove, at 64 ranks
     pytest.param(

@@ -3,8 +3,10 @@
 The built-in GPT's shape comes from the model group's keys. A Hugging Face model is built on the
 meta device from its config (no weights, no memory), so its parameter count and the linear layers
 of one decoder layer are exact for any family; the activation model then treats it as the GPT of
-the same width, depth and heads, with a gated (SwiGLU) MLP counted as 1.5 times the MLP width,
-since it keeps three [tokens x d_ff] tensors for backward where GELU keeps two.
+the same width, depth and heads, with a gated (SwiGLU) MLP counted as 1.5 times the MLP width
+(three matmuls of d_model x d_ff where the GPT's MLP has two). A Llama-style layer (RMSNorm, gated
+MLP) also carries its own widths (`LlamaLayer`), from which the planner counts its saved tensors
+one by one instead.
 """
 
 from __future__ import annotations
@@ -12,8 +14,23 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 from functools import lru_cache
+from typing import Any
 
 from launcher.config.model import ModelConfig, config_num_params, ff_width
+
+
+@dataclass(frozen=True, kw_only=True)
+class LlamaLayer:
+    """The widths of a Llama-style decoder layer (RMSNorm, rotary positions, gated MLP) that its saved tensors have."""
+
+    q_width: int
+    """Output features of q_proj: query heads x head dim."""
+    kv_width: int
+    """Output features of k_proj and v_proj: key-value heads x head dim (less than q_width under GQA)."""
+    ff_width: int
+    """Output features of gate_proj and up_proj: the MLP's intermediate size."""
+    head_dim: int
+    """Features per attention head (the rotary tables' width)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -26,6 +43,8 @@ class ModelShape:
     """Linear layer of one decoder layer (name inside the layer) -> (in, out) features."""
     equivalent: ModelConfig
     """The built-in GPT config whose activations match this model's (the config itself for kind=gpt)."""
+    llama_layer: LlamaLayer | None = None
+    """A Llama-style decoder layer's widths (None: the GPT or another family, counted as `equivalent`)."""
 
 
 def _gpt_linears(cfg: ModelConfig) -> dict[str, tuple[int, int]]:
@@ -66,7 +85,28 @@ def _hf_shape(cfg: ModelConfig) -> ModelShape:
         tie_embeddings=bool(getattr(config, "tie_word_embeddings", True)),
     )  # fmt: skip
     num_params = sum(p.numel() for p in model.parameters())
-    return ModelShape(num_params=num_params, block_linears=linears, equivalent=equivalent)
+    return ModelShape(
+        num_params=num_params,
+        block_linears=linears,
+        equivalent=equivalent,
+        llama_layer=_llama_layer(layers[0], linears, config) if layers is not None else None,
+    )
+
+
+def _llama_layer(layer: Any, linears: dict[str, tuple[int, int]], config: Any) -> LlamaLayer | None:
+    """The widths of `layer` if it is Llama-style (RMSNorm norms, q/k/v/o and gate/up/down projections), else None."""
+    names = ("self_attn.q_proj", "self_attn.k_proj", "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj")
+    norms = [getattr(layer, n, None) for n in ("input_layernorm", "post_attention_layernorm")]
+    if any(n not in linears for n in names) or any(not type(m).__name__.endswith("RMSNorm") for m in norms):
+        return None
+    heads = config.num_attention_heads
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
+    return LlamaLayer(
+        q_width=linears["self_attn.q_proj"][1],
+        kv_width=linears["self_attn.k_proj"][1],
+        ff_width=linears["mlp.gate_proj"][1],
+        head_dim=head_dim,
+    )
 
 
 def model_shape(cfg: ModelConfig) -> ModelShape:
