@@ -149,7 +149,7 @@ def plan(spec: RunSpec, world: int | None = None, device_type: str | None = None
         states.note,
         f"activations: micro batch {shape.micro_batch} x {shape.seq_len} tokens, "
         f"checkpointing {mem.activation_checkpointing}, logits {acts.logit_rows(shape)}"
-        f" x {acts.vocab_shard(gpt.model, shape)} x 4 B x 3"
+        f" x {acts.vocab_shard(gpt.model, shape)} x 4 B x {1 + acts.loss_grad_slices(shape)}"
         + (f" (one of {shape.loss_chunks} loss chunks)" if shape.loss_chunks > 1 else ""),
     ]
     if shape.dense_mask:
