@@ -52,6 +52,8 @@ class MemoryPlan:
     """How each figure was counted."""
     peak: int = 0
     """Device bytes at the step's largest moment (launcher.plan.moments); 0: the parts all coexist."""
+    step_peak: int = 0
+    """The same, the build left out: what a step holds (what `dry_run=simulate` measures); 0 as `peak`."""
 
     @property
     def total(self) -> int:
@@ -116,18 +118,20 @@ def device_plan(
         notes.append("activations offloaded to CPU: one block and the logits stay on the device")
     buffers = states.buffers
     tensors = states.parameters + states.gradients + states.optimizer_states + activations + buffers
-    peak = 0.0
+    peak = step_peak = 0.0
     if moments:
         step = step_moments(
             spec, StepBytes.of(states, activations), mixed=autocasts_16bit(spec), device_type=kind
         )
         tensors = peak = step.peak
+        step_peak = max(step.activation_peak, step.end_of_backward, step.optimizer_step)
         notes.append(
             f"total: {step.name}, the largest moment of the build and the step (launcher.plan.moments)"
         )
     if kind == "cuda":
         extra = CUDA_CONTEXT_BYTES + ALLOCATOR_SLACK * tensors
         buffers, peak = buffers + extra, peak + extra * bool(peak)
+        step_peak += CUDA_CONTEXT_BYTES + ALLOCATOR_SLACK * step_peak if step_peak else 0.0
         notes.append("buffers include the CUDA context (~512 MiB) and 10% allocator fragmentation")
     return MemoryPlan(
         parameters=round(states.parameters),
@@ -141,6 +145,7 @@ def device_plan(
         num_params=count_params(spec).total,
         notes=tuple(notes),
         peak=round(peak),
+        step_peak=round(step_peak),
     )
 
 
@@ -165,7 +170,7 @@ def plan(spec: RunSpec, world: int | None = None, device_type: str | None = None
         states.note,
         f"activations: micro batch {shape.micro_batch} x {shape.seq_len} tokens, "
         f"checkpointing {mem.activation_checkpointing}, logits {acts.logit_rows(shape)}"
-        f" x {acts.vocab_shard(gpt.model, shape)} x 4 B x 3"
+        f" x {acts.vocab_shard(gpt.model, shape)} x 4 B x {1 + acts.loss_grad_slices(shape)}"
         + (f" (one of {shape.loss_chunks} loss chunks)" if shape.loss_chunks > 1 else ""),
     ]
     if shape.dense_mask:

@@ -11,10 +11,14 @@ which reports the peak by category, and under a dispatch mode that logs every co
 group and size. `measure` also runs on a real process group with real tensors (the tests compare
 the two).
 
-Two details make fake tensors and a fake group go through code written for real ones: the device
+Three details make fake tensors and a fake group go through code written for real ones: the device
 mesh's own index arithmetic runs on real tensors (torch computes a rank's coordinates with
-`nonzero`, which a fake tensor cannot answer), and a host read of a fake value (`bool(finite)` in
-the guarded step) reads 1, that is true: the step is taken.
+`nonzero`, which a fake tensor cannot answer); a host read of a fake value (`bool(finite)` in
+the guarded step) reads 1, that is true: the step is taken; and DTensor's sharding propagation,
+which runs each op on fake tensors of the global shapes, gets a fake mode of its own. It takes
+the active fake mode when there is one: a real rank has none and makes its own, which MemTracker
+skips, but under the simulation's it counted those global tensors as this rank's (the whole float32
+logits twice in the vocabulary-parallel loss's backward, where a real rank holds its slices).
 """
 
 from __future__ import annotations
@@ -172,6 +176,21 @@ def _real_meshes() -> Iterator[None]:
 
 
 @contextlib.contextmanager
+def _propagation_in_its_own_fake_mode() -> Iterator[None]:
+    """DTensor's global-shape propagation in a fake mode of its own, as on a real rank (MemTracker skips it)."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.distributed.tensor import _sharding_prop
+
+    own_mode = FakeTensorMode(allow_non_fake_inputs=True)
+    saved = _sharding_prop.detect_fake_mode
+    _sharding_prop.detect_fake_mode = lambda inputs=None: own_mode
+    try:
+        yield
+    finally:
+        _sharding_prop.detect_fake_mode = saved
+
+
+@contextlib.contextmanager
 def fake_job(world_size: int, rank: int) -> Iterator[None]:
     """This process as `rank` of `world_size` on torch's fake process group, with fake tensors."""
     from torch._subclasses.fake_tensor import FakeTensorMode
@@ -179,7 +198,12 @@ def fake_job(world_size: int, rank: int) -> Iterator[None]:
 
     dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=world_size)
     try:
-        with _real_meshes(), FakeTensorMode(allow_non_fake_inputs=True), _FakeScalars():
+        with (
+            _real_meshes(),
+            _propagation_in_its_own_fake_mode(),
+            FakeTensorMode(allow_non_fake_inputs=True),
+            _FakeScalars(),
+        ):
             yield
     finally:
         dist.destroy_process_group()

@@ -199,4 +199,6 @@ def test_under_torchrun_the_spec_records_its_world_and_resume_is_exact(straight,
     assert json.loads((run_dir / "summary.json").read_text())["world_size"] == 2
     refused = _torchrun([*args, "launcher=local"], tmp_path / "refused", tmp_path)
     assert refused.returncode != 0 and not (tmp_path / "refused").exists()
-    assert refused.stderr.count("launcher.backend: this process was started by torchrun") == 1, refused.stderr[-4000:]  # rank 0 only
+    assert refused.stderr.count("launcher.backend: this process was started by torchrun") == 1, (
+        refused.stderr[-4000:]
+    )  # rank 0 only

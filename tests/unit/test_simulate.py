@@ -38,7 +38,8 @@ def _spec(overrides: list[str]):
 CASES: list[tuple[str, list[str], int]] = [
     ("single-1", ["parallel=single"], 1),
     ("fsdp-2", ["parallel=fsdp"], 2),
-    ("tp-2", ["parallel=tp", "parallel.tp_size=2"], 2),
+    # a 65,536-id vocabulary: the vocabulary-parallel loss's float32 slices are most of the peak
+    ("tp-2", ["parallel=tp", "parallel.tp_size=2", "model.vocab_size=65536"], 2),
     ("ddp-2", ["parallel=ddp", "parallel.bucket_mb=1"], 2),  # two buckets: the rebuilt ones' sizes
     ("pp-2", ["parallel=pp", "parallel.pp_microbatches=2"], 2),
     (
@@ -112,6 +113,10 @@ def test_simulated_memory_and_collectives_match_a_real_run(
 
 
 GPT_125M = ["model=gpt_125m", "data.seq_len=64", "train.micro_batch_size=2", "launcher=local"]
+GPT_TINY_64K = [
+    "model=gpt_tiny", "model.n_layer=2", "model.vocab_size=65536", "data.seq_len=256", "train.micro_batch_size=4",
+    "launcher=local",
+]  # fmt: skip
 LLAMA_8B_64 = [
     "model=hf", f"model.hf_config={LLAMA_8B}", "parallel=tp_fsdp", "parallel.tp_size=8", "launcher.nnodes=8",
     "launcher.nproc=8", "launcher.rdzv_endpoint=node0:29400", "run_dir=/tmp/never", "precision=bf16",
@@ -121,6 +126,9 @@ PLANNER_DRIFT = [
     pytest.param([*SMALL, "parallel=single", "launcher.nproc=1"], id="gpt_tiny-single-1"),
     pytest.param([*SMALL, "parallel=fsdp", "launcher.nproc=2"], id="gpt_tiny-fsdp-2"),
     pytest.param([*SMALL, "parallel=tp", "parallel.tp_size=2", "launcher.nproc=2"], id="gpt_tiny-tp-2"),
+    pytest.param(  # the vocabulary-parallel loss's float32 slices are most of the peak (0.64x without their term)
+        [*GPT_TINY_64K, "parallel=tp", "parallel.tp_size=2", "launcher.nproc=2"], id="gpt_tiny-64k-tp-2"
+    ),
     pytest.param([*GPT_125M, "parallel=single", "launcher.nproc=1"], id="gpt_125m-single-1"),
     pytest.param([*GPT_125M, "parallel=fsdp", "launcher.nproc=2"], id="gpt_125m-fsdp-2"),
     pytest.param([*SMALL, "model=hf_llama_tiny", "parallel=single", "launcher.nproc=1"], id="llama-single-1"),
@@ -130,16 +138,16 @@ PLANNER_DRIFT = [
         id="llama-tp-2",
     ),
     # about a minute at idle (four on a loaded machine): the property the rows above prove, at 64 ranks
+    # the planner's total is its eager build (the whole float32 model, 30.38 GiB), which the simulation does not
+    # measure; its step alone is 0.86x the simulated 27.99 GiB (docs/planner.md)
     pytest.param(
         LLAMA_8B_64,
         id="llama3_8b-fsdp8xtp8-64",
         marks=[
             pytest.mark.extended,
-            # docs/planner.md: the simulation over-counts the vocabulary-parallel loss's temporaries under
-            # fake tensors and the planner has no term for its float32 slices (0.70x since the head split)
-            pytest.mark.xfail(
-                strict=True, reason="vocabulary-parallel loss: simulation and planner both off"
-            ),
+            # docs/planner.md: the step planned at 0.87x, 3.65 GiB short in the activations (the dense
+            # causal mask transformers builds under fake tensors is the likely part, not measured)
+            pytest.mark.xfail(strict=True, reason="8B step: planner 0.87x of the simulation"),
         ],
     ),
 ]
@@ -148,12 +156,16 @@ row is checked per pipeline rank against that rank's plan)."""
 
 
 def _planned_total(spec: RunSpec, rank: int) -> int:
-    """The planner's CPU tensor bytes for `rank`: the spec's plan, or its pipeline rank's."""
+    """The planner's CPU tensor bytes of a step for `rank` (the spec's plan, or its pipeline rank's): the
+    simulation measures a step, so the plan's build moment is left out."""
     dims = ParallelDims.of(spec.parallel, max(spec.launcher.world_size, 1))
     if dims.pp == 1:
-        return plan(spec, device_type="cpu").total
-    layout = pipeline_layout(spec)
-    return pipeline_plan(spec, layout, device_type="cpu").ranks[dims.pp_rank(rank)].memory.total
+        memory = plan(spec, device_type="cpu")
+    else:
+        memory = (
+            pipeline_plan(spec, pipeline_layout(spec), device_type="cpu").ranks[dims.pp_rank(rank)].memory
+        )
+    return memory.step_peak or memory.total
 
 
 @pytest.mark.parametrize("overrides", PLANNER_DRIFT)
