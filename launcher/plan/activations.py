@@ -14,9 +14,9 @@ On top of the layers come the logits, which the loss turns into float32 log-prob
 float32 gradients of the same size during backward: batch*seq*vocab*4 bytes, three times over.
 For small models (and large vocabularies) they are often the largest single item. Tensor parallelism
 splits the head over the vocabulary, so a rank holds vocab / tp_size of each row, and its loss
-(torch's loss_parallel, launcher.components.model.vocab_parallel) holds more slices: the logits in
-their own dtype beside the float32 log-probabilities until backward, and three float32 slices in
-backward (the -1 at each target, the exponentials of the log-probabilities, their sum). A chunked loss
+(launcher.components.model.vocab_parallel) holds one float32 slice: a copy of the logits beside them
+while its forward runs, turned into the softmax in place and kept until backward, which makes the
+gradient in that same slice (no further float32 slices). A chunked loss
 (`train.loss_chunks`) keeps none of them and recomputes one chunk at a time: one chunk's worth is
 counted. Packed documents under `model.attention` resolving to sdpa add the dense [B, 1, T, T]
 boolean mask; varlen and flex add nothing of that size. Context parallel (`parallel.cp_size`) divides
@@ -206,12 +206,12 @@ def vocab_shard(cfg: ModelConfig, shape: ActivationShape) -> int:
 
 
 def loss_grad_slices(shape: ActivationShape) -> int:
-    """float32 logits-sized tensors the loss's backward holds at once: two, three for the vocabulary-parallel loss.
+    """float32 logits-sized tensors the loss's backward makes at once: two, none for the vocabulary-parallel loss.
 
-    loss_parallel's backward builds a zero tensor with -1 at each target, the exponentials of the
-    log-probabilities, and their sum (multiplied by the incoming gradient as the sum is freed).
+    The vocabulary-parallel loss turns the float32 softmax it kept from forward into the gradient in
+    place (launcher.components.model.vocab_parallel); the slice is counted among the saved tensors.
     """
-    return 3 if shape.tp_size > 1 else 2
+    return 0 if shape.tp_size > 1 else 2
 
 
 def loss_grad_bytes(cfg: ModelConfig, shape: ActivationShape) -> int:
@@ -223,7 +223,7 @@ def head_bytes(cfg: ModelConfig, shape: ActivationShape) -> int:
     """Final norm, LM head input, logits and the loss's float32 log-probabilities and gradients (one chunk's)."""
     tokens = shape.micro_batch * shape.seq_len
     logits = logit_rows(shape) * vocab_shard(cfg, shape)
-    # the 16-bit logits before .float(); the vocabulary-parallel loss holds the logits in any dtype
+    # the 16-bit logits before .float(); the vocabulary-parallel loss's forward holds the logits in any dtype
     held = shape.act_bytes != FP32 or shape.tp_size > 1
     casts = logits * shape.act_bytes if held else 0
     ids = 2 * tokens * INDEX

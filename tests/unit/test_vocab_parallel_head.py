@@ -56,7 +56,7 @@ def test_the_planner_counts_a_ranks_vocabulary_slice() -> None:
     split = ActivationShape(micro_batch=4, seq_len=1024, act_bytes=2, tp_size=4)
     slice_bytes = 4 * 1024 * 32_000 // 4 * 4  # one float32 [rows, vocab / 4] slice
     assert loss_grad_bytes(cfg, whole) == 2 * 4 * slice_bytes  # the plain loss's two gradients
-    assert loss_grad_bytes(cfg, split) == 3 * slice_bytes  # loss_parallel's backward: three slices at once
+    assert loss_grad_bytes(cfg, split) == 0  # its gradient is made in the kept softmax slice
     logits = 4 * 1024 * 32_000 * (4 + 2)  # float32 log-probabilities and the 16-bit logits
     assert head_bytes(cfg, whole) - head_bytes(cfg, split) == pytest.approx(
         0.75 * logits + loss_grad_bytes(cfg, whole) - loss_grad_bytes(cfg, split), rel=0.01

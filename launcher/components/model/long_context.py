@@ -71,7 +71,7 @@ def loss_chunking_bypass(parallel: ParallelConfig, model: ModelConfig) -> str | 
     """Why this run computes whole logits whatever train.loss_chunks says (None: chunking applies).
 
     Tensor parallel splits the head over the vocabulary: each rank projects its [B, T, vocab / tp]
-    slice of the logits and the loss runs over the slices (torch's loss_parallel), so a rank holds
+    slice of the logits and the loss runs over the slices (launcher.components.model.vocab_parallel), so a rank holds
     1 / tp_size of the logits, computed at once; chunking the rows is not combined with it. A
     pipeline's last stage hands its logits to torch's schedule; DeepSpeed owns the module calls of
     its engine. Each of these keeps the whole-logits loss.
