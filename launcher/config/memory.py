@@ -34,6 +34,10 @@ class MemoryConfig:
     """Memory budget per rank for the search (peak RSS on CPU, peak allocated on CUDA); null on CUDA: real OOM only."""
     cuda_alloc_conf: str | None = None
     """PYTORCH_CUDA_ALLOC_CONF for every rank on CUDA, e.g. expandable_segments:True (ignored on CPU); null: unset."""
+    cpu_malloc_reuse: bool = True
+    """On CPU ranks, malloc keeps what a step frees for the next step (no per-block mmap, no trimming)
+    instead of faulting it in again each step: faster steps, resident size held at a step's peak (glibc
+    only; ignored on CUDA). false: the C library's defaults."""
 
 
 CUDA_ALLOC_ENV = ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF")

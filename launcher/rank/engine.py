@@ -15,7 +15,7 @@ import signal
 import statistics
 import time
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -30,7 +30,7 @@ from launcher.components.data.sequences import PackedSequences, val_batches
 from launcher.components.loggers import observers
 from launcher.components.precision import eval_dtype, train_dtype
 from launcher.parallel.state_bytes import is_dtensor
-from launcher.rank import collection
+from launcher.rank import collection, host_memory
 from launcher.rank.loop_parts import Components
 from launcher.rank.nonfinite import ADVICE, NonFiniteGuard, NonFiniteStop
 from launcher.rank.preemption import StopSignal
@@ -170,7 +170,7 @@ class Engine:
             self.spec.profile, self.spec.profiler, self.run_dir, rank=dist.rank, device_type=self.device.type,
             console=self.console,
         )  # fmt: skip
-        with progress if show else contextlib.nullcontext(), profiler as prof, collection.collect_at_pauses():
+        with progress if show else contextlib.nullcontext(), profiler as prof, self.loop_policies():
             while self.step < t.max_steps:
                 self._train_step()
                 self.step += 1
@@ -201,6 +201,15 @@ class Engine:
         if signum:
             summary["signal"] = signal.Signals(signum).name
         return summary
+
+    @contextlib.contextmanager
+    def loop_policies(self) -> Iterator[bool]:
+        """What the loop changes in the process while it runs: garbage collection only at its pauses
+        (launcher.rank.collection) and, on the CPU, freed memory kept for the next step (host_memory);
+        yields whether it keeps freed memory."""
+        reuse = self.device.type == "cpu" and self.spec.memory.cpu_malloc_reuse
+        with collection.collect_at_pauses(), host_memory.reuse_freed_memory(reuse) as kept:
+            yield kept
 
     def _after_step(
         self, records: list[dict[str, Any]], show: Callable[..., None]
