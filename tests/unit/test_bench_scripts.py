@@ -133,12 +133,26 @@ def test_bench_checkpoint_compares_a_sealed_save_and_a_verified_load_with_torch(
     assert list(tmp_path.iterdir()) == [out]  # its files are gone
 
 
-def test_bench_overhead_times_the_engine_against_a_plain_loop(tmp_path) -> None:
+def test_bench_overhead_times_the_engine_against_a_plain_loop(tmp_path, monkeypatch) -> None:
+    """Each loop in its own process, an engine variant beside the engine, and the rows scripts/bench makes."""
+    from importlib.machinery import SourceFileLoader
+
     out = tmp_path / "overhead.json"
-    _run("bench_overhead", "--rounds", "1", "--steps", "1", "--warmup", "0", "--json", str(out), *TINY_RUN,
-         cwd=tmp_path)  # fmt: skip
+    _run("bench_overhead", "--rounds", "1", "--steps", "1", "--warmup", "0", "--json", str(out),
+         "--also-engine", "memory.cpu_malloc_reuse=false", *TINY_RUN, cwd=tmp_path)  # fmt: skip
     numbers = json.loads(out.read_text())
-    assert set(numbers["median_s"]) == {"plain", "engine"} and numbers["ratio_to_plain"]["engine"] > 0
+    variant = "engine memory.cpu_malloc_reuse=false"
+    assert set(numbers["median_s"]) == {"plain", "engine", variant}
+    assert numbers["ratio_to_plain"]["engine"] > 0 and numbers["ratio_to_plain"][variant] > 0
+    loader = SourceFileLoader("bench", str(ROOT / "scripts" / "bench"))
+    bench = importlib.util.module_from_spec(importlib.util.spec_from_loader("bench", loader))
+    monkeypatch.setitem(sys.modules, "bench", bench)  # its dataclasses look their module up there
+    loader.exec_module(bench)
+    rows = bench._overhead_rows("gpt_tiny")(numbers)
+    assert [(r.comparison, r.aim) for r in rows] == [
+        ("engine / plain loop, gpt_tiny, step time", "<= 1.02"),
+        ("engine with memory.cpu_malloc_reuse=false / plain loop, gpt_tiny, step time", ""),
+    ]
 
 
 def test_bench_gpu_skips_cleanly_without_a_gpu(tmp_path) -> None:
