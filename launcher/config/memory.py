@@ -35,9 +35,9 @@ class MemoryConfig:
     cuda_alloc_conf: str | None = None
     """PYTORCH_CUDA_ALLOC_CONF for every rank on CUDA, e.g. expandable_segments:True (ignored on CPU); null: unset."""
     cpu_malloc_reuse: bool = True
-    """On CPU ranks, malloc keeps what a step frees for the next step (no per-block mmap, no trimming)
-    instead of faulting it in again each step: faster steps, resident size held at a step's peak (glibc
-    only; ignored on CUDA). false: the C library's defaults."""
+    """On CPU ranks, malloc keeps what a step frees for the next step (blocks up to 32 MiB from its heap,
+    which is not trimmed) instead of faulting it in again each step: faster steps, resident size held at
+    a step's peak (glibc only; ignored on CUDA). false: the C library's defaults."""
 
 
 CUDA_ALLOC_ENV = ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF")

@@ -4,7 +4,7 @@ A training step allocates and frees the same tensors every step, and on the CPU 
 library's malloc. glibc hands the free top of its heap back to the kernel past its trim threshold
 (twice its mmap threshold, which rises to at most 32 MiB), and maps every block above the mmap
 threshold on its own: the next step faults those pages in again, zero-filled by the kernel (a
-gpt_tiny step on 2 cores took 1,500-1,900 page faults; a gpt_125m step on one thread 141,000, about
+gpt_tiny step on 2 cores took 1,500-4,000 page faults; a gpt_125m step on one thread 141,000, about
 550 MB). For the loop, blocks up to 32 MiB come from the heap, the heap is not trimmed, and it grows
 in steps of 256 MiB, which also lets torch's 64-byte-aligned blocks find room where freed ones were
 (glibc 2.36's aligned allocation skips a freed block of exactly its size): gpt_tiny 3 faults a step,
