@@ -48,6 +48,13 @@ def _set(libc: Any, params: dict[int, int]) -> bool:
     return all(libc.mallopt(key, value) == 1 for key, value in params.items())
 
 
+def release_free_heap() -> None:
+    """Give the free pages of malloc's heap back to the kernel (glibc's malloc_trim; elsewhere nothing)."""
+    libc = _glibc()
+    if libc is not None:
+        libc.malloc_trim(0)
+
+
 @contextlib.contextmanager
 def reuse_freed_memory(enabled: bool) -> Iterator[bool]:
     """Keep freed blocks in the heap for the loop (when `enabled` and the C library is glibc); yields
@@ -59,4 +66,4 @@ def reuse_freed_memory(enabled: bool) -> Iterator[bool]:
     finally:
         if active:
             _set(libc, AFTER)
-            libc.malloc_trim(0)
+            release_free_heap()

@@ -20,9 +20,7 @@ same sizes in step).
 
 from __future__ import annotations
 
-import ctypes
 import dataclasses
-import functools
 import gc
 import json
 import os
@@ -41,6 +39,7 @@ from launcher.components.model.loss import model_inputs
 from launcher.components.objective import CrossEntropy, Objective
 from launcher.components.precision import autocast, train_dtype
 from launcher.config.model import vocab_size
+from launcher.rank import host_memory
 from launcher.spec import RunSpec
 
 RECORD = "auto_micro_batch.json"
@@ -99,25 +98,10 @@ def _free(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.empty_cache()
     else:
-        _trim_heap()
-
-
-@functools.cache
-def _malloc_trim() -> Any:
-    """glibc's malloc_trim, or None (another C library): loaded once."""
-    try:
-        return ctypes.CDLL("libc.so.6").malloc_trim
-    except (OSError, AttributeError):
-        return None
-
-
-def _trim_heap() -> None:
-    """Give freed heap pages back to the OS, so a CPU try's resident peak (VmHWM) is live memory plus
-    what the try allocates: glibc keeps freed chunks resident once its mmap threshold has risen, which
-    overstates the peak and hides what the try itself adds (without glibc the peak stays that cautious)."""
-    trim = _malloc_trim()
-    if trim is not None:
-        trim(0)
+        # freed heap pages back to the OS, so a CPU try's resident peak (VmHWM) is live memory plus
+        # what the try allocates: glibc keeps freed chunks resident once its mmap threshold has risen,
+        # which overstates the peak and hides what the try itself adds (elsewhere the peak stays that cautious)
+        host_memory.release_free_heap()
 
 
 def _try_size(
