@@ -49,7 +49,8 @@ def _hf_model(spec: RunSpec, hw: Hardware) -> Iterator[SpecError]:
         yield from folder_errors
         yield from _local_config(spec, m.path, "model.path")
         if not folder_errors and not custom_code_problem(m.path):  # _local_config names the code it needs
-            yield from _known_family(m.path, "model.path") or _weights(spec, m.path)
+            family = _known_family(m.path, "model.path") or _experts(m.path, "model.path")
+            yield from family or [*_weights(spec, m.path), *_attention_path(spec)]
         return
     if m.hf_config is None:
         yield SpecError(
@@ -68,7 +69,10 @@ def _hf_model(spec: RunSpec, hw: Hardware) -> Iterator[SpecError]:
             )
             return
         yield from _local_config(spec, m.hf_config, "model.hf_config")
-        yield from _known_family(m.hf_config, "model.hf_config")
+        family = _known_family(m.hf_config, "model.hf_config") or _experts(m.hf_config, "model.hf_config")
+        yield from family or _attention_path(spec)
+        return
+    yield from _attention_path(spec)
 
 
 def _pretrained_folder(path: str) -> Iterator[SpecError]:
@@ -159,6 +163,57 @@ def _weights(spec: RunSpec, path: str) -> Iterator[SpecError]:
         problems = [f"'{path}' does not build a causal language model ({type(err).__name__}: {first})"]
     for problem in problems:
         yield SpecError(("model.path",), problem[0].upper() + problem[1:])
+
+
+EXPERT_KEYS = ("num_experts", "num_local_experts", "n_routed_experts")
+"""config.json keys by which a transformers family says its layers hold several experts."""
+
+
+def _experts(path: str, key: str) -> list[SpecError]:
+    """An error when config.json describes a Mixture-of-Experts model, which the launcher does not train yet."""
+    try:
+        config = read_local_config(path)
+    except ValueError:
+        return []  # _local_config says so
+    experts = {
+        name: config[name] for name in EXPERT_KEYS if isinstance(config.get(name), int) and config[name] > 1
+    }
+    if not experts:
+        return []
+    found = ", ".join(f"{name}={value}" for name, value in experts.items())
+    return [
+        SpecError(
+            (key,),
+            f"'{path}/config.json' describes a Mixture-of-Experts model (model_type {config.get('model_type')!r}, "
+            f"{found}). The launcher does not train MoE models yet: their expert weights (per-expert tensors or "
+            "fused), routing and expert parallelism are not built, so the folder is refused whatever its expert "
+            "layout, and it is not the folder that is wrong. Use a dense family (llama, qwen2, qwen3, mistral, "
+            "gemma2, ...) for now.",
+        )
+    ]
+
+
+def _attention_path(spec: RunSpec) -> Iterator[SpecError]:
+    """model.attention=varlen or flex only where that path computes what transformers computes for the family."""
+    choice = spec.model.attention
+    if choice not in ("varlen", "flex"):
+        return  # auto steps around what a family lacks; sdpa is transformers' own masks
+    from launcher.components.model.hf_family import family_attention
+
+    try:
+        family = family_attention(hf_config(spec.model))
+    except Exception:  # noqa: BLE001 - an unreadable config is reported by the rules above
+        return
+    problem = family.varlen_problem if choice == "varlen" else None
+    if choice == "flex" and not family.flex:
+        problem = f"transformers has no FlexAttention for {family.model_type}"
+    if problem:
+        yield SpecError(
+            ("model.attention", "model.path", "model.hf_config"),
+            f"model.attention={choice}: {problem}, so packed documents would not attend as transformers "
+            f"computes them. Use model.attention=auto (it takes a path that reproduces the family) or "
+            "model.attention=sdpa (transformers' own masks, sliding windows and softcaps included).",
+        )
 
 
 RULES: tuple[Rule, ...] = (_hf_model,)

@@ -244,8 +244,8 @@ def _hf_layout(spec: RunSpec, hw: Hardware) -> Iterator[SpecError]:
     if problem:
         yield SpecError(
             ("parallel.strategy", "model.path", "model.hf_config"),
-            f"{problem}, so strategy pp cannot place it on stages. Use `parallel=fsdp` (or ddp, or a DeepSpeed "
-            "ZeRO option) for this model; Llama, Qwen2, Mistral and their relatives can be pipelined.",
+            f"{problem}, so pipeline stages cannot hold it. Use `parallel=fsdp` (or ddp, or a DeepSpeed "
+            "ZeRO option) with parallel.pp_size=1 for this model.",
         )
 
 

@@ -27,7 +27,7 @@ import torch.nn.functional as F
 from launcher.components.model.long_context import resolve_attention
 from launcher.config.model import ATTENTION
 
-__all__ = ["ATTENTION", "attend", "documents", "hf_implementation", "resolve_attention"]
+__all__ = ["ATTENTION", "attend", "documents", "resolve_attention", "span_sizes", "varlen_attention"]
 
 
 def document_ids(position_ids: torch.Tensor) -> torch.Tensor:
@@ -57,26 +57,58 @@ def span_sizes(position_ids: torch.Tensor) -> list[int]:
 @torch.compiler.disable  # the spans change every batch: compiled blocks call it eagerly instead of recompiling
 def varlen_attention(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sizes: list[int], *, dropout_p: float = 0.0,
-    scale: float | None = None,
+    scale: float | None = None, window: int | None = None, softcap: float | None = None,
 ) -> torch.Tensor:  # fmt: skip
-    """Causal SDPA on each document span of sequence-major q/k/v [B, T, H, D] -> [B, T, Hq, D].
+    """Causal attention on each document span of sequence-major q/k/v [B, T, H, D] -> [B, T, Hq, D].
 
     Keys and values may have fewer heads than queries (grouped-query attention). Splitting the
     flattened [B * T, H, D] tensors keeps every span contiguous, and their backward is one concat.
     Each span goes in as a batch of one ([1, H, t, D]): SDPA's CPU flash kernel takes only 4-D inputs,
     and a 3-D one falls back to the math path, which keeps the [H, t, t] attention weights for backward.
+
+    `window` (a sliding-window layer: a query sees the `window` latest keys, itself included) masks
+    spans longer than it; `softcap` (Gemma-2's attention logit softcapping, tanh(s / c) * c) has no
+    SDPA kernel, so those spans run the explicit softmax transformers' eager path runs.
     """
     batch, seq, heads, dim = q.shape
-    gqa = k.shape[2] != heads
     pieces = zip(*(t.reshape(batch * seq, t.shape[2], dim).split(sizes, 0) for t in (q, k, v)), strict=True)
     outs = [
-        F.scaled_dot_product_attention(
-            qs.transpose(0, 1).unsqueeze(0), ks.transpose(0, 1).unsqueeze(0), vs.transpose(0, 1).unsqueeze(0),
-            dropout_p=dropout_p, is_causal=True, enable_gqa=gqa, scale=scale,
+        _span_attention(
+            *(t.transpose(0, 1).unsqueeze(0) for t in span), dropout_p=dropout_p, scale=scale, window=window,
+            softcap=softcap,
         ).squeeze(0).transpose(0, 1)
-        for qs, ks, vs in pieces
+        for span in pieces
     ]  # fmt: skip
     return torch.cat(outs, 0).reshape(batch, seq, heads, dim)
+
+
+def window_mask(size: int, window: int, device: torch.device) -> torch.Tensor:
+    """[size, size] boolean mask: causal, and a query sees only keys fewer than `window` positions back."""
+    index = torch.arange(size, device=device)
+    distance = index.unsqueeze(1) - index.unsqueeze(0)
+    return (distance >= 0) & (distance < window)
+
+
+def _span_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, dropout_p: float, scale: float | None,
+    window: int | None, softcap: float | None,
+) -> torch.Tensor:  # fmt: skip
+    """Causal attention of one span, head-major [1, H, t, D]: SDPA, or the explicit softmax under a softcap."""
+    size = q.shape[2]
+    mask = window_mask(size, window, q.device) if window is not None and size > window else None
+    gqa = k.shape[1] != q.shape[1]
+    if softcap is None:
+        return F.scaled_dot_product_attention(
+            q, k, v, attn_mask=mask, dropout_p=dropout_p, is_causal=mask is None, enable_gqa=gqa, scale=scale
+        )
+    if gqa:
+        k, v = (t.repeat_interleave(q.shape[1] // t.shape[1], dim=1) for t in (k, v))
+    scores = torch.matmul(q, k.transpose(2, 3)) * (q.shape[-1] ** -0.5 if scale is None else scale)
+    scores = torch.tanh(scores / softcap) * softcap
+    keep = mask if mask is not None else torch.ones(size, size, dtype=torch.bool, device=q.device).tril()
+    scores = scores.masked_fill(~keep, float("-inf"))
+    weights = F.dropout(torch.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype), p=dropout_p)
+    return torch.matmul(weights, v)
 
 
 def flex_block_mask(position_ids: torch.Tensor) -> Any:
@@ -161,40 +193,3 @@ def attend(
             q, k, v, attn_mask=docs.mask, dropout_p=dropout_p, is_causal=docs.mask is None
         )
     return y.transpose(1, 2)
-
-
-HF_VARLEN = "launcher_varlen"
-"""The name under which transformers' AttentionInterface knows `hf_varlen_attention`."""
-HF_IMPLEMENTATIONS = {"sdpa": "sdpa", "varlen": HF_VARLEN, "flex": "flex_attention"}
-"""transformers' attn_implementation for each path."""
-
-
-def hf_varlen_attention(
-    module: Any, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, attention_mask: Any,
-    dropout: float = 0.0, scaling: float | None = None, **kwargs: Any,
-) -> tuple[torch.Tensor, None]:  # fmt: skip
-    """transformers attention function: causal SDPA per packed document of head-major [B, H, T, D] inputs.
-
-    The documents come from the layer's position_ids; transformers builds no mask for a custom
-    implementation, so `attention_mask` is None here. Returns [B, T, H, D], as transformers expects.
-    """
-    position_ids = kwargs.get("position_ids")
-    if position_ids is None:
-        raise ValueError(
-            f"model.attention=varlen: {type(module).__name__} does not pass position_ids to its attention, "
-            "so packed documents cannot be found; use model.attention=sdpa for this model family."
-        )
-    sizes = span_sizes(position_ids.expand(query.shape[0], -1))
-    q, k, v = (t.transpose(1, 2) for t in (query, key, value))
-    out = varlen_attention(q, k, v, sizes, dropout_p=dropout if module.training else 0.0, scale=scaling)
-    return out, None
-
-
-def hf_implementation(choice: str, *, packed: bool, device_type: str, seq_len: int | None = None) -> str:
-    """transformers' attn_implementation for `model.attention=choice` (registering the varlen function)."""
-    path = resolve_attention(choice, packed=packed, device_type=device_type, seq_len=seq_len)
-    if path == "varlen":
-        from transformers import AttentionInterface
-
-        AttentionInterface.register(HF_VARLEN, hf_varlen_attention)
-    return HF_IMPLEMENTATIONS[path]

@@ -26,7 +26,8 @@ from rich.console import Console
 from torch import nn
 
 from launcher.components.files.safe_load import refusing_folder
-from launcher.components.model.attention import hf_implementation
+from launcher.components.model.hf_attention import hf_implementation
+from launcher.components.model.hf_family import FamilyAttention, family_attention
 from launcher.components.model.hf_files import hf_config
 from launcher.components.model.long_context import loss_chunk_count
 from launcher.components.model.loss import HeadOutputs
@@ -65,19 +66,22 @@ class HFCausalLM(nn.Module):
         """train.loss_chunks of the run (auto or a count); 1 returns logits."""
         self.pipeline_stage = False
         """Set on a pipeline stage (hf_stage): the forward walks the parts this stage holds."""
+        self.family: FamilyAttention = family_attention(hf.config, type(hf))
+        """How this family attends (which of the launcher's attention paths reproduce it)."""
 
     def forward(
         self, input_ids: torch.Tensor, position_ids: torch.Tensor | None = None
     ) -> torch.Tensor | HeadOutputs:
         """Token ids [B, T] -> next-token logits [B, T, vocab_size], without a key-value cache.
 
-        Position ids that restart inside a row mark packed documents: sdpa has transformers build a
-        block-diagonal mask (families that support it: Llama and its relatives), varlen runs SDPA per
-        document through a registered attention function, flex uses transformers' FlexAttention.
+        Position ids that restart inside a row mark packed documents: sdpa has transformers build its
+        own block-diagonal masks (sliding windows included; eager where the family has no SDPA), varlen
+        runs attention per document through a registered function, flex uses transformers' FlexAttention.
         With a chunked loss it returns HeadOutputs (final hidden states and the head) instead.
         """
         impl = hf_implementation(
             self.attention,
+            self.family,
             packed=position_ids is not None,
             device_type=input_ids.device.type,
             seq_len=input_ids.shape[-1],
@@ -93,32 +97,65 @@ class HFCausalLM(nn.Module):
         return self.hf(input_ids=input_ids, position_ids=position_ids, use_cache=False).logits
 
     def _stage_forward(self, inputs: torch.Tensor, position_ids: torch.Tensor | None) -> torch.Tensor:
-        """A Llama-style stage: token ids or the previous stage's hidden states in, hidden states or logits out.
+        """A stage: token ids or the previous stage's hidden states in, hidden states or logits out.
 
-        It repeats the family's own forward (mask, rotary tables, layers, norm, head) over the parts
-        this stage holds, so every stage builds the same mask and position tables from the positions.
+        It repeats the family's own forward (masks per layer kind, rotary tables, layers, norm, head,
+        final softcap) over the parts this stage holds, so every stage builds the same masks and
+        position tables from the positions (checked per family: hf_family.PIPELINE_FAMILIES).
         """
-        from transformers.masking_utils import create_causal_mask
+        from transformers.masking_utils import create_causal_mask, create_sliding_window_causal_mask
 
         base = self.hf.model
+        config = base.config
         hidden = inputs if base.embed_tokens is None else base.embed_tokens(inputs)
         if position_ids is None:
             position_ids = torch.arange(hidden.shape[1], device=hidden.device).unsqueeze(0)
-        mask = create_causal_mask(
-            config=base.config, inputs_embeds=hidden, attention_mask=None, past_key_values=None,
-            position_ids=position_ids,
-        )  # fmt: skip
-        position_embeddings = base.rotary_emb(hidden, position_ids=position_ids)
-        for layer in base.layers:
+        held = {int(index): layer for index, layer in base.layers._modules.items()}
+        kinds = {index: layer_kind(config, index) for index in held}
+        makers = {
+            "full_attention": create_causal_mask,
+            "sliding_attention": create_sliding_window_causal_mask,
+        }
+        masks = {
+            kind: makers[kind](
+                config=config,
+                inputs_embeds=hidden,
+                attention_mask=None,
+                cache=None,
+                position_ids=position_ids,
+            )
+            for kind in set(kinds.values())
+        }
+        tables = {kind: _rotary(base.rotary_emb, hidden, position_ids, kind) for kind in set(kinds.values())}
+        for index, layer in held.items():
             hidden = layer(
                 hidden,
-                attention_mask=mask,
-                position_embeddings=position_embeddings,
+                attention_mask=masks[kinds[index]],
+                position_embeddings=tables[kinds[index]],
                 position_ids=position_ids,
             )
         if self.hf.lm_head is None:
             return hidden
-        return self.hf.lm_head(base.norm(hidden))
+        logits = self.hf.lm_head(base.norm(hidden))
+        cap = getattr(config, "final_logit_softcapping", None)
+        return logits if cap is None else torch.tanh(logits / cap) * cap
+
+
+def layer_kind(config: Any, index: int) -> str:
+    """full_attention or sliding_attention: the mask layer `index` of a transformers decoder attends with."""
+    kinds = getattr(config, "layer_types", None)
+    if kinds:
+        return kinds[index]
+    return "sliding_attention" if getattr(config, "sliding_window", None) else "full_attention"
+
+
+def _rotary(rotary: nn.Module, hidden: torch.Tensor, position_ids: torch.Tensor, kind: str) -> Any:
+    """The rotary tables for one layer kind (Gemma-3 keeps a local table for its sliding layers)."""
+    import inspect
+
+    if "layer_type" in inspect.signature(rotary.forward).parameters:
+        return rotary(hidden, position_ids, kind)
+    return rotary(hidden, position_ids=position_ids)
 
 
 PIPELINE_PARTS = ("embed_tokens", "layers", "norm", "rotary_emb")
@@ -127,6 +164,9 @@ PIPELINE_PARTS = ("embed_tokens", "layers", "norm", "rotary_emb")
 
 def pipeline_problem(hf: nn.Module) -> str | None:
     """Why a transformers model cannot be cut into pipeline stages (None: it can)."""
+    family = family_attention(hf.config, type(hf))
+    if family.pipeline_problem:
+        return family.pipeline_problem
     base = getattr(hf, "model", None)
     missing = [name for name in PIPELINE_PARTS if base is None or not hasattr(base, name)]
     if missing or not hasattr(hf, "lm_head"):
