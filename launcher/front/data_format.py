@@ -71,7 +71,7 @@ def _pairs_under_sft(cfg: DictConfig, fmt: str, d: DataConfig) -> SpecError | No
         return None
     return SpecError(
         ("data.format", "objective.name"),
-        f"data.format=auto found {fmt} data in {d.path} ({reason(fmt, DEFAULT_FIELDS[fmt])}), but objective=sft "
+        f"data.format=auto found {fmt} data in {d.path}: {reason(fmt, DEFAULT_FIELDS[fmt])}, but objective=sft "
         f"trains one text per record and would drop a side. To {PAIR_FIX}.",
     )
 

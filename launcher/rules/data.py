@@ -31,7 +31,9 @@ def _options(spec: RunSpec, hw: Hardware) -> Iterator[SpecError]:
     d = spec.data
     yield from choice("data.format", d.format, FORMATS, "data format")
     yield from choice("data.train_on", d.train_on, TRAIN_ON, "data.train_on option")
-    yield from choice("data.train_reasoning", d.train_reasoning, TRAIN_REASONING, "data.train_reasoning option")
+    yield from choice(
+        "data.train_reasoning", d.train_reasoning, TRAIN_REASONING, "data.train_reasoning option"
+    )
     yield from positive("data.num_proc", d.num_proc)
     if d.num_workers < 0:
         yield SpecError(

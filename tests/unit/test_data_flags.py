@@ -238,9 +238,13 @@ def test_a_llamafactory_pair_file_trains_under_dpo_with_format_auto(tmp_path) ->
     tokenizer = load_tokenizer(TokenizerConfig())
     ids, flags = encode_record(records[0], DataConfig(format="preference"), TokenizerConfig(), tokenizer, "r")
     text = bytes(ids).decode()
-    assert (
-        text.count("<|system|>\nAdd.") == 2 and records[0]["rejected"]["value"] in text
-    )  # both sides, each whole
+    assert text.count("<|system|>\nAdd.") == 2  # both sides, each whole with the record's system string
+    assert records[0]["chosen"]["value"] in text and records[0]["rejected"]["value"] in text
+    as_list = {**records[0], "chosen": [records[0]["chosen"]], "rejected": [records[0]["rejected"]]}
+    assert encode_record(as_list, DataConfig(format="preference"), TokenizerConfig(), tokenizer, "r") == (
+        ids,
+        flags,
+    )
     run_dir = tmp_path / "run"
     argv = ["objective=dpo", "data=jsonl", "data.format=auto", f"data.path={path}", "data.seq_len=48",
             "model=gpt_tiny", "train.max_steps=2", "train.micro_batch_size=4", "log.progress=false",

@@ -5,9 +5,11 @@
   INSTRUCTION_TEMPLATE (or `data.template`); the prompt is not trained unless data.train_on=all.
 - chat: `data.field` (default `messages`) holds `{role, content}` dicts (content: a string or text
   parts; assistant `tool_calls`, `tool` turns, the record's `tools`), rendered with the tokenizer's
-  chat template; only assistant turns are trained unless data.train_on=all (chat.py, render.py).
+  chat template; only assistant turns are trained unless data.train_on=all or a turn's own flag says
+  otherwise, reasoning as data.train_reasoning says (chat.py, turns.py, render.py).
 - sharegpt: `data.field` (default `conversations`) holds `{from, value}` turns, read as chat.
 - pretokenized: `data.field` (default `input_ids`) holds token ids, optional `labels` (-100 = not trained).
+- preference, kto: pairs.py. A preference pair read as chat or sharegpt is refused (it would drop both responses).
 
 Every problem is a RecordError naming the record (`where`), the key and the fix.
 """
@@ -18,7 +20,7 @@ import string
 from typing import TYPE_CHECKING, Any
 
 from launcher.components.data.chat import chat_conversation, merge_system, sharegpt_conversation
-from launcher.components.data.layouts import DEFAULT_FIELDS, choices, detect, matches, reason
+from launcher.components.data.layouts import DEFAULT_FIELDS, choices, matches, reason
 from launcher.components.data.render import conversation_segments
 from launcher.components.data.sources import RecordError
 from launcher.components.data.tokenizer import Tokenizer
@@ -83,7 +85,7 @@ def _layout_hint(record: dict) -> str | None:
         return None
     fmt, name = found[0]
     if fmt in ("preference", "kto"):
-        return f"The record is a {fmt} example ({reason(fmt, name)}): {PAIR_FIX}."
+        return f"The record is a {'preference pair' if fmt == 'preference' else 'kto example'}: {PAIR_FIX}."
     if fmt == "instruction":
         return "The record has the alpaca layout: add data.format=instruction (or data.format=auto)."
     field = "" if DEFAULT_FIELDS[fmt] == name else f" data.field={name}"
@@ -92,7 +94,7 @@ def _layout_hint(record: dict) -> str | None:
 
 def _refuse_pairs(record: dict, cfg: DataConfig, name: str, where: str) -> None:
     """A preference pair read as a conversation would train its shared turns and drop both responses: refuse it."""
-    if name in ("chosen", "rejected") or detect(record) is None or detect(record)[0] != "preference":
+    if name in ("chosen", "rejected") or matches(record)[:1] != [("preference", "chosen")]:
         return
     raise RecordError(
         f"{where}: the record is a preference pair (chosen and rejected): data.format={cfg.format} would train "

@@ -24,8 +24,8 @@ REASONS = {
     "chat": "'{field}' holds {{role, content}} messages",
     "sharegpt": "'{field}' holds ShareGPT {{from, value}} turns",
     "pretokenized": "'{field}' holds token ids",
-    "preference": "the records have chosen and rejected responses (preference pairs)",
-    "kto": "the records have a completion and a true/false label (kto examples)",
+    "preference": "the records hold preference pairs (chosen and rejected)",
+    "kto": "the records hold kto examples (a completion and a true/false label)",
 }
 """Why `detect` chose a format, for the line printed before launch."""
 DEFAULT_FIELDS = {
