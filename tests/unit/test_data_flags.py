@@ -116,6 +116,11 @@ def test_per_turn_flags_reach_the_token_cache(plain, tmp_path) -> None:
         "\nIt is 4.<|eos|>\n",  # a part with train: false
     ]
     assert "It is 5." in cached[0][0] and "Let me see.\nIt is 4." in cached[3][0]  # in the text, not trained
+    merged = {"messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": [
+        {"type": "text", "text": "Hi.", "train": True}, {"type": "text", "text": "2+2?"}]}, {"role": "assistant", "content": "4"}]}  # fmt: skip
+    assert (
+        _trained(merged, plain, system_prompt_merge=True) == "Hi.4<|eos|>\n"
+    )  # the span moved with the merge
     everything = _trained(weighted, plain, train_on="all")
     assert "It is 5." not in everything and "Again?" in everything  # an explicit flag wins over train_on=all
     with pytest.raises(RecordError, match=r"weight is 0\.5; OpenAI's layout takes 0"):
@@ -153,6 +158,18 @@ def test_reasoning_is_rendered_before_the_content_where_the_template_has_no_noti
         assert all("<|assistant|>\n<think>\n2+2 makes 4.\n</think>\nIt is 4." in text for text, _ in cached)
     with pytest.raises(RecordError, match="only assistant turns reason"):
         _trained({"messages": [{**USER, "reasoning_content": "hm"}, answer]}, plain)
+    terse = {
+        "conversations": [
+            {"from": "human", "value": "2+2?"},
+            {"from": "gpt", "value": "<think>sum</think>\n\n4"},
+        ]
+    }
+    tokenizer = load_tokenizer(plain)
+    ids, trained = encode_record(
+        terse, DataConfig(format="sharegpt", train_reasoning="false"), plain, tokenizer, "r"
+    )
+    assert "<|assistant|>\n<think>sum</think>\n\n4<|eos|>" in tokenizer.tok.decode(ids)  # written as it was
+    assert tokenizer.tok.decode([i for i, t in zip(ids, trained, strict=True) if t]) == "4<|eos|>\n"
 
 
 def test_a_qwen3_template_renders_reasoning_content_and_masks_follow_the_choice(qwen3, tmp_path) -> None:

@@ -5,7 +5,7 @@ tool turns are prompt and are not, unless data.train_on=all. A turn's own flag (
 overrides that default, and its character spans (`train_detail`, content parts' `train`) override the
 turn (turns.py reads them). Reasoning is rendered as the template renders `reasoning_content`; a
 template that renders the conversation the same without it gets REASONING_BLOCK written before the
-content instead. data.train_reasoning decides whether those characters are trained with their turn.
+content instead (a `<think>` block the content opened with: as it was written). data.train_reasoning decides whether those characters are trained with their turn.
 A template's own error (jinja2's TemplateError from `raise_exception`, or anything else
 `apply_chat_template` raises) becomes a RecordError naming the record, the template's message and the
 fix, so that it is refused before launch (exit status 2) instead of escaping as a traceback.
@@ -21,7 +21,14 @@ from typing import Any
 from launcher.components.data.chat import Conversation
 from launcher.components.data.sources import RecordError
 from launcher.components.data.tokenizer import Tokenizer
-from launcher.components.data.turns import PRIVATE_KEYS, REASONING_KEY, SPANS_KEY, THINK_KEY, TRAIN_KEY
+from launcher.components.data.turns import (
+    PRIVATE_KEYS,
+    REASONING_KEY,
+    SPANS_KEY,
+    THINK_KEY,
+    THINK_TEXT_KEY,
+    TRAIN_KEY,
+)
 
 REASONING_BLOCK = "<think>\n{}\n</think>\n"
 """How reasoning is written before the content for a chat template that does not render `reasoning_content`."""
@@ -58,6 +65,8 @@ def template_refusal(where: str, messages: list[dict[str, Any]], err: Exception)
 def _clean(messages: list[dict], *, reasoning: bool = True) -> list[dict]:
     """The messages as a chat template sees them: without our flags (and, `reasoning` false, without reasoning)."""
     drop = PRIVATE_KEYS if reasoning else (*PRIVATE_KEYS, REASONING_KEY)
+    if not any(k in m for m in messages for k in drop):  # the common case: nothing to take out
+        return messages
     return [{k: v for k, v in m.items() if k not in drop} for m in messages]
 
 
@@ -102,9 +111,9 @@ def _inline_reasoning(messages: list[dict]) -> list[dict]:
         if REASONING_KEY not in m:
             out.append(m)
             continue
-        block = REASONING_BLOCK.format(m[REASONING_KEY])
+        block = m.get(THINK_TEXT_KEY) or REASONING_BLOCK.format(m[REASONING_KEY])
         spans = [(b + len(block), e + len(block), t) for b, e, t in m.get(SPANS_KEY, ())]
-        bare = {k: v for k, v in m.items() if k != REASONING_KEY}
+        bare = {k: v for k, v in m.items() if k not in (REASONING_KEY, THINK_TEXT_KEY)}
         out.append({**bare, "content": block + m["content"], SPANS_KEY: [(0, len(block), None), *spans],
                     THINK_KEY: len(block)})  # fmt: skip
     return out
@@ -132,10 +141,13 @@ class _Rendered:
             f"{self.where}: turn {i} has {what}, but the chat template's text does not hold it as given (the template "
             "drops or rewrites it). "
             + (
-                "data.train_reasoning=true trains every reasoning trace: set data.train_reasoning=auto to train "
+                "Drop the turn's train_detail or part flags, or use a template that renders the content as it is."
+                if what != "reasoning"
+                else "data.train_reasoning=true trains every reasoning trace: set data.train_reasoning=auto to train "
                 "what the template renders, or use a template that renders reasoning_content."
-                if what == "reasoning"
-                else "Drop the turn's train_detail or part flags, or use a template that renders the content as it is."
+                if self.train_reasoning == "true"
+                else "data.train_reasoning=false cannot find the trace to leave untrained: set "
+                "data.train_reasoning=auto, or use a template that renders reasoning_content."
             )
         )
 
@@ -177,7 +189,8 @@ def _place_spans(r: _Rendered, i: int, lo: int, end: int, keep: bool, mask: byte
         if rest >= 0:
             at, first = rest - skip, skip
     if at + first < 0:
-        raise r.unrendered(i, "train_detail or part train flags")
+        own = any(trained is not None for _, _, trained in m[SPANS_KEY])
+        raise r.unrendered(i, "train_detail or part train flags" if own else "reasoning")
     for begin, stop, trained in m[SPANS_KEY]:
         begin = max(begin, first)
         if stop > begin:

@@ -28,7 +28,9 @@ REASONING_KEY = "reasoning_content"
 """Where a message's reasoning trace is kept: the name Qwen3's, DeepSeek's and GLM's chat templates read."""
 THINK_KEY = "_think_chars"
 """How many characters of the content are the `<think>` block render.py wrote before it (templates with no reasoning)."""
-PRIVATE_KEYS = (TRAIN_KEY, SPANS_KEY, THINK_KEY)
+THINK_TEXT_KEY = "_think_text"
+"""The `<think>` block as the content opened with it, written back as it was where the template has no reasoning."""
+PRIVATE_KEYS = (TRAIN_KEY, SPANS_KEY, THINK_KEY, THINK_TEXT_KEY)
 REASONING_PARTS = {"reasoning": ("reasoning", "text"), "thinking": ("thinking", "text")}
 """Content-part types that hold reasoning -> the keys their text may sit under."""
 THINK_OPENING = re.compile(r"\s*<think>(.*?)</think>\s*", re.DOTALL)
@@ -94,10 +96,10 @@ def reasoning_of(message: dict, from_parts: list[str], where: str) -> str | None
     return "\n".join(found) if found else None
 
 
-def opening_think(content: str) -> tuple[str, str] | None:
-    """(reasoning, the rest of the content) when the content opens with a <think> block, else None."""
+def opening_think(content: str) -> tuple[str, str, str] | None:
+    """(reasoning, the rest of the content, the block as written) when the content opens with a <think> block."""
     match = THINK_OPENING.match(content)
-    return (match.group(1).strip("\n"), content[match.end() :]) if match else None
+    return (match.group(1).strip("\n"), content[match.end() :], match.group(0)) if match else None
 
 
 def turn_extras(
@@ -116,7 +118,7 @@ def turn_extras(
     if reasoning is None and role == "assistant" and not spans:
         opened = opening_think(content)
         if opened is not None:
-            reasoning, content = opened
+            reasoning, content, extras[THINK_TEXT_KEY] = opened
     if reasoning is not None:
         extras[REASONING_KEY] = reasoning
     if spans:
