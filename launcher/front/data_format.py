@@ -11,7 +11,7 @@ from __future__ import annotations
 from omegaconf import DictConfig
 
 from launcher.components.data.formats import DEFAULT_FIELDS, PAIR_FIX
-from launcher.components.data.layouts import choices, find_registry, matches, reason
+from launcher.components.data.layouts import choices, find_registry, matches, reason, whole_conversations
 from launcher.components.data.sources import BUILDERS, RecordError, matching_files, sample_records
 from launcher.config.data import DataConfig
 from launcher.front.config_values import typed, with_values
@@ -69,10 +69,17 @@ def _pairs_under_sft(cfg: DictConfig, fmt: str, d: DataConfig) -> SpecError | No
     objective = typed(cfg, "objective")
     if fmt not in ("preference", "kto") or (objective is not None and objective.name != "sft"):
         return None
+    first = _first_record(d)  # read again only here, on the way to a refusal
+    whole = whole_conversations(first[1]) if first and isinstance(first[1], dict) else []
+    sft = (
+        f" To fine-tune on the whole conversations the records also hold, set {choices(whole)}."
+        if whole
+        else ""
+    )
     return SpecError(
         ("data.format", "objective.name"),
         f"data.format=auto found {fmt} data in {d.path}: {reason(fmt, DEFAULT_FIELDS[fmt])}, but objective=sft "
-        f"trains one text per record and would drop a side. To {PAIR_FIX}.",
+        f"trains one text per record and would drop a side. To {PAIR_FIX}.{sft}",
     )
 
 

@@ -238,6 +238,18 @@ def test_auto_never_guesses_pairs_are_refused_for_sft_and_ambiguity_names_the_ch
         with pytest.raises(RecordError, match="objective=dpo") as refusal:
             _trained(LLAMAFACTORY_PAIR, plain, format=fmt)
         assert "data.format=sharegpt" not in str(refusal.value).replace(f"data.format={fmt} would", "")
+    answer = {"role": "assistant", "content": "It is 4."}
+    ultrafeedback = {"prompt": "What is 2+2?", "chosen": [USER, answer], "messages": [USER, answer],
+                     "rejected": [USER, {"role": "assistant", "content": "It is 5."}]}  # fmt: skip
+    assert (
+        _trained(ultrafeedback, plain) == "It is 4.<|eos|>\n"
+    )  # its whole `messages` fine-tuned on, as asked
+    feedback = write_jsonl(tmp_path / "ultrafeedback.jsonl", [ultrafeedback] * 40)
+    (problem,) = precheck(["data=jsonl", f"data.path={feedback}", "data.format=auto"])
+    assert (
+        "objective=dpo" in problem.message
+        and "also hold, set data.format=chat ('messages'" in problem.message
+    )
     both = {"messages": [USER], "text": "What is 2+2?"}
     assert len(matches(both)) == 2 and detect(both) is None
     (problem,) = precheck(["data=jsonl", f"data.path={write_jsonl(tmp_path / 'both.jsonl', [both])}", "data.format=auto"])  # fmt: skip

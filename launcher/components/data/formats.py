@@ -20,7 +20,7 @@ import string
 from typing import TYPE_CHECKING, Any
 
 from launcher.components.data.chat import chat_conversation, merge_system, sharegpt_conversation
-from launcher.components.data.layouts import DEFAULT_FIELDS, choices, matches, reason
+from launcher.components.data.layouts import DEFAULT_FIELDS, choices, matches, reason, whole_conversations
 from launcher.components.data.render import conversation_segments
 from launcher.components.data.sources import RecordError
 from launcher.components.data.tokenizer import Tokenizer
@@ -93,8 +93,10 @@ def _layout_hint(record: dict) -> str | None:
 
 
 def _refuse_pairs(record: dict, cfg: DataConfig, name: str, where: str) -> None:
-    """A preference pair read as a conversation would train its shared turns and drop both responses: refuse it."""
-    if name in ("chosen", "rejected") or matches(record)[:1] != [("preference", "chosen")]:
+    """A preference pair read as its shared conversation would train the prompt and drop both responses: refuse it
+    (a whole conversation beside the pair, UltraFeedback's `messages`, is fine-tuned on as asked)."""
+    whole = [field for _, field in whole_conversations(record)]
+    if name in ("chosen", "rejected", *whole) or matches(record)[:1] != [("preference", "chosen")]:
         return
     raise RecordError(
         f"{where}: the record is a preference pair (chosen and rejected): data.format={cfg.format} would train "

@@ -28,6 +28,8 @@ REASONS = {
     "kto": "the records hold kto examples (a completion and a true/false label)",
 }
 """Why `detect` chose a format, for the line printed before launch."""
+RESPONSE_ROLES = frozenset({"assistant", "gpt", "chatgpt", "function_call"})
+"""Roles (chat) and `from` values (ShareGPT) of a turn that answers."""
 DEFAULT_FIELDS = {
     "text": "text",
     "chat": "messages",
@@ -71,6 +73,18 @@ def _pair_layout(record: dict) -> tuple[str, str] | None:
     if "completion" in record and isinstance(record.get("label"), bool):
         return "kto", "completion"
     return None
+
+
+def whole_conversations(record: dict) -> list[tuple[str, str]]:
+    """(format, field) of conversations a record holds that end in a response: UltraFeedback's `messages` beside
+    its pair can be fine-tuned on, LLaMA-Factory's `conversations` (the pair's shared prompt) cannot."""
+    found = []
+    for name in ("messages", "conversations"):
+        layout, turns = _turns_layout(record.get(name)), record.get(name)
+        last = turns[-1] if layout else None
+        if isinstance(last, dict) and last.get("role", last.get("from")) in RESPONSE_ROLES:
+            found.append((layout, name))
+    return found
 
 
 def matches(record: Any, field: str | None = None) -> list[tuple[str, str]]:
