@@ -187,7 +187,9 @@ def _message(message: Any, i: int, name: str, where: str) -> dict[str, Any]:
     role = _role(message, i, name, where)
     calls = _calls(message, role, at)
     content = message.get("content")
-    if content is None and (calls or message.get("reasoning_content") is not None):
+    if content is None and (
+        calls or any(message.get(k) is not None for k in ("reasoning_content", "reasoning"))
+    ):
         content = ""  # OpenAI's layout: a turn that only calls tools (or only reasons) has null content
     if not isinstance(content, str | list):
         raise RecordError(f"{at}.content is {type(content).__name__}, not a string. {hint}.")
