@@ -7,6 +7,7 @@ from dataclasses import dataclass
 DATA_KINDS = ("stdlib", "text", "jsonl", "files")
 FORMATS = ("text", "instruction", "chat", "sharegpt", "pretokenized", "preference", "kto", "auto")
 TRAIN_ON = ("completion", "all")
+TRAIN_REASONING = ("auto", "true", "false")
 BATCHING = ("fixed", "group_by_length", "token_budget")
 
 
@@ -52,6 +53,9 @@ class DataConfig:
     """instruction: the prompt template with {instruction} and {input}; null: the alpaca template (docs/data.md)."""
     train_on: str = "completion"
     """instruction, chat, sharegpt: completion (prompt tokens get label -100) or all (every token is trained)."""
+    train_reasoning: str = "auto"
+    """Reasoning traces (reasoning_content, <think> blocks): auto trains those the chat template renders, true also
+    refuses a record whose reasoning the template drops, false keeps them in the text but untrained."""
     system_prompt_merge: bool = False
     """chat, sharegpt: fold a leading system turn into the first user turn, for chat templates with no system role."""
     seq_len: int = 128

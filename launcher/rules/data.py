@@ -8,7 +8,7 @@ from launcher.components.data.formats import INSTRUCTION_TEMPLATE, template_prob
 from launcher.components.data.layouts import find_registry, registry_problem
 from launcher.components.data.sources import BUILDERS, matching_files
 from launcher.components.model.hf_files import local_dir
-from launcher.config.data import BATCHING, FORMATS, TRAIN_ON
+from launcher.config.data import BATCHING, FORMATS, TRAIN_ON, TRAIN_REASONING
 from launcher.rules.hardware import Hardware
 from launcher.rules.values import Rule, choice, positive
 from launcher.spec import RunSpec, SpecError
@@ -31,6 +31,9 @@ def _options(spec: RunSpec, hw: Hardware) -> Iterator[SpecError]:
     d = spec.data
     yield from choice("data.format", d.format, FORMATS, "data format")
     yield from choice("data.train_on", d.train_on, TRAIN_ON, "data.train_on option")
+    yield from choice(
+        "data.train_reasoning", d.train_reasoning, TRAIN_REASONING, "data.train_reasoning option"
+    )
     yield from positive("data.num_proc", d.num_proc)
     if d.num_workers < 0:
         yield SpecError(
@@ -57,6 +60,12 @@ def _options(spec: RunSpec, hw: Hardware) -> Iterator[SpecError]:
             ("data.system_prompt_merge", "data.format"),
             f"data.system_prompt_merge folds a conversation's system turn into its first user turn; it applies to "
             f"data.format=chat and sharegpt, not {d.format}. Drop it or set the format.",
+        )
+    if d.train_reasoning != "auto" and d.format not in ("chat", "sharegpt", "preference", "kto"):
+        yield SpecError(
+            ("data.train_reasoning", "data.format"),
+            f"data.train_reasoning decides whether a conversation's reasoning traces are trained; it applies to "
+            f"data.format=chat, sharegpt, preference and kto, not {d.format}. Drop it or set the format.",
         )
     problem = template_problem(d.template)
     if problem:

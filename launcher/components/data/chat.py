@@ -1,9 +1,11 @@
 """Conversations: `chat` (OpenAI-style messages) and `sharegpt` (from/value turns) records as checked messages.
 
 Both layouts end as one `Conversation`: messages of {role, content} (plus `tool_calls` on assistant
-turns, `name`/`tool_call_id` on tool turns) and the record's tool specs, ready for a chat template
-(`launcher/components/data/render.py` renders and masks them). Content given as a list of parts keeps its
-text parts, joined with PART_SEPARATOR; any other part is refused with the record and the reason.
+turns, OpenAI's legacy `function_call` read as one; `name`/`tool_call_id` on tool turns, `role: function`
+read as a tool turn), each turn's own training flags and reasoning (turns.py), and the record's tool
+specs, ready for a chat template (`launcher/components/data/render.py` renders and masks them). Content
+given as a list of parts keeps its text parts, joined with PART_SEPARATOR, and its reasoning parts; any
+other part is refused with the record and the reason.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from launcher.components.data.sources import RecordError
+from launcher.components.data.turns import REASONING_PARTS, SPANS_KEY, part_reasoning, turn_extras
 from launcher.config.tokenizer import CHAT_ROLES
 
 PART_SEPARATOR = "\n"
@@ -47,29 +50,44 @@ class Conversation:
         return bool(self.tools) or any("tool_calls" in m for m in self.messages)
 
 
-def _content(content: Any, where: str) -> str:
-    """A message's text: a string as is, a list of parts as its text parts joined with PART_SEPARATOR."""
+def _content(content: Any, where: str) -> tuple[str, list[tuple[int, int, bool]], list[str]]:
+    """(text, spans of parts with their own `train` flag, reasoning parts' texts) of a message's content.
+
+    A string is the text as is; a list of parts gives its text parts joined with PART_SEPARATOR.
+    """
     if isinstance(content, str):
-        return content
+        return content, [], []
     if not isinstance(content, list):
         raise RecordError(
             f"{where} is {type(content).__name__}, not a string or a list of text parts (set data.field)."
         )
-    texts = []
+    texts: list[str] = []
+    spans: list[tuple[int, int, bool]] = []
+    reasoning: list[str] = []
+    offset = 0
     for j, part in enumerate(content):
         kind = part.get("type") if isinstance(part, dict) else None
+        if kind in REASONING_PARTS:
+            reasoning.append(part_reasoning(part, kind, f"{where}[{j}]"))
+            continue
         if kind == "text" and isinstance(part.get("text"), str):
+            offset += len(PART_SEPARATOR) if texts else 0
             texts.append(part["text"])
+            if part.get("train") is not None:
+                if not isinstance(part["train"], bool):
+                    raise RecordError(f"{where}[{j}].train is {part['train']!r}; it takes true or false.")
+                spans.append((offset, offset + len(part["text"]), part["train"]))
+            offset += len(part["text"])
         elif kind in (None, "text"):
             raise RecordError(
                 f"{where}[{j}] is not a text part ({{'type': 'text', 'text': '...'}}); got {str(part)[:80]}."
             )
         else:
             raise RecordError(
-                f"{where}[{j}] is a '{kind}' part: the launcher trains text-only models, so only 'text' parts are "
-                "read. Drop the part (or the record)."
+                f"{where}[{j}] is a '{kind}' part: the launcher trains text-only models, so only 'text' and "
+                "'reasoning' parts are read. Drop the part (or the record)."
             )
-    return PART_SEPARATOR.join(texts)
+    return PART_SEPARATOR.join(texts), spans, reasoning
 
 
 def _arguments(value: Any, where: str) -> dict[str, Any]:
@@ -126,14 +144,11 @@ def tool_specs(value: Any, where: str) -> list[dict[str, Any]] | None:
     return value
 
 
-def _message(message: Any, i: int, name: str, where: str) -> dict[str, Any]:
-    """Message `i` of a chat record checked and normalized: role, text content, tool calls, tool-turn ids."""
-    hint = f"data.format=chat reads a list of {{role, content}} under '{name}' (set data.field to its field)"
-    if not isinstance(message, dict):
-        raise RecordError(
-            f"{where}: {name}[{i}] is {type(message).__name__}, not a {{role, content}} dict. {hint}."
-        )
+def _role(message: dict, i: int, name: str, where: str) -> str:
+    """A message's chat role (OpenAI's legacy `function` result turn is a tool turn), or a RecordError."""
     role = message.get("role")
+    if role == "function":
+        return "tool"
     if role not in CHAT_ROLES:
         layout = (
             " The turns have ShareGPT's from/value layout: set data.format=sharegpt."
@@ -143,23 +158,46 @@ def _message(message: Any, i: int, name: str, where: str) -> dict[str, Any]:
         raise RecordError(
             f"{where}: {name}[{i}] has role {role!r}; known roles: {', '.join(CHAT_ROLES)}.{layout}"
         )
-    calls = message.get("tool_calls")
-    if calls is not None and role != "assistant":
+    return role
+
+
+def _calls(message: dict, role: str, at: str) -> list[dict[str, Any]] | None:
+    """A turn's tool calls: `tool_calls`, or OpenAI's legacy `function_call` {name, arguments} as one call."""
+    calls, legacy = message.get("tool_calls"), message.get("function_call")
+    if (calls is not None or legacy is not None) and role != "assistant":
+        key = "tool_calls" if calls is not None else "function_call"
+        raise RecordError(f"{at} carries {key} but has role {role!r}; only assistant turns call tools.")
+    if calls is None and legacy is not None:
+        return [_tool_call(legacy, f"{at}.function_call")]
+    if not calls:
+        return None
+    if not isinstance(calls, list):
+        raise RecordError(f"{at}.tool_calls must be a list of tool calls.")
+    return [_tool_call(c, f"{at}.tool_calls[{j}]") for j, c in enumerate(calls)]
+
+
+def _message(message: Any, i: int, name: str, where: str) -> dict[str, Any]:
+    """Message `i` of a chat record checked and normalized: role, text content, tool calls, flags, reasoning."""
+    hint = f"data.format=chat reads a list of {{role, content}} under '{name}' (set data.field to its field)"
+    if not isinstance(message, dict):
         raise RecordError(
-            f"{where}: {name}[{i}] carries tool_calls but has role {role!r}; only assistant turns call tools."
+            f"{where}: {name}[{i}] is {type(message).__name__}, not a {{role, content}} dict. {hint}."
         )
+    at = f"{where}: {name}[{i}]"
+    role = _role(message, i, name, where)
+    calls = _calls(message, role, at)
     content = message.get("content")
-    if content is None and calls:
-        content = ""  # OpenAI's layout: an assistant turn that only calls tools has null content
+    if content is None and (
+        calls or any(message.get(k) is not None for k in ("reasoning_content", "reasoning"))
+    ):
+        content = ""  # OpenAI's layout: a turn that only calls tools (or only reasons) has null content
     if not isinstance(content, str | list):
-        raise RecordError(f"{where}: {name}[{i}].content is {type(content).__name__}, not a string. {hint}.")
-    out: dict[str, Any] = {"role": role, "content": _content(content, f"{where}: {name}[{i}].content")}
+        raise RecordError(f"{at}.content is {type(content).__name__}, not a string. {hint}.")
+    text, spans, reasoning = _content(content, f"{at}.content")
+    text, extras = turn_extras(message, role, text, spans, reasoning, at)
+    out: dict[str, Any] = {"role": role, "content": text, **extras}
     if calls:
-        if not isinstance(calls, list):
-            raise RecordError(f"{where}: {name}[{i}].tool_calls must be a list of tool calls.")
-        out["tool_calls"] = [
-            _tool_call(c, f"{where}: {name}[{i}].tool_calls[{j}]") for j, c in enumerate(calls)
-        ]
+        out["tool_calls"] = calls
     if role == "tool":
         out.update({k: message[k] for k in ("name", "tool_call_id") if isinstance(message.get(k), str)})
     return out
@@ -221,7 +259,9 @@ def sharegpt_conversation(record: dict, name: str, where: str) -> Conversation:
             calls = _function_call(value, f"{where}: {name}[{i}]")
             messages.append({"role": "assistant", "content": "", "tool_calls": calls})
         else:
-            messages.append({"role": SHAREGPT_ROLES[source], "content": value})
+            role = SHAREGPT_ROLES[source]
+            value, extras = turn_extras(turn, role, value, [], [], f"{where}: {name}[{i}]")
+            messages.append({"role": role, "content": value, **extras})
     return Conversation(messages, tool_specs(record.get("tools"), where))
 
 
@@ -238,8 +278,8 @@ def merge_system(conversation: Conversation, where: str) -> Conversation:
         )
     system = SYSTEM_MERGE_SEPARATOR.join(m["content"] for m in messages[:count] if m["content"])
     first = messages[count]
-    merged = {
-        **first,
-        "content": f"{system}{SYSTEM_MERGE_SEPARATOR}{first['content']}" if system else first["content"],
-    }
+    head = f"{system}{SYSTEM_MERGE_SEPARATOR}" if system else ""
+    merged = {**first, "content": f"{head}{first['content']}"}
+    if SPANS_KEY in first:  # the user turn's spans move with its content
+        merged[SPANS_KEY] = [(b + len(head), e + len(head), t) for b, e, t in first[SPANS_KEY]]
     return Conversation([merged, *messages[count + 1 :]], conversation.tools)

@@ -5,9 +5,11 @@
   INSTRUCTION_TEMPLATE (or `data.template`); the prompt is not trained unless data.train_on=all.
 - chat: `data.field` (default `messages`) holds `{role, content}` dicts (content: a string or text
   parts; assistant `tool_calls`, `tool` turns, the record's `tools`), rendered with the tokenizer's
-  chat template; only assistant turns are trained unless data.train_on=all (chat.py, render.py).
+  chat template; only assistant turns are trained unless data.train_on=all or a turn's own flag says
+  otherwise, reasoning as data.train_reasoning says (chat.py, turns.py, render.py).
 - sharegpt: `data.field` (default `conversations`) holds `{from, value}` turns, read as chat.
 - pretokenized: `data.field` (default `input_ids`) holds token ids, optional `labels` (-100 = not trained).
+- preference, kto: pairs.py. A preference pair read as chat or sharegpt is refused (it would drop both responses).
 
 Every problem is a RecordError naming the record (`where`), the key and the fix.
 """
@@ -18,7 +20,7 @@ import string
 from typing import TYPE_CHECKING, Any
 
 from launcher.components.data.chat import chat_conversation, merge_system, sharegpt_conversation
-from launcher.components.data.layouts import detect, reason
+from launcher.components.data.layouts import DEFAULT_FIELDS, choices, matches, reason, whole_conversations
 from launcher.components.data.render import conversation_segments
 from launcher.components.data.sources import RecordError
 from launcher.components.data.tokenizer import Tokenizer
@@ -33,13 +35,6 @@ INSTRUCTION_TEMPLATE = "### Instruction:\n{instruction}\n\n### Input:\n{input}\n
 INSTRUCTION_TEMPLATE_NO_INPUT = "### Instruction:\n{instruction}\n\n### Response:\n"
 """The alpaca prompt for a record whose input is empty."""
 TEMPLATE_FIELDS = frozenset({"instruction", "input"})
-DEFAULT_FIELDS = {
-    "text": "text",
-    "chat": "messages",
-    "sharegpt": "conversations",
-    "pretokenized": "input_ids",
-    "instruction": "instruction",
-}
 
 
 def field_of(cfg: DataConfig) -> str:
@@ -75,16 +70,38 @@ def _text(record: dict, name: str, where: str, hint: str, *, suggest: bool = Fal
     return value
 
 
+PAIR_FIX = (
+    "train it with a preference objective, which reads both sides: objective=dpo (or simpo, orpo) with "
+    "data.format=preference, or objective=kto with data.format=kto for kto examples (docs/preference.md)"
+)
+
+
 def _layout_hint(record: dict) -> str | None:
-    """The format a record's fields suggest, when they suggest one."""
-    found = detect(record)
-    if found is None or found[0] == "text":
+    """The format a record's fields suggest, when they suggest one (several: the choices, a pair: its objective)."""
+    found = matches(record)
+    if len(found) > 1:
+        return f"The record fits several layouts: set {choices(found)}."
+    if not found or found[0][0] == "text":
         return None
-    fmt, name = found
+    fmt, name = found[0]
+    if fmt in ("preference", "kto"):
+        return f"The record is a {'preference pair' if fmt == 'preference' else 'kto example'}: {PAIR_FIX}."
     if fmt == "instruction":
         return "The record has the alpaca layout: add data.format=instruction (or data.format=auto)."
     field = "" if DEFAULT_FIELDS[fmt] == name else f" data.field={name}"
     return f"The record has the {fmt} layout ({reason(fmt, name)}): add data.format={fmt}{field} (or data.format=auto)."
+
+
+def _refuse_pairs(record: dict, cfg: DataConfig, name: str, where: str) -> None:
+    """A preference pair read as its shared conversation would train the prompt and drop both responses: refuse it
+    (a whole conversation beside the pair, UltraFeedback's `messages`, is fine-tuned on as asked)."""
+    whole = [field for _, field in whole_conversations(record)]
+    if name in ("chosen", "rejected", *whole) or matches(record)[:1] != [("preference", "chosen")]:
+        return
+    raise RecordError(
+        f"{where}: the record is a preference pair (chosen and rejected): data.format={cfg.format} would train "
+        f"'{name}' alone and drop both responses. {PAIR_FIX[0].upper()}{PAIR_FIX[1:]}."
+    )
 
 
 def _instruction(record: dict, cfg: DataConfig, where: str) -> list[tuple[str, bool]]:
@@ -108,11 +125,18 @@ def _conversation(record: dict, cfg: DataConfig, tokenizer: Tokenizer, where: st
         keys = ", ".join(sorted(map(str, record))) or "none"
         hint = _layout_hint(record) or "Set data.field to the field that holds the conversation."
         raise RecordError(f"{where}: no field '{name}' (the record's fields: {keys}). {hint}")
+    _refuse_pairs(record, cfg, name, where)
     read = sharegpt_conversation if cfg.format == "sharegpt" else chat_conversation
     conversation = read(record, name, where)
     if cfg.system_prompt_merge:
         conversation = merge_system(conversation, where)
-    return conversation_segments(conversation, tokenizer, train_all=cfg.train_on == "all", where=where)
+    return conversation_segments(
+        conversation,
+        tokenizer,
+        train_all=cfg.train_on == "all",
+        where=where,
+        train_reasoning=cfg.train_reasoning,
+    )
 
 
 def _pretokenized(record: dict, cfg: DataConfig, vocab_size: int, where: str) -> tuple[list[int], list[bool]]:
@@ -179,7 +203,9 @@ def encode_record(
     if cfg.format in ("preference", "kto"):
         from launcher.components.data.pairs import encode_pair
 
-        return encode_pair(record, cfg.format, tok_cfg, tokenizer, where)  # flags: ints with the pair's bits
+        return encode_pair(  # flags: ints with the pair's bits
+            record, cfg.format, tok_cfg, tokenizer, where, train_reasoning=cfg.train_reasoning
+        )
     ids, trained = tokenizer.encode(_segments(record, cfg, tokenizer, where))
     bos, eos = _specials(cfg, tok_cfg, tokenizer)
     if bos is not None:

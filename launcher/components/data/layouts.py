@@ -1,7 +1,11 @@
 """Which layout a data file holds: the record format `data.format=auto` picks, and dataset registries that are not data.
 
-`detect` looks at one record's fields (no tokenizer, no `datasets`); `registry_problem` names a
-LLaMA-Factory `dataset_info.json` (a registry of datasets, not records) and the data files it lists.
+`matches` lists every layout one record's fields fit (no tokenizer, no `datasets`); `detect` is the
+one layout when exactly one fits, so that a record fitting two is never guessed (data.format=auto
+refuses it naming both). A preference pair (chosen and rejected) or a kto example (completion and a
+true/false label) is that layout alone: its conversation or prompt is part of it, not a chat to
+train on. `registry_problem` names a LLaMA-Factory `dataset_info.json` (a registry of datasets, not
+records) and the data files it lists.
 """
 
 from __future__ import annotations
@@ -20,8 +24,22 @@ REASONS = {
     "chat": "'{field}' holds {{role, content}} messages",
     "sharegpt": "'{field}' holds ShareGPT {{from, value}} turns",
     "pretokenized": "'{field}' holds token ids",
+    "preference": "the records hold preference pairs (chosen and rejected)",
+    "kto": "the records hold kto examples (a completion and a true/false label)",
 }
 """Why `detect` chose a format, for the line printed before launch."""
+RESPONSE_ROLES = frozenset({"assistant", "gpt", "chatgpt", "function_call"})
+"""Roles (chat) and `from` values (ShareGPT) of a turn that answers."""
+DEFAULT_FIELDS = {
+    "text": "text",
+    "chat": "messages",
+    "sharegpt": "conversations",
+    "pretokenized": "input_ids",
+    "instruction": "instruction",
+    "preference": "chosen",
+    "kto": "completion",
+}
+"""The field each format reads when data.field is left at `text` (preference and kto read their own fields)."""
 
 
 def _turns_layout(value: Any) -> str | None:
@@ -48,24 +66,65 @@ def _value_layout(value: Any) -> str | None:
     return _turns_layout(value)
 
 
-def detect(record: Any, field: str | None = None) -> tuple[str, str] | None:
-    """(format, field) that a record's layout suggests, or None; `field`: look only at that field."""
+def _pair_layout(record: dict) -> tuple[str, str] | None:
+    """(preference, chosen) for a record with chosen and rejected; (kto, completion) for completion + bool label."""
+    if "chosen" in record and "rejected" in record:
+        return "preference", "chosen"
+    if "completion" in record and isinstance(record.get("label"), bool):
+        return "kto", "completion"
+    return None
+
+
+def whole_conversations(record: dict) -> list[tuple[str, str]]:
+    """(format, field) of conversations a record holds that end in a response: UltraFeedback's `messages` beside
+    its pair can be fine-tuned on, LLaMA-Factory's `conversations` (the pair's shared prompt) cannot."""
+    found = []
+    for name in ("messages", "conversations"):
+        layout, turns = _turns_layout(record.get(name)), record.get(name)
+        last = turns[-1] if layout else None
+        if isinstance(last, dict) and last.get("role", last.get("from")) in RESPONSE_ROLES:
+            found.append((layout, name))
+    return found
+
+
+def matches(record: Any, field: str | None = None) -> list[tuple[str, str]]:
+    """Every (format, field) whose layout a record fits; `field`: look only at that field."""
     if not isinstance(record, dict):
-        return None
+        return []
     if field is not None:
         layout = _value_layout(record.get(field))
-        return (layout, field) if layout else None
-    for name in ("messages", "conversations"):
-        layout = _turns_layout(record.get(name))
-        if layout:
-            return layout, name
+        return [(layout, field)] if layout else []
+    pair = _pair_layout(record)
+    if pair is not None:
+        return [pair]
+    found = [
+        (layout, name)
+        for name in ("messages", "conversations")
+        if (layout := _turns_layout(record.get(name)))
+    ]
     if {"instruction", "output"} <= record.keys():
-        return "instruction", "instruction"
+        found.append(("instruction", "instruction"))
     if _value_layout(record.get("input_ids")) == "pretokenized":
-        return "pretokenized", "input_ids"
+        found.append(("pretokenized", "input_ids"))
     if isinstance(record.get("text"), str):
-        return "text", "text"
-    return None
+        found.append(("text", "text"))
+    return found
+
+
+def detect(record: Any, field: str | None = None) -> tuple[str, str] | None:
+    """(format, field) when a record fits exactly one layout, else None (none, or several: see `matches`)."""
+    found = matches(record, field)
+    return found[0] if len(found) == 1 else None
+
+
+def choices(found: list[tuple[str, str]]) -> str:
+    """The settings that read each of several layouts, for a message that asks the user to choose."""
+    return " or ".join(
+        f"data.format={fmt}"
+        + ("" if name in ("text", DEFAULT_FIELDS[fmt]) else f" data.field={name}")
+        + f" ({reason(fmt, name)})"
+        for fmt, name in found
+    )
 
 
 def reason(fmt: str, field: str) -> str:

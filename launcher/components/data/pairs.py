@@ -7,8 +7,9 @@ Layouts read (one record each):
   `rejected` are message lists, either whole conversations or the assistant turns that follow a
   `prompt` message list (a string `prompt` beside whole conversations is ignored: they hold it);
   rendered with the tokenizer's chat template, only assistant turns trained;
-- preference, ShareGPT/LLaMA-Factory: `conversations` ({from, value} turns) and `chosen`,
-  `rejected` as one {from, value} turn each (or a string), the response after the conversation;
+- preference, ShareGPT/LLaMA-Factory (`dpo_en_demo`): `conversations` ({from, value} turns, the
+  shared conversation) and `chosen`, `rejected` as one {from, value} turn each (or a list of turns,
+  or a string) that continue it; the record's `system` string and `tools` apply to both sides;
 - kto: `prompt` and `completion` (strings or message lists as above) and a boolean `label`
   (true: desirable).
 
@@ -49,23 +50,42 @@ def _is_messages(value: Any) -> bool:
     return isinstance(value, list) and all(isinstance(m, dict) for m in value) and bool(value)
 
 
-def _side(record: dict, key: str, fmt: str, tokenizer: Tokenizer, where: str) -> list[tuple[str, bool]]:
+def _shared_turns(record: dict, key: str, fmt: str, where: str) -> dict:
+    """A ShareGPT pair's side as a ShareGPT record: the shared `conversations` continued by the side's turn(s)
+    (a {from, value} turn, a list of them, or a string), with the record's `system` and `tools`."""
+    response = record.get(key)
+    turns = [{"from": "gpt", "value": response}] if isinstance(response, str) else response
+    turns = [turns] if isinstance(turns, dict) else turns
+    if not isinstance(turns, list) or not turns or not all(isinstance(t, dict) for t in turns):
+        raise RecordError(
+            f"{where}: '{key}' must be a {{from, value}} turn, a list of them, or a string. {HINT[fmt]}"
+        )
+    shared = record["conversations"]
+    if not isinstance(shared, list):
+        raise RecordError(f"{where}: 'conversations' must be a list of {{from, value}} turns. {HINT[fmt]}")
+    return {"c": [*shared, *turns], **{k: record[k] for k in ("system", "tools") if k in record}}
+
+
+def _side(
+    record: dict, key: str, fmt: str, tokenizer: Tokenizer, where: str, reasoning: str
+) -> list[tuple[str, bool]]:
     """One response of a record (with its prompt) as (text, trained) segments."""
     response, prompt = record.get(key), record.get("prompt")
     if "conversations" in record and fmt == "preference":
-        turn = {"from": "gpt", "value": response} if isinstance(response, str) else response
-        if not isinstance(turn, dict):
-            raise RecordError(f"{where}: '{key}' must be a {{from, value}} turn or a string. {HINT[fmt]}")
-        conversation = sharegpt_conversation({"c": [*record["conversations"], turn]}, "c", where)
-        return conversation_segments(conversation, tokenizer, train_all=False, where=where)
+        conversation = sharegpt_conversation(_shared_turns(record, key, fmt, where), "c", where)
+        return conversation_segments(
+            conversation, tokenizer, train_all=False, where=where, train_reasoning=reasoning
+        )
     if _is_messages(response):
         messages = response if response[0].get("role") != "assistant" else [*(prompt or []), *response]
         if response[0].get("role") == "assistant" and not _is_messages(prompt):
             raise RecordError(
                 f"{where}: '{key}' holds assistant turns only, so 'prompt' must be a message list. {HINT[fmt]}"
             )
-        conversation = chat_conversation({"m": messages}, "m", where)
-        return conversation_segments(conversation, tokenizer, train_all=False, where=where)
+        conversation = chat_conversation({"m": messages, "tools": record.get("tools")}, "m", where)
+        return conversation_segments(
+            conversation, tokenizer, train_all=False, where=where, train_reasoning=reasoning
+        )
     if not isinstance(response, str) or not isinstance(prompt, str):
         keys = ", ".join(sorted(map(str, record))) or "none"
         raise RecordError(
@@ -88,7 +108,13 @@ def _encoded(
 
 
 def encode_pair(
-    record: dict, fmt: str, tok_cfg: TokenizerConfig, tokenizer: Tokenizer, where: str
+    record: dict,
+    fmt: str,
+    tok_cfg: TokenizerConfig,
+    tokenizer: Tokenizer,
+    where: str,
+    *,
+    train_reasoning: str = "auto",
 ) -> tuple[list[int], list[int]]:
     """(token ids, flags) of a preference pair or a kto example as one document (the flags carry TRAINED and
     the REJECTED or UNDESIRABLE bit: the token cache keeps them as they are, TRAINED being bit 1)."""
@@ -96,12 +122,18 @@ def encode_pair(
         label = record.get("label")
         if not isinstance(label, bool):
             raise RecordError(f"{where}: 'label' must be true or false, got {label!r}. {HINT[fmt]}")
-        ids, flags = _encoded(_side(record, "completion", fmt, tokenizer, where), tok_cfg, tokenizer)
+        ids, flags = _encoded(
+            _side(record, "completion", fmt, tokenizer, where, train_reasoning), tok_cfg, tokenizer
+        )
         if ids and not label:
             flags[0] |= UNDESIRABLE
         return ids, flags
-    chosen, chosen_flags = _encoded(_side(record, "chosen", fmt, tokenizer, where), tok_cfg, tokenizer)
-    rejected, rejected_flags = _encoded(_side(record, "rejected", fmt, tokenizer, where), tok_cfg, tokenizer)
+    chosen, chosen_flags = _encoded(
+        _side(record, "chosen", fmt, tokenizer, where, train_reasoning), tok_cfg, tokenizer
+    )
+    rejected, rejected_flags = _encoded(
+        _side(record, "rejected", fmt, tokenizer, where, train_reasoning), tok_cfg, tokenizer
+    )
     if not chosen or not rejected:
         raise RecordError(f"{where}: a pair needs a non-empty chosen and rejected side. {HINT[fmt]}")
     rejected_flags[0] |= REJECTED
