@@ -89,8 +89,10 @@ class TrainConfig:
         return self.eval_every is not None and self.max_steps >= self.eval_every
 
     def evaluates(self) -> bool:
-        """Whether the run evaluates at all, so needs held-out data."""
-        return bool(self.eval_every) or self.eval_at_end is True
+        """Whether the run makes any evaluation (every eval_every steps up to max_steps, or at the end), so
+        needs held-out data: the loop's own test (launcher.rank.engine), so a short run asks for none."""
+        between = bool(self.eval_every) and self.max_steps >= self.eval_every
+        return between or self.evaluates_at_end()
 
 
 @dataclass(frozen=True, kw_only=True)
