@@ -126,7 +126,7 @@ def _fits_device(spec: RunSpec, hw: Hardware) -> Iterator[SpecError]:
     except (ValueError, OSError, KeyError):  # a model the planner cannot count: the model's rules say why
         return
     if too_large(memory, hw.gpu_memory_bytes):
-        yield memory_error(memory, hw.gpu_memory_bytes, fixes(spec))
+        yield memory_error(memory, hw.gpu_memory_bytes, fixes(spec), hw.gpu_name if hw.requested else "")
 
 
 RULES: tuple[Rule, ...] = (_checkpointing, _long_sequences, _cuda_alloc_conf, _auto_micro_batch, _fits_device)
