@@ -110,7 +110,8 @@ class RunSpec:
     the launch plan, and start nothing; simulate: also build one rank of each role on a fake process
     group with fake tensors and step it; false, true, all or simulate (a name, so not typed bool)."""
     simulate_hardware: str = "h100_sxm"
-    """The hardware profile `dry_run=simulate` predicts the step on (launcher.plan.roofline.HARDWARE)."""
+    """The hardware profile `dry_run=simulate` predicts the step on (launcher.plan.roofline.HARDWARE), and the GPU
+    a dry run with launcher.device=cuda is judged against where this machine has none."""
     verify_resume: bool = False
     """Check exact resume on this spec: N steps straight vs N/2 + resume, losses compared step by step."""
     profile: bool = False
