@@ -89,8 +89,10 @@ class TrainConfig:
         return self.eval_every is not None and self.max_steps >= self.eval_every
 
     def evaluates(self) -> bool:
-        """Whether the run evaluates at all, so needs held-out data."""
-        return bool(self.eval_every) or self.eval_at_end is True
+        """Whether the run makes any evaluation (every eval_every steps up to max_steps, or at the end), so
+        needs held-out data: the loop's own test (launcher.rank.engine), so a short run asks for none."""
+        between = bool(self.eval_every) and self.max_steps >= self.eval_every
+        return between or self.evaluates_at_end()
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -108,7 +110,8 @@ class RunSpec:
     the launch plan, and start nothing; simulate: also build one rank of each role on a fake process
     group with fake tensors and step it; false, true, all or simulate (a name, so not typed bool)."""
     simulate_hardware: str = "h100_sxm"
-    """The hardware profile `dry_run=simulate` predicts the step on (launcher.plan.roofline.HARDWARE)."""
+    """The hardware profile `dry_run=simulate` predicts the step on (launcher.plan.roofline.HARDWARE), and the GPU
+    a dry run with launcher.device=cuda is judged against where this machine has none."""
     verify_resume: bool = False
     """Check exact resume on this spec: N steps straight vs N/2 + resume, losses compared step by step."""
     profile: bool = False

@@ -74,8 +74,7 @@ def run(argv: CommandLine | Sequence[str]) -> int:
 
         return simulation.run(built)
     if cfg.get("dry_run"):
-        dryrun.show(built, run_dir)
-        return ExitStatus.INVALID_SPEC if built.errors else ExitStatus.OK
+        return dryrun.show(built, run_dir)  # 2 where the run would be refused, the data-size checks included
     return _launch(built, run_dir, report)
 
 

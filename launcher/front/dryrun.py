@@ -1,8 +1,15 @@
 """The dry run: the keys that differ from the schema's defaults with where each value came from (every
-key with `dry_run=all`), the verdict, the plan."""
+key with `dry_run=all`), the verdict, the plan.
+
+The verdict is the real run's: the rules, then the data-size checks a run makes before it starts
+(front/data_sizes.py), on the tokenized corpus (built into the token cache, or read from it), so a
+spec the run would refuse is never called valid. On a machine without a GPU, `launcher.device=cuda`
+is planned for the GPU `simulate_hardware` names (rules/hardware.py) and judged against its memory.
+"""
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
@@ -12,11 +19,13 @@ from rich.table import Table
 from launcher.components.data import mixture
 from launcher.components.data.sources import describe
 from launcher.components.data.tokenizer import load_tokenizer, padded_vocab_size
+from launcher.exits import ExitStatus
 from launcher.front import deepspeed_file
 from launcher.front.compose import Built, strip_hydra
 from launcher.front.config_values import typed
 from launcher.front.model_dims import describe_model, folder_dims
 from launcher.front.provenance import flatten, provenance, user_dirs
+from launcher.front.tokenize import prepare_data
 from launcher.front.vocab import auto_reason
 from launcher.launch import backend
 from launcher.parallel.pipeline_split import MULTI_STAGE_SCHEDULES, bubble_fraction
@@ -24,7 +33,8 @@ from launcher.parallel.pipeline_stage import plan_stages
 from launcher.plan.pipeline import PipelineLayout, PipelinePlan, RankPlan, pipeline_plan
 from launcher.plan.planner import MemoryPlan, plan
 from launcher.plan.render import format_bytes, plan_table
-from launcher.spec import RunSpec, redacted_container, schema_node
+from launcher.rules import detect_hardware
+from launcher.spec import RunSpec, SpecError, redacted_container, schema_node
 
 
 def pipeline_layout(spec: RunSpec) -> PipelineLayout:
@@ -63,8 +73,8 @@ def bubble_line(pipeline: PipelinePlan, pp_size: int) -> str:
     return f"schedule {pipeline.schedule}: bubble {formula} = {pipeline.bubble:.2f} ({values}{bound})"
 
 
-def print_pipeline_plan(console: Console, spec: RunSpec) -> None:
-    """Print a pp run's plan: the largest pipeline rank's memory, every rank's stages, the bubble."""
+def print_pipeline_plan(console: Console, spec: RunSpec) -> MemoryPlan:
+    """Print a pp run's plan: the largest pipeline rank's memory, every rank's stages, the bubble; that rank's plan."""
     pipeline = pipeline_plan(spec, pipeline_layout(spec))
     _print_memory(console, pipeline.memory, f"; the largest pipeline rank ({pipeline.worst.pp_rank})")
     table = Table(title="pipeline stages", title_justify="left", box=None, padding=(0, 2, 0, 0))
@@ -81,14 +91,50 @@ def print_pipeline_plan(console: Console, spec: RunSpec) -> None:
         )
     console.print(table, highlight=False)
     console.print(bubble_line(pipeline, spec.parallel.pp_size), markup=False, highlight=False)
+    return pipeline.memory
 
 
-def print_plan(console: Console, spec: RunSpec) -> None:
-    """Print the memory plan of a valid spec."""
+def print_plan(console: Console, spec: RunSpec) -> MemoryPlan:
+    """Print the memory plan of a valid spec (on the device it runs on, or the GPU it names); that plan."""
     if spec.parallel.pp_size > 1:
-        print_pipeline_plan(console, spec)
-        return
-    _print_memory(console, plan(spec))
+        return print_pipeline_plan(console, spec)
+    memory = plan(spec, device_type=detect_hardware(spec).device_type)
+    _print_memory(console, memory)
+    return memory
+
+
+def fit_line(memory: MemoryPlan, spec: RunSpec) -> str | None:
+    """Whether the plan fits the GPU it runs on, and which GPU that is (probed here, or named); None off a GPU."""
+    hw = detect_hardware(spec)
+    if hw.device_type != "cuda" or not hw.gpu_memory_bytes:
+        return None
+    where = (
+        f"an {hw.gpu_name}; named, not probed: this machine has no GPU"
+        if hw.requested
+        else f"this machine's {hw.gpu_name or 'GPU'}"
+    )
+    share = memory.total / hw.gpu_memory_bytes
+    return (
+        f"fit: {'fits' if share <= 1 else 'does not fit'}: {format_bytes(memory.total)} per rank, {share:.0%} of "
+        f"the {format_bytes(hw.gpu_memory_bytes)} of {where}"
+    )
+
+
+def data_check(console: Console, spec: RunSpec) -> list[SpecError]:
+    """The run's own data-size checks: tokenize (or read the token cache), count, and say how long it took."""
+    started = time.perf_counter()
+    errors = prepare_data(spec, console)  # prints how long tokenizing took, or that the cache was reused
+    elapsed = time.perf_counter() - started
+    outcome = (
+        "refused"
+        if errors
+        else "enough for one optimizer step"
+        + (" and every evaluation" if spec.train.evaluates() else " (the run makes no evaluation)")
+    )
+    console.print(
+        f"data check: {outcome} ({elapsed:.1f} s, tokenizing included)", markup=False, highlight=False
+    )
+    return errors
 
 
 def _print_memory(console: Console, memory: MemoryPlan, which: str = "") -> None:
@@ -135,8 +181,9 @@ def _sources(cfg: DictConfig, auto: str | None) -> dict[str, str]:
     return sources
 
 
-def show(built: Built, run_dir: Path) -> None:
-    """Print the spec table with each value's source, the verdict, the memory plan and the launch plan."""
+def show(built: Built, run_dir: Path) -> int:
+    """Print the spec table with each value's source, the verdict, the memory plan and the launch plan; the exit
+    status the real run would have before starting: 2 where it would be refused, else 0."""
     console = Console() if Console().is_terminal else Console(width=160)
     cfg, spec, errors = built.config, built.spec, built.errors
     choices = dict(cfg.hydra.runtime.choices) if "hydra" in cfg else {}
@@ -167,12 +214,24 @@ def show(built: Built, run_dir: Path) -> None:
         console.print(f"[red bold]verdict: invalid[/] ({len(errors)} problem(s)); nothing would be started:")
         for error in errors:
             console.print(f"  - {error}", markup=False, highlight=False)
-        return
-    console.print("[green bold]verdict: valid")
-    console.print(describe_model(spec.model), markup=False, highlight=False)
+        return ExitStatus.INVALID_SPEC
     data = mixture.describe(spec.data) if spec.data.sources else describe(spec.data)
     console.print(f"data: {data}", markup=False, highlight=False)
+    refusals = data_check(console, spec)
+    if refusals:
+        console.print(f"[red bold]verdict: would be refused[/] ({len(refusals)} problem(s) with the data):")
+        for error in refusals:
+            console.print(f"  - would be refused: {error}", markup=False, highlight=False)
+        console.print("dry run: nothing was started; the run itself would stop here with exit status 2.")
+        return ExitStatus.INVALID_SPEC
+    console.print("[green bold]verdict: valid")
+    console.print(describe_model(spec.model), markup=False, highlight=False)
     print_tokenizer(console, spec, auto)
-    print_plan(console, spec)
+    line = fit_line(print_plan(console, spec), spec)
+    if line:
+        console.print(line, markup=False, highlight=False)
     console.print(f"would launch: {backend(spec.launcher.backend).describe(spec, run_dir)}")
-    console.print("dry run: nothing was started and nothing was written.")
+    console.print(
+        "dry run: nothing was started; no run directory was written (a tokenized corpus stays cached)."
+    )
+    return ExitStatus.OK

@@ -200,10 +200,11 @@ def run(line: CommandLine) -> int:
         rundir.report(errors)
         return ExitStatus.INVALID_SPEC
     if points and points[0].cfg.get("dry_run"):
+        shown = []
         for point in points:
             console.print(f"sweep point {point.num}: {escape(' '.join(point.overrides))}")
-            dryrun.show(point.built, point.run_dir)
-        return ExitStatus.OK
+            shown.append(dryrun.show(point.built, point.run_dir))
+        return max(shown, default=ExitStatus.OK)  # 2 where a point's run would be refused
     console.print(f"sweep: {len(points)} point(s) in {sweep_dir}")
     codes = []
     for point in points:

@@ -19,6 +19,7 @@ import pickle
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 import torch.distributed as dist
@@ -32,6 +33,9 @@ from launcher.parallel import deepspeed_user_config
 from launcher.parallel.checkpoint_layout import TAG
 from launcher.parallel.state_bytes import optimizer_state_bytes
 from launcher.parallel.strategy import Setup, StepResult
+
+if TYPE_CHECKING:
+    from launcher.components.batch_split import BatchSplit
 
 MODULE_FILE = "mp_rank_00_model_states.pt"
 """DeepSpeed's file of the module state (and, at stage 0, the whole fp32 model); ZeRO-3 prefixes it per rank."""
@@ -127,10 +131,10 @@ class DeepSpeedStrategy:
         self.config, errors = deepspeed_user_config.resolve(spec, setup.dist.world_size, batch=setup.batch)
         if errors:  # checked before launch; a file edited since then is caught here
             raise ValueError("; ".join(str(e) for e in errors))
-        if setup.dist.is_main and spec.run_dir:
-            (Path(spec.run_dir) / "deepspeed_config.json").write_text(
-                json.dumps(self.config, indent=1) + "\n"
-            )
+        self._config_file = (
+            Path(spec.run_dir) / "deepspeed_config.json" if setup.dist.is_main and spec.run_dir else None
+        )
+        self._write_config()
         self.optimizer = client_optimizer(model, setup)
         self.engine, *_ = self.deepspeed.initialize(model=model, optimizer=self.optimizer, config=self.config)
         self.model = self.engine
@@ -145,6 +149,26 @@ class DeepSpeedStrategy:
             _module_state_without_frozen(self.engine)
         self._boundary = True
         self._loss_ok = torch.ones((), dtype=torch.bool, device=device)
+
+    def use_batch(self, batch: BatchSplit) -> None:
+        """Take the micro-batch search's split (same per-rank batch) into the engine's config, and drop what its
+        tries left: their gradient partitions (a try's backward is a boundary's) and accumulation count."""
+        global_batch = batch.micro_batch_size * batch.grad_accum_steps * self.engine.dp_world_size
+        self.engine.set_train_micro_batch_size(batch.micro_batch_size)
+        self.engine.set_train_batch_size(global_batch)
+        self.engine.optimizer.zero_grad(set_to_none=True)
+        self.engine.zero_grad()
+        self.config.update(
+            train_micro_batch_size_per_gpu=batch.micro_batch_size,
+            gradient_accumulation_steps=batch.grad_accum_steps,
+            train_batch_size=global_batch,
+        )
+        self._write_config()
+
+    def _write_config(self) -> None:
+        """The config the engine runs, as deepspeed_config.json in the run directory (rank 0)."""
+        if self._config_file is not None:
+            self._config_file.write_text(json.dumps(self.config, indent=1) + "\n")
 
     def no_sync(self) -> contextlib.AbstractContextManager:
         """Mark the micro batches inside as not the accumulation boundary (no ZeRO 0/1 reduction)."""

@@ -4,7 +4,8 @@
 compile, then the data-parallel wrap), each step commented where it happens. The micro-batch
 search (launcher.rank.micro_batch) is a hook, `measure`, between checkpointing and compile: it must
 see the eager model with its checkpointing and tensor-parallel split, and compile must trace
-whatever the search leaves. DeepSpeed wraps the model in its own engine when its strategy is built,
+whatever the search leaves; under FSDP2 it measures the sharded model instead, last, after the
+wrap and the shards' values (the memory of a step is the sharded one). DeepSpeed wraps the model in its own engine when its strategy is built,
 so its parts leave here unwrapped.
 """
 
@@ -62,7 +63,8 @@ def parallelize(
     init: MetaInit | None = None,
     measure: Callable[[nn.Module], None] | None = None,
 ) -> nn.Module:
-    """Apply (the cp group) -> TP -> activation checkpointing/offload -> (measure) -> compile -> data-parallel wrap.
+    """Apply (the cp group) -> TP -> activation checkpointing/offload -> (measure) -> compile -> data-parallel wrap
+    (-> measure, under FSDP2).
 
     `empty`: the part was built without weights (a pretrained folder under fsdp/tp); they are read
     into its shards after the wrap. `init`: the part was built on the meta device; its initial
@@ -88,7 +90,7 @@ def parallelize(
         part = apply_tensor_parallel(part, mesh["tp"], sequence_parallel=spec.parallel.sequence_parallel)
     # 2. activation checkpointing and offload wrap the (split) blocks' forward
     part = memory.apply(part, spec.memory)
-    if measure is not None:  # the micro-batch search measures this eager part
+    if measure is not None and wrap != "fsdp":  # the micro-batch search measures this eager part
         measure(part)
     # 3. compile traces each block with its checkpointing and tensor-parallel hooks inside
     compile_model(part, spec.compile)
@@ -113,4 +115,6 @@ def parallelize(
         pretrained.load_into_shards(part, spec.model, dist)
     elif init is not None:  # built on the meta device: the shards receive the eager build's values now
         init.fill(part, device)
+    if measure is not None and wrap == "fsdp":  # the search measures what a step holds: this rank's shards
+        measure(part)
     return part

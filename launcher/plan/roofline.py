@@ -36,6 +36,8 @@ class Hardware:
     """Device memory."""
     gpus_per_node: int = 8
     """GPUs one NVLink domain connects."""
+    capability: tuple[int, int] = (9, 0)
+    """CUDA compute capability (what the bf16, TF32 and fp8 rules judge where this GPU is named, not probed)."""
     source: str = ""
     """Where the numbers are published."""
 
@@ -75,10 +77,11 @@ HARDWARE: dict[str, Hardware] = {
         nvlink_bytes_per_s=300e9,  # 600 GB/s bidirectional
         network_bytes_per_s=25e9,  # 200 Gb/s HDR per GPU (DGX A100)
         memory_bytes=80 * 10**9,
+        capability=(8, 0),
         source="NVIDIA A100 Tensor Core GPU datasheet (nvidia.com/en-us/data-center/a100/); DGX A100 user guide",
     ),
 }
-"""Hardware profiles by the name `simulate_hardware` takes."""
+"""Hardware profiles by the name `simulate_hardware` takes (also the GPU a dry run plans for where none is here)."""
 
 RING_FACTOR = {"all_gather": 1.0, "reduce_scatter": 1.0, "all_reduce": 2.0}
 """Bytes each rank sends per byte of the collective's buffer, times (n-1)/n (ring algorithms)."""

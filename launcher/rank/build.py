@@ -16,11 +16,12 @@ The order, and why:
    reference, placed like the student);
 5. launcher.parallel.parallelize on each part, in its fixed order: tensor parallelism ->
    activation checkpointing/offload -> the micro-batch search (memory.auto_micro_batch, a hook that
-   measures the eager part; refused with TP, FSDP, ZeRO-3 and pipelines) -> compile -> the
-   data-parallel wrap (FSDP2, DDP, none);
+   measures the part as a step holds it: eager, split by TP, or after the FSDP2 wrap, sharded; refused
+   with pipelines) -> compile -> the data-parallel wrap (FSDP2, DDP, none);
 6. the strategy over the parts (DeepSpeed wraps its engine here) with the optimizer over the
-   parameters it finally owns; the LR schedule wraps that optimizer; the runner the loop calls
-   for a step: the whole model, or the pipeline's schedule;
+   parameters it finally owns (under ZeRO-3 the micro-batch search runs here, on the engine's
+   partitioned model); the LR schedule wraps that optimizer; the runner the loop calls for a step:
+   the whole model, or the pipeline's schedule;
 7. data, last, sharded by data-parallel rank with the chosen batch split (tokenized once, cached);
    the ranks of a context-parallel group read the same batches and each keeps its chunks of them.
 """
@@ -215,13 +216,21 @@ def build_trainable(spec: RunSpec, dist: DistContext, run_dir: Path | None = Non
             part, spec, device, run_dir=run_dir, is_main=dist.is_main, objective=objective
         )
 
-    search = measure if spec.memory.auto_micro_batch else None
+    on_engine = spec.parallel.data_parallel == "deepspeed" and spec.parallel.zero_stage == 3
+    search = measure if spec.memory.auto_micro_batch and not on_engine else None
     parts = [
         parallelize(part, spec=spec, dist=dist, mesh=mesh, empty=empty, init=init, measure=search)
         for part in parts
     ]
     setup = Setup(spec=spec, dist=dist, batch=batch, mesh=mesh)
     strategy = build_strategy(parts, setup)
+    if spec.memory.auto_micro_batch and on_engine:  # ZeRO-3 partitions the model in its engine: search there
+        batch = fit_micro_batch(
+            strategy.model, spec, device, run_dir=run_dir, is_main=dist.is_main, objective=objective,
+            backward=strategy.backward,
+        )  # fmt: skip
+        strategy.use_batch(batch)
+        setup = Setup(spec=spec, dist=dist, batch=batch, mesh=mesh)
     bind_policy(objective, strategy.model)  # a LoRA run's reference: the policy with adapters off
     runner = _runner(strategy, setup, objective, plan)
     return Trainable(

@@ -13,9 +13,16 @@ the last size that fit and the first that did not. Ranks take the smallest choic
 Optimizer state does not exist yet, so each try also holds a ballast of two fp32 values per
 trainable parameter (AdamW's moments; an upper bound for 8-bit and SGD optimizers). Under
 distillation the teacher is already on the device and each try runs its forward and the KD term too.
-Under context parallel each rank tries its chunks of the sequences, and a size fits only where it
-fits on every rank (the ranks of a group gather keys and values from each other, so they try the
-same sizes in step).
+Under context parallel each rank tries its chunks of the sequences. On several ranks a size fits
+only where it fits on every rank (a collective min after each try), so every rank tries the same
+sizes in step: the collectives inside a try (context-parallel key/value gathers, tensor-parallel
+all-reduces, FSDP2's all-gathers and reduce-scatters, ZeRO-3's) then match across ranks.
+
+Sharded state is searched sharded: under FSDP2 the search runs on the wrapped model after
+`fully_shard` (launcher.parallel.parallelize), under ZeRO-3 on DeepSpeed's engine after it has
+partitioned the model (`fit_engine_micro_batch`), under tensor parallelism on the split model; the
+ballast counts this rank's shard of each trainable parameter, and the measured peak holds this
+rank's shards, the gathered blocks and the gradients as they are reduce-scattered.
 """
 
 from __future__ import annotations
@@ -25,6 +32,7 @@ import gc
 import json
 import os
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -32,6 +40,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.distributed.fsdp import FSDPModule
 
 from launcher.components.batch_split import BatchSplit
 from launcher.components.model.context_parallel import shard_batch
@@ -68,6 +77,10 @@ class Search:
     """Accumulation steps that keep the per-rank batch."""
     reason: str = ""
     """Why the search stopped where it did."""
+    measured: str = ""
+    """What the tries ran on: the whole model, this rank's FSDP2 shards or ZeRO-3 partitions, a TP split."""
+    ballast_bytes: int = 0
+    """The stand-in for the optimizer state each try held: 8 bytes per trainable element this rank holds."""
 
     def key(self) -> dict[str, Any]:
         """The inputs a recorded result depends on (a resumed run reuses a record only if they match)."""
@@ -77,6 +90,26 @@ class Search:
             "budget_bytes": self.budget_bytes,
             "cap": self.cap,
         }
+
+
+def local_numel(param: torch.Tensor) -> int:
+    """Elements this rank holds of a parameter: its shard of an FSDP2/TP DTensor or a ZeRO-3 partition."""
+    if hasattr(param, "ds_tensor"):  # DeepSpeed ZeRO-3: this rank's partition
+        return int(param.ds_tensor.numel())
+    to_local = getattr(param, "to_local", None)  # a DTensor: this rank's shard
+    return int(to_local().numel()) if to_local is not None else param.numel()
+
+
+def measured_state(model: nn.Module) -> str:
+    """What a try runs on, in words: the state a training step holds on this rank."""
+    params = list(model.parameters())
+    if any(hasattr(p, "ds_tensor") for p in params):
+        return "this rank's ZeRO-3 partitions"
+    if any(isinstance(m, FSDPModule) for m in model.modules()):
+        return "this rank's FSDP2 shards"
+    if any(hasattr(p, "to_local") for p in params):
+        return "this rank's tensor-parallel split"
+    return "the whole model"
 
 
 def _reset_peak(device: torch.device) -> None:
@@ -111,11 +144,13 @@ def _try_size(
     device: torch.device,
     budget: int | None,
     objective: Objective | None = None,
+    backward: Callable[[torch.Tensor], None] | None = None,
 ) -> tuple[bool, int]:
-    """(fits, peak bytes) of one forward and backward pass at micro batch `size` (with the teacher's, if any)."""
+    """(fits, peak bytes) of one forward and backward pass at micro batch `size` (with the teacher's, if any;
+    `backward`: the strategy's, where it owns it, as DeepSpeed's engine does)."""
     objective = objective or CrossEntropy()
     ids = torch.randint(0, vocab_size(spec.model), (size, spec.data.seq_len + 1), device=device)
-    ballast_numel = 2 * sum(p.numel() for p in model.parameters() if p.requires_grad)
+    ballast_numel = 2 * sum(local_numel(p) for p in model.parameters() if p.requires_grad)
     _free(device)
     _reset_peak(device)
     out_of_memory = False
@@ -130,12 +165,12 @@ def _try_size(
             # the objective's own state counts too (a teacher's logits and KL chunks, a training step's)
             loss_sum, count = objective.loss_sum(logits, batch)
             del logits
-        (loss_sum / count).backward()
+        (backward or torch.Tensor.backward)(loss_sum / count)
         del ballast, loss_sum, count
     except torch.OutOfMemoryError:
         out_of_memory = True  # handled below, outside the except block that holds the frames
     peak = _peak_bytes(device)
-    model.zero_grad(set_to_none=True)
+    nn.Module.zero_grad(model, set_to_none=True)  # DeepSpeed's engine overrides zero_grad without the flag
     _free(device)
     if out_of_memory:
         return False, peak
@@ -160,14 +195,18 @@ def _candidates_between(per_rank: int, low: int, high: int) -> list[int]:
 
 
 def _search(
-    model: nn.Module, spec: RunSpec, device: torch.device, search: Search, objective: Objective
+    model: nn.Module,
+    spec: RunSpec,
+    device: torch.device,
+    search: Search,
+    objective: Objective,
+    backward: Callable[[torch.Tensor], None] | None = None,
 ) -> None:
     """Fill `search` with tries and the choice."""
 
     def fits(size: int) -> bool:
-        ok, peak = _try_size(model, spec, size, device, search.budget_bytes, objective)
-        if getattr(model, "context_parallel", None) is not None:  # every rank takes the same next try
-            ok = _agree(int(ok), device) == 1
+        ok, peak = _try_size(model, spec, size, device, search.budget_bytes, objective, backward)
+        ok = _agree(int(ok), device) == 1  # every rank takes the same next try (a collective min)
         search.tries.append({"micro_batch_size": size, "peak_bytes": peak, "fits": ok})
         return ok
 
@@ -234,8 +273,10 @@ def fit_micro_batch(
     run_dir: Path | None = None,
     is_main: bool = True,
     objective: Objective | None = None,
+    backward: Callable[[torch.Tensor], None] | None = None,
 ) -> BatchSplit:
-    """The micro batch and accumulation the search chose for the spec's per-rank batch (the objective's state counts)."""
+    """The micro batch and accumulation the search chose for the spec's per-rank batch (the objective's state
+    counts); `model` whole, split (TP) or sharded (FSDP2, a ZeRO-3 engine with its `backward`)."""
     objective = objective or CrossEntropy()
     t = spec.train
     search = Search(
@@ -251,9 +292,12 @@ def fit_micro_batch(
             "reused the choice recorded in " + RECORD,
         )
     else:
-        model.to(device)
+        search.measured = measured_state(model)
+        search.ballast_bytes = 8 * sum(local_numel(p) for p in model.parameters() if p.requires_grad)
+        if search.measured == "the whole model":
+            model.to(device)  # sharded or split parameters were placed by their wrap
         rng = torch.get_rng_state(), torch.cuda.get_rng_state_all() if device.type == "cuda" else None
-        _search(model, spec, device, search, objective)
+        _search(model, spec, device, search, objective, backward)
         objective.metrics(
             lambda sums: sums
         )  # the tries' sums (a distiller's CE and KD) are no training step's
@@ -278,7 +322,7 @@ def _report(search: Search, run_dir: Path | None, *, reused: bool) -> None:
     print(
         f"auto micro batch: micro batch {search.micro_batch_size} x {search.grad_accum_steps} accumulation steps "
         f"= {search.per_rank_batch} sequences per rank per step, as the spec asks. "
-        + (f"Tried {tried}. " if tried else "")
+        + (f"Tried {tried}, on {search.measured}. " if tried else "")
         + f"Why: {search.reason}.",
         flush=True,
     )

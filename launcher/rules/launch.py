@@ -15,11 +15,12 @@ MULTI_RANK_OPTIONS = "parallel=ddp, fsdp, tp (tensor parallel), zero0 ... zero3 
 
 
 def _hardware(spec: RunSpec, hw: Hardware) -> Iterator[SpecError]:
-    if spec.launcher.device == "cuda" and hw.num_gpus == 0 and not hw.requested:  # slurm: rules/slurm.py
+    if spec.launcher.device == "cuda" and hw.missing_gpu:  # slurm: rules/slurm.py
         yield SpecError(
             ("launcher.device",),
-            "launcher.device=cuda but no CUDA GPU is visible to this process. Use `launcher.device=auto` "
-            "or `cpu`, or run on a machine with a GPU.",
+            "launcher.device=cuda but no CUDA GPU is visible to this process, and the run would start here. "
+            "Use `launcher.device=auto` or `cpu`, run on a machine with a GPU, or plan the GPU run from here "
+            "with `dry_run=true simulate_hardware=h100_sxm` (a100_80g, h100_hbm2e, h200), which starts nothing.",
         )
     yield from positive("launcher.nproc", spec.launcher.nproc)
     if spec.launcher.backend == "inline" and spec.launcher.nproc > 1:
@@ -144,6 +145,8 @@ def _ranks_fit_devices(spec: RunSpec, hw: Hardware) -> Iterator[SpecError]:
     nproc = spec.launcher.nproc
     if hw.requested or hw.device_type != "cuda" or spec.launcher.backend == "inline" or nproc <= hw.num_gpus:
         return  # a SLURM job's GPUs per node are rules/slurm.py's to judge
+    if hw.missing_gpu:
+        return  # no GPU at all: _hardware says so
     fix = (
         f"Set launcher.nproc={hw.num_gpus} or less"
         if hw.num_gpus

@@ -13,8 +13,6 @@ from launcher.rules.hardware import Hardware
 from launcher.rules.values import Rule
 from launcher.spec import RunSpec, SpecError
 
-SHARDING_STRATEGIES = ("fsdp", "tp")
-
 
 def _checkpointing(spec: RunSpec, hw: Hardware) -> Iterator[SpecError]:
     m = spec.memory
@@ -94,18 +92,7 @@ def _auto_micro_batch(spec: RunSpec, hw: Hardware) -> Iterator[SpecError]:
         return
     if m.max_micro_batch_size < 1:
         yield SpecError(("memory.max_micro_batch_size",), "must be 1 or more.")
-    p = spec.parallel
-    if (
-        p.strategy in SHARDING_STRATEGIES
-        or p.tp_size > 1
-        or (p.strategy == "deepspeed" and p.zero_stage == 3)
-    ):
-        yield SpecError(
-            ("memory.auto_micro_batch", "parallel.strategy"),
-            f"the search measures the whole, unsharded model on one device, which overstates memory under "
-            f"parallel.strategy={p.strategy} (zero_stage={p.zero_stage}, tp_size={p.tp_size}). Set "
-            "train.micro_batch_size by hand (the dry run's memory plan helps), or search with parallel=ddp.",
-        )
+    # FSDP2, ZeRO-3 and TP are searched as a step holds them, sharded (launcher.rank.micro_batch)
     if spec.data.batching == "token_budget":
         yield SpecError(
             ("memory.auto_micro_batch", "data.batching"),
@@ -126,7 +113,7 @@ def _fits_device(spec: RunSpec, hw: Hardware) -> Iterator[SpecError]:
     except (ValueError, OSError, KeyError):  # a model the planner cannot count: the model's rules say why
         return
     if too_large(memory, hw.gpu_memory_bytes):
-        yield memory_error(memory, hw.gpu_memory_bytes, fixes(spec))
+        yield memory_error(memory, hw.gpu_memory_bytes, fixes(spec), hw.gpu_name if hw.requested else "")
 
 
 RULES: tuple[Rule, ...] = (_checkpointing, _long_sequences, _cuda_alloc_conf, _auto_micro_batch, _fits_device)

@@ -18,13 +18,14 @@ def _precision(spec: RunSpec, hw: Hardware) -> Iterator[SpecError]:
             "fp16 and bf16 are both on, but a run autocasts to one dtype. Choose one: "
             "`precision=bf16` (preferred where the hardware has it) or `precision=fp16`.",
         )
-    if p.bf16 and not hw.bf16:
+    # no GPU here (hw.missing_gpu): rules/launch.py refuses launcher.device=cuda; no device to judge
+    if p.bf16 and not hw.bf16 and not hw.missing_gpu:
         yield SpecError(
             ("precision.bf16",),
             f"this {hw.device_type} device has no bf16 support (CUDA needs compute capability 8.0+). "
             "Use `precision=fp16` (loss-scaled) or `precision=fp32`.",
         )
-    if p.tf32 and not hw.tf32:
+    if p.tf32 and not hw.tf32 and not hw.missing_gpu:
         yield SpecError(
             ("precision.tf32",),
             f"TF32 exists only on NVIDIA GPUs of compute capability 8.0 or newer, and this run is on "
@@ -48,7 +49,7 @@ def _fp8(spec: RunSpec, hw: Hardware) -> Iterator[SpecError]:
             "fp8 training runs its linear layers in float8 and everything else under bf16 autocast, so it "
             "needs precision.bf16=true and precision.fp16=false. Use `precision=fp8`, which sets both.",
         )
-    if not hw.fp8:
+    if not hw.fp8 and not hw.missing_gpu:
         major, minor = FP8_MIN_CAPABILITY
         where = (
             f"a GPU of compute capability {hw.capability[0]}.{hw.capability[1]}"

@@ -8,7 +8,9 @@ import random
 import pytest
 
 from conftest import TINY, losses, run_cli, run_inline
+from launcher.plan.states import count_params
 from launcher.rank.micro_batch import RECORD
+from launcher.spec import load_spec
 
 SHORT = [*TINY, "train.max_steps=6", "checkpoint.every=null", "train.eval_every=null"]
 
@@ -59,6 +61,38 @@ def test_auto_micro_batch_fits_the_budget_and_keeps_the_global_batch(tmp_path) -
     big, split = losses(tmp_path / "roomy"), losses(tmp_path / "tight")
     for step in big:  # the same 16 sequences per step, accumulated in 4 parts: the same update
         assert split[step] == pytest.approx(big[step], rel=1e-5, abs=1e-6)
+
+
+@pytest.mark.parametrize(
+    ("strategy", "measured", "shard"),
+    [
+        ("fsdp", "this rank's FSDP2 shards", 0.55),
+        ("zero3", "this rank's ZeRO-3 partitions", 0.55),
+        ("tp", "this rank's tensor-parallel split", 0.95),  # the blocks' projections split, embeddings whole
+    ],
+)
+def test_auto_micro_batch_searches_the_sharded_state_on_two_ranks(
+    tmp_path, strategy: str, measured: str, shard: float
+) -> None:
+    """Searched after sharding, every rank in step: the cap of 2 splits the per-rank batch 8 as 2 x 4."""
+    run_dir = tmp_path / strategy
+    args = [
+        *TINY, "train.max_steps=2", "scheduler.warmup_steps=1", "train.micro_batch_size=4", "train.grad_accum_steps=2",
+        "checkpoint.every=null", "train.eval_every=null", "launcher=local", "launcher.nproc=2", f"parallel={strategy}", "memory=auto_batch",
+        "memory.max_memory_gb=64", "memory.max_micro_batch_size=2", f"run_dir={run_dir}",
+    ]  # fmt: skip
+    done = run_cli(args, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    record = json.loads((run_dir / RECORD).read_text())
+    assert (record["micro_batch_size"], record["grad_accum_steps"]) == (2, 4)
+    assert [t["micro_batch_size"] for t in record["tries"]] == [1, 2] and record["measured"] == measured
+    whole = 8 * count_params(load_spec(run_dir / "spec.yaml")).trainable  # two fp32 moments per parameter
+    assert 0 < record["ballast_bytes"] <= shard * whole  # this rank's share, not the whole model's
+    assert f"on {measured}" in done.stdout
+    if strategy == "zero3":  # the engine runs the chosen split
+        config = json.loads((run_dir / "deepspeed_config.json").read_text())
+        assert (config["train_micro_batch_size_per_gpu"], config["gradient_accumulation_steps"]) == (2, 4)
+    assert sorted(losses(run_dir)) == [1, 2]
 
 
 def _write_jsonl(path) -> None:

@@ -130,3 +130,30 @@ def test_a_one_file_corpus_keeps_its_training_side_and_trains(tmp_path, kind: st
     assert cli.run(args) == 0
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["steps"] == 3 and summary["eval_loss"] is not None
+
+
+def test_a_run_that_makes_no_evaluation_needs_no_held_out_data(tmp_path) -> None:
+    book = _book(tmp_path)
+    args = ["data=text", f"data.path={book}", "data.seq_len=64", "data.val_fraction=0.002", *TWO_RANKS]
+    short = [*args, "train.max_steps=10", "train.eval_every=100", "scheduler.warmup_steps=1"]
+    assert size_errors(_spec(*short)) == []  # 10 steps, eval_every=100: no evaluation, not even at the end
+    (error,) = size_errors(_spec(*short, "train.eval_at_end=true"))  # one evaluation asked for
+    assert "the held-out data holds 1 sequence" in error.message
+    (error,) = size_errors(_spec(*args, "train.max_steps=100", "train.eval_every=100"))  # step 100 evaluates
+    assert "the held-out data holds 1 sequence" in error.message
+
+
+def test_the_dry_run_runs_the_data_checks_and_says_what_the_run_would_refuse(tmp_path, capsys) -> None:
+    book = _book(tmp_path)
+    args = ["data=text", f"data.path={book}", "data.seq_len=64", "data.val_fraction=0.002", *TWO_RANKS]
+    assert cli.run([*args, "dry_run=true", f"run_dir={tmp_path / 'run'}"]) == 2  # as the run itself
+    out = " ".join(capsys.readouterr().out.split())
+    assert "verdict: would be refused (1 problem(s) with the data)" in out and "verdict: valid" not in out
+    assert "would be refused: data.val_fraction, data.val_path" in out
+    assert "the held-out data holds 1 sequence of 64 tokens" in out
+    assert "data check: refused (" in out and "s, tokenizing included)" in out
+    assert not (tmp_path / "run").exists()
+    assert cli.run([*args, "dry_run=true", "train.max_steps=10", "scheduler.warmup_steps=1"]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert "data check: enough for one optimizer step (the run makes no evaluation)" in out
+    assert "verdict: valid" in out

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+from launcher.components import hardware_facts
+from launcher.front import cli
 from launcher.front.cli import precheck
 from launcher.front.verify import compare
 
@@ -86,3 +88,42 @@ def test_compare_names_the_first_differing_step_and_tolerance() -> None:
     assert "first differing step 2" in off.message and "max abs diff 0.0001" in off.message
     assert compare(a, {1: 5.0, 2: 4.0001, 3: 3.0}, 1e-3).within_tolerance
     assert "different steps" in compare(a, {1: 5.0}, 0.0).message
+
+
+CUDA_PLAN = ["launcher.device=cuda", "launcher=local", "launcher.nproc=2", "parallel=ddp", "precision=bf16"]
+
+
+@pytest.fixture
+def no_gpu(monkeypatch: pytest.MonkeyPatch) -> None:
+    """This machine as one without a GPU, whatever it has."""
+    monkeypatch.setattr("launcher.rules.hardware.cuda_facts", lambda: hardware_facts.NO_CUDA)
+
+
+def test_a_gpu_run_is_planned_from_a_machine_without_one_for_the_gpu_it_names(
+    no_gpu, capsys, tmp_path
+) -> None:
+    assert _errors(*CUDA_PLAN, "dry_run=true") == []  # no device count, no bf16 refusal: nothing starts here
+    args = [*CUDA_PLAN, "dry_run=true", "simulate_hardware=h100_sxm", f"run_dir={tmp_path / 'run'}"]
+    assert cli.run(args) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert "verdict: valid" in out and "memory plan: per cuda device, 2 rank(s)" in out
+    assert (
+        "fit: fits: " in out
+        and "of the 74.51 GiB of an NVIDIA H100 SXM 80GB (simulate_hardware=h100_sxm)" in out
+    )
+    assert "named, not probed: this machine has no GPU" in out
+    big = ["model=gpt_1b", "data.seq_len=2048", "model.max_seq_len=2048", "train.micro_batch_size=16"]
+    (error,) = _errors(*CUDA_PLAN, *big, "dry_run=true", "simulate_hardware=a100_80g")
+    assert "exceeds the 74.51 GiB of NVIDIA A100 SXM 80GB (simulate_hardware=a100_80g)" in error
+    assert "memory.activation_checkpointing=blocks: " in error
+    fp8 = [*CUDA_PLAN, "precision=fp8", "dry_run=true"]
+    assert _errors(*fp8, "simulate_hardware=h100_sxm") == []  # compute capability 9.0
+    (error,) = _errors(*fp8, "simulate_hardware=a100_80g")
+    assert "precision.fp8: fp8 matmuls need" in error and "compute capability 8.0" in error
+
+
+def test_a_real_gpu_run_on_a_machine_without_one_is_refused_by_that_alone(no_gpu, tmp_path) -> None:
+    (error,) = _errors(*CUDA_PLAN, "precision=fp8")  # no bf16, fp8 or device-count refusal besides
+    assert error.startswith("launcher.device: launcher.device=cuda but no CUDA GPU is visible")
+    assert "dry_run=true simulate_hardware=h100_sxm" in error
+    assert cli.run([*CUDA_PLAN, f"run_dir={tmp_path / 'run'}"]) == 2 and not (tmp_path / "run").exists()

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 from launcher.front import compose
-from launcher.plan.fit import fixes, memory_error, too_large
+from launcher.plan.fit import QLORA, fixes, memory_error, too_large
 from launcher.plan.planner import plan
+from launcher.plan.render import format_bytes
 from launcher.rules import memory as memory_rules
 from launcher.rules.hardware import Hardware
 from launcher.spec import RunSpec, to_spec
@@ -32,8 +33,9 @@ def test_a_plan_too_large_for_the_gpu_is_an_error_listing_priced_fixes() -> None
     assert not too_large(memory, 0)  # unknown device memory: no judgement
     h100 = 80 * GiB
     found = fixes(spec)
-    assert [f.overrides[0] for f in found[:4]] == [
-        "memory.activation_checkpointing=blocks", "optimizer=adamw_8bit", "parallel=fsdp", "parallel=zero3_offload",
+    assert [f.overrides[0] for f in found[:5]] == [
+        "memory.activation_checkpointing=blocks", "optimizer=adamw_8bit", "parallel=fsdp", "parallel=fsdp_offload",
+        "parallel=zero3_offload",
     ]  # fmt: skip
     assert all(f.total < memory.total for f in found)
     assert "parallel=fsdp" not in found[-1].overrides  # together: zero3_offload replaces fsdp
@@ -53,3 +55,27 @@ def test_the_memory_rule_judges_only_a_gpu() -> None:
     cpu = Hardware(device_type="cpu", bf16=True, tf32=False, num_gpus=0)
     assert list(memory_rules._fits_device(spec, cpu)) == []
     assert list(memory_rules._fits_device(_spec([]), gpu)) == []  # the default tiny model fits
+
+
+def test_a_too_big_plan_lists_qlora_and_fsdp_offload_priced_by_the_planner() -> None:
+    eight = [*BIG, "launcher=local", "launcher.nproc=8"]
+    spec = _spec([*eight, "parallel=ddp"])
+    memory = plan(spec, device_type="cuda")
+    found = fixes(spec)
+    priced = {f.overrides: f.total for f in found}
+    qlora = _spec([*eight, "parallel=ddp", "quantization=nf4_lora"])  # what the override composes to
+    assert qlora.quantization == QLORA
+    assert priced[("quantization=nf4_lora",)] == plan(qlora, device_type="cuda").total
+    offload = plan(_spec([*eight, "parallel=fsdp_offload"]), device_type="cuda")
+    assert priced[("parallel=fsdp_offload",)] == offload.total and offload.host_bytes > 0
+    assert priced[("parallel=fsdp_offload",)] < priced[("parallel=fsdp",)] < memory.total
+    assert priced[("quantization=nf4_lora",)] < memory.total / 1.5  # nf4 weights, the adapters' states only
+    assert not any("quantization=nf4_lora" in o and len(o) > 1 for o in priced)  # alone, never combined
+    error = memory_error(memory, 40 * GiB, found)
+    assert error is not None
+    for override in ("quantization=nf4_lora", "parallel=fsdp_offload"):
+        assert f"{override}: {format_bytes(priced[(override,)])}" in error.message
+    one_rank = {f.overrides[0] for f in fixes(_spec(BIG))}
+    assert "quantization=nf4_lora" in one_rank and "parallel=fsdp_offload" not in one_rank  # shards nothing
+    adapters = {f.overrides[0] for f in fixes(_spec([*BIG, "quantization=lora"]))}
+    assert "quantization=nf4_lora" not in adapters  # already training adapters: not offered

@@ -96,7 +96,7 @@ def test_local_cuda_without_gpus_never_advises_nproc_0() -> None:
     # This machine has no GPU: the advice is the device, not a rank count of zero.
     messages = [str(e) for e in precheck(["launcher=local", "parallel=ddp", "launcher.device=cuda"])]
     assert any("no CUDA GPU is visible" in m for m in messages), messages
-    assert any("Run on a machine with GPUs" in m for m in messages), messages
+    assert any("run on a machine with a GPU" in m for m in messages), messages
     assert not any("nproc=0" in m for m in messages), messages
 
 

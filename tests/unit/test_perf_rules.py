@@ -34,11 +34,6 @@ CASES = [
     (["memory=auto_batch", "memory.max_micro_batch_size=0"], ("memory.max_micro_batch_size",), "1 or more"),
     (["memory.max_memory_gb=4"], ("memory.max_memory_gb", "memory.auto_micro_batch"), "search, which is off"),
     (["memory=auto_batch", "memory.max_memory_gb=-1"], ("memory.max_memory_gb",), "must be positive"),
-    (
-        ["memory=auto_batch", "memory.max_memory_gb=4", "parallel.strategy=fsdp"],
-        ("memory.auto_micro_batch", "parallel.strategy"),
-        "unsharded model",
-    ),
     (["data.batching=group_by_length"], ("data.batching", "data.packing"), "data.packing=false"),
     (["data.batching=by_size"], ("data.batching",), "Choose one of"),
     (
@@ -83,3 +78,10 @@ def test_plus_profile_is_the_schema_key() -> None:
         "compile=default",
     ]
     assert precheck(["profile=true", "memory=checkpoint_attention", "compile=default"]) == []
+
+
+@pytest.mark.parametrize("strategy", ["fsdp", "zero3", "tp"])
+def test_the_micro_batch_search_is_accepted_under_sharding(strategy: str) -> None:
+    """It runs on the sharded state (tests/integration/test_memory_runs.py runs each on two ranks)."""
+    argv = ["launcher=local", "launcher.nproc=2", f"parallel={strategy}", "memory=auto_batch"]
+    assert precheck(["scheduler.warmup_steps=1", *argv, "memory.max_memory_gb=4"]) == []
