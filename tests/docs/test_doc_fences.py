@@ -45,7 +45,9 @@ def test_fence_check_finds_an_unclosed_block_and_a_block_inside_a_block() -> Non
     assert fence_problems("```\nx\n```\n\n```\ny\n") == [
         "line 5: the block opened here is never closed (add ```)"
     ]
-    assert fence_problems("```\nerror: ...\n\n```bash\nls\n```\n")[0].startswith("line 4: ```bash opens a block")
+    assert fence_problems("```\nerror: ...\n\n```bash\nls\n```\n")[0].startswith(
+        "line 4: ```bash opens a block"
+    )
 
 
 @pytest.mark.parametrize("page", doc_files(), ids=lambda p: str(p.relative_to(REPO)))
