@@ -12,6 +12,7 @@ from pathlib import Path
 
 from launcher.components.data.formats import encode_record
 from launcher.components.data.layouts import find_registry
+from launcher.components.data.saved import saved_folder
 from launcher.components.data.sources import BUILDERS, RecordError, matching_files, sample_records
 from launcher.components.data.tokenizer import is_byte_export, load_problem, load_tokenizer, tokenizer_size
 from launcher.components.model.hf_files import local_dir, local_vocab_size
@@ -75,8 +76,8 @@ def _tokenizer(spec: RunSpec, hw: Hardware) -> Iterator[SpecError]:
 
 def _sample(spec: RunSpec, hw: Hardware) -> Iterator[SpecError]:
     d = spec.data
-    if d.kind not in ("jsonl", "files"):
-        return
+    if d.kind not in ("jsonl", "files") or (d.kind == "jsonl" and saved_folder(d.path)):
+        return  # a save_to_disk folder under data=jsonl: the data rules name it
     try:
         files = [
             path for _, path in matching_files(d.path, suffixes=tuple(BUILDERS) if d.kind == "files" else ())
