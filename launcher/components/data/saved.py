@@ -84,19 +84,9 @@ def sample_arrow(path: Path, limit: int) -> Iterator[tuple[int, Any]]:
     """(row index, record) of the first `limit` rows of one Arrow file of a saved dataset."""
     import pyarrow as pa
 
-    with pa.memory_map(str(path)) as source:
-        try:
-            reader = pa.ipc.open_stream(source)
-        except pa.ArrowInvalid:  # the file format rather than the stream format
-            source.seek(0)
-            reader = pa.ipc.open_file(source)
-        batches = (
-            iter(reader)
-            if hasattr(reader, "__iter__")
-            else map(reader.get_batch, range(reader.num_record_batches))
-        )
+    with pa.memory_map(str(path)) as source:  # save_to_disk writes Arrow's stream format
         index = 0
-        for batch in batches:
+        for batch in pa.ipc.open_stream(source):
             for row in batch.to_pylist():
                 if index >= limit:
                     return
