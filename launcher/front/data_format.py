@@ -12,6 +12,7 @@ from omegaconf import DictConfig
 
 from launcher.components.data.formats import DEFAULT_FIELDS, PAIR_FIX
 from launcher.components.data.layouts import choices, find_registry, matches, reason, whole_conversations
+from launcher.components.data.saved import saved_folder
 from launcher.components.data.sources import BUILDERS, RecordError, matching_files, sample_records
 from launcher.config.data import DataConfig
 from launcher.front.config_values import typed, with_values
@@ -22,6 +23,8 @@ FORMAT_KEYS = ("data.format", "data.field")
 
 def _first_record(d: DataConfig) -> tuple[str, object] | None:
     """(where, record) of the first record of data.path; None when there is none to read (the rules say why)."""
+    if d.kind != "files" and saved_folder(d.path):
+        return None  # a save_to_disk folder is read by data=files only
     try:
         files = [p for _, p in matching_files(d.path, suffixes=tuple(BUILDERS) if d.kind == "files" else ())]
     except FileNotFoundError:

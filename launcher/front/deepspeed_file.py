@@ -86,29 +86,43 @@ def taken(cfg: DictConfig) -> list[Taken]:
 def _accumulation(
     cfg: DictConfig, user: dict[str, Any], decided: list[Taken], set_by: dict[str, str], name: str
 ) -> list[Taken]:
-    """train.grad_accum_steps from an explicit train_batch_size, as DeepSpeed derives it, where nobody set it.
+    """The split of an explicit train_batch_size that DeepSpeed would derive, for the batch keys nobody set.
 
-    Only when the file leaves gradient_accumulation_steps to "auto" (or out) and the batch divides
-    into micro batches x ranks; otherwise the batch check names the keys.
+    As DeepSpeed's `_set_batch_related_parameters`: a known micro batch gives the accumulation steps
+    (train_batch_size / (micro x ranks)), known accumulation steps give the micro batch
+    (train_batch_size / (steps x ranks)), and with neither there is one step of train_batch_size / ranks.
+    "Known" is stated in the file or set by someone; a key's default is not. Only exact divisions are
+    taken; otherwise the batch check names the keys.
     """
     total = user.get("train_batch_size")
-    gas = user.get("gradient_accumulation_steps", "auto")
-    if (
-        not isinstance(total, int)
-        or isinstance(total, bool)
-        or gas != "auto"
-        or "train.grad_accum_steps" in set_by
-    ):
+    if not isinstance(total, int) or isinstance(total, bool) or total <= 0:
         return []
     value = {t.spec_key: t.value for t in decided}
     ranks = 1
     for key in ("launcher.nproc", "launcher.nnodes"):
         ranks *= int(value.get(key, OmegaConf.select(cfg, key)))
-    micro = int(value.get("train.micro_batch_size", OmegaConf.select(cfg, "train.micro_batch_size")))
-    if total <= 0 or total % (micro * ranks):
+    micro_key, steps_key = "train.micro_batch_size", "train.grad_accum_steps"
+    micro_known = micro_key in value or micro_key in set_by
+    steps_known = steps_key in value or steps_key in set_by
+    micro = int(value.get(micro_key, OmegaConf.select(cfg, micro_key)))
+    steps = int(value.get(steps_key, OmegaConf.select(cfg, steps_key)))
+    if micro_known and steps_known:
         return []
-    credit = f"{name}: train_batch_size / (micro batch x ranks)"
-    return [Taken(spec_key="train.grad_accum_steps", value=total // (micro * ranks), credit=credit)]
+    if micro_known:
+        derived = {steps_key: (total, micro * ranks, "train_batch_size / (micro batch x ranks)")}
+    elif steps_known:
+        derived = {micro_key: (total, steps * ranks, "train_batch_size / (accumulation steps x ranks)")}
+    else:
+        derived = {
+            steps_key: (1, 1, "train_batch_size without a micro batch or accumulation steps: 1 step"),
+            micro_key: (total, ranks, "train_batch_size / ranks"),
+        }
+    if any(whole % part for whole, part, _ in derived.values()):
+        return []
+    return [
+        Taken(spec_key=key, value=whole // part, credit=f"{name}: {how}")
+        for key, (whole, part, how) in derived.items()
+    ]
 
 
 def _launch_conflicts(cfg: DictConfig, path: str, accelerate: AccelerateFile | None) -> list[SpecError]:

@@ -175,9 +175,13 @@ def bucket_sizes(spec: RunSpec) -> dict[str, int]:
     The width is the model's real one: a Hugging Face folder's hidden_size, not the preset's d_model.
     """
     width = model_shape(spec.model).equivalent.d_model
+    prefetch, persistence = int(0.9 * width * width), 10 * width
     return {
         "zero_optimization.reduce_bucket_size": width * width,
         "zero_optimization.allgather_bucket_size": width * width,
-        "zero_optimization.stage3_prefetch_bucket_size": int(0.9 * width * width),
-        "zero_optimization.stage3_param_persistence_threshold": 10 * width,
+        "zero_optimization.stage3_prefetch_bucket_size": prefetch,
+        "zero_optimization.stage3_param_persistence_threshold": persistence,
+        # DeepSpeedZeroConfig's names for the same two (axolotl's zero3 files write these)
+        "zero_optimization.prefetch_bucket_size": prefetch,
+        "zero_optimization.param_persistence_threshold": persistence,
     }

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import os
+from collections import Counter
 from collections.abc import Iterator
 
 from launcher.components.data.formats import INSTRUCTION_TEMPLATE, template_problem
 from launcher.components.data.layouts import find_registry, registry_problem
-from launcher.components.data.sources import BUILDERS, matching_files
+from launcher.components.data.saved import saved_folder
+from launcher.components.data.sources import BUILDERS, matching_files, suffix_of
 from launcher.components.model.hf_files import local_dir
 from launcher.config.data import BATCHING, FORMATS, TRAIN_ON, TRAIN_REASONING
 from launcher.rules.hardware import Hardware
@@ -85,10 +88,21 @@ def _files(spec: RunSpec, hw: Hardware) -> Iterator[SpecError]:
     for key, pattern in (("data.path", d.path), ("data.val_path", d.val_path)):
         if pattern is None and key == "data.val_path":
             continue
+        if d.kind != "files" and saved_folder(pattern) is not None:
+            yield SpecError(
+                (key, "data.kind"),
+                f"'{pattern}' is a folder `datasets` wrote with save_to_disk (Arrow files, state.json), which "
+                f"data.kind={d.kind} does not read. Use `data=files` (read with datasets.load_from_disk).",
+            )
+            continue
         try:
             found = matching_files(pattern, key=key, suffixes=suffixes)
         except FileNotFoundError as err:
             yield SpecError((key,), str(err))
+            continue
+        mixed = _mixed_kinds(pattern, found) if d.kind == "files" else None
+        if mixed:
+            yield SpecError((key,), mixed)
             continue
         registry = find_registry([path for _, path in found]) if d.kind != "text" else None
         if registry is not None:
@@ -98,6 +112,28 @@ def _files(spec: RunSpec, hw: Hardware) -> Iterator[SpecError]:
             yield SpecError(
                 (key,), f"every file {key} names is empty ({found[0][1]}{', ...' if len(found) > 1 else ''})."
             )
+
+
+def _mixed_kinds(pattern: str, found: list) -> str | None:
+    """Why a folder of data files of several kinds (.jsonl and .parquet, say) is refused; None when they are alike.
+
+    Shards of one dataset share one kind; a folder of several is usually a dataset beside its
+    conversions or exports, which `datasets` would read as one table and fail on (or mix) part way.
+    """
+    if not os.path.isdir(pattern) or saved_folder(pattern) is not None:
+        return None
+    counts = Counter(suffix_of(path) for _, path in found)
+    if (
+        len({BUILDERS.get(suffix) for suffix in counts}) < 2
+    ):  # JSON Lines and JSON arrays, gzip'd or not: one kind
+        return None
+    kinds = ", ".join(f"{suffix} ({n} file{'s' if n > 1 else ''})" for suffix, n in sorted(counts.items()))
+    first = sorted(counts)[0]
+    return (
+        f"the folder '{pattern}' holds data files of several kinds: {kinds}. The shards of one dataset share one "
+        f"kind: point data.path at one kind with a glob (e.g. '{os.path.join(pattern, '**', '*' + first)}'), or "
+        "move the others out of the folder."
+    )
 
 
 def _batching(spec: RunSpec, hw: Hardware) -> Iterator[SpecError]:

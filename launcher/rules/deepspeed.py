@@ -6,11 +6,13 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from launcher.config.parallel import ParallelConfig
+from launcher.parallel import deepspeed_schema
 from launcher.parallel.deepspeed_config import loss_scale_power
+from launcher.parallel.deepspeed_sections import section_problems
 from launcher.parallel.deepspeed_user_config import merge as merge_user_config
 from launcher.parallel.deepspeed_user_config import read_user_config
 from launcher.rules.hardware import Hardware
-from launcher.rules.values import Rule, missing
+from launcher.rules.values import Rule, installed, missing
 from launcher.spec import RunSpec, SpecError
 
 DEEPSPEED_KEYS = ("zero_stage", "offload_optimizer", "offload_params", "deepspeed_config")
@@ -114,12 +116,16 @@ def _precision(spec: RunSpec, hw: Hardware) -> Iterator[SpecError]:
 
 
 def _user_config(spec: RunSpec, hw: Hardware) -> Iterator[SpecError]:
+    """A user's DeepSpeed JSON: every section honoured, decided by the spec or refused; then DeepSpeed's own check."""
     path = spec.parallel.deepspeed_config
     if spec.parallel.strategy != "deepspeed" or not path:
         return
     user, errors = read_user_config(path)
     if user is not None:
-        errors = merge_user_config(spec, path, user)[1]
+        filled, errors = merge_user_config(spec, path, user)
+        errors = section_problems(path, user) + errors
+        if not errors and installed("deepspeed"):
+            errors = deepspeed_schema.errors(path, filled)
     yield from errors
 
 

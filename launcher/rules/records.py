@@ -12,8 +12,15 @@ from pathlib import Path
 
 from launcher.components.data.formats import encode_record
 from launcher.components.data.layouts import find_registry
+from launcher.components.data.saved import saved_folder
 from launcher.components.data.sources import BUILDERS, RecordError, matching_files, sample_records
-from launcher.components.data.tokenizer import is_byte_export, load_problem, load_tokenizer, tokenizer_size
+from launcher.components.data.tokenizer import (
+    is_byte_export,
+    is_tiktoken_file,
+    load_problem,
+    load_tokenizer,
+    tokenizer_size,
+)
 from launcher.components.model.hf_files import local_dir, local_vocab_size
 from launcher.config.tokenizer import TOKENIZER_KINDS
 from launcher.rules.hardware import Hardware
@@ -73,10 +80,36 @@ def _tokenizer(spec: RunSpec, hw: Hardware) -> Iterator[SpecError]:
         )
 
 
+def _eos(spec: RunSpec, hw: Hardware) -> Iterator[SpecError]:
+    """A tokenizer folder without an eos token, where documents would get one (tokenizer.add_eos)."""
+    tok, d = spec.tokenizer, spec.data
+    if tok.kind != "hf" or not tok.add_eos or d.format in ("chat", "sharegpt") or load_problem(tok):
+        return  # chat templates write their own end of turn; a folder that does not load is named above
+    if load_tokenizer(tok).eos_id is not None:
+        return
+    model = Path(str(tok.path)) / "tokenizer.model"
+    tiktoken = not (model.parent / "tokenizer.json").is_file() and model.is_file() and is_tiktoken_file(model)
+    why = (
+        " Its tokenizer.model is a tiktoken BPE file (Llama 3's original/ folder), which holds no special tokens: "
+        "Llama 3's <|begin_of_text|>, <|end_of_text|> and <|eot_id|> are added by the code that reads it."
+        if tiktoken
+        else ""
+    )
+    yield SpecError(
+        ("tokenizer.path", "tokenizer.add_eos"),
+        f"the tokenizer in '{tok.path}' has no eos token, so with tokenizer.add_eos=true each document would run "
+        f"into the next with nothing between them.{why} Name it in the folder's tokenizer_config.json (e.g. "
+        '`{"eos_token": "<|end_of_text|>", "bos_token": "<|begin_of_text|>"}`: tokens the vocabulary lacks are '
+        "added after it, so a pretrained model then needs model.resize_embeddings=true), or use the tokenizer "
+        "folder transformers saves (tokenizer.json with tokenizer_config.json); or add tokenizer.add_eos=false "
+        "to train without an end-of-document token.",
+    )
+
+
 def _sample(spec: RunSpec, hw: Hardware) -> Iterator[SpecError]:
     d = spec.data
-    if d.kind not in ("jsonl", "files"):
-        return
+    if d.kind not in ("jsonl", "files") or (d.kind == "jsonl" and saved_folder(d.path)):
+        return  # a save_to_disk folder under data=jsonl: the data rules name it
     try:
         files = [
             path for _, path in matching_files(d.path, suffixes=tuple(BUILDERS) if d.kind == "files" else ())
@@ -111,5 +144,5 @@ def _sample(spec: RunSpec, hw: Hardware) -> Iterator[SpecError]:
         budget -= count
 
 
-RULES: tuple[Rule, ...] = (_tokenizer, _sample)
+RULES: tuple[Rule, ...] = (_tokenizer, _eos, _sample)
 """This module's rules, in the order they report."""

@@ -171,3 +171,34 @@ def test_dry_run_says_which_tokenizer_auto_chose(llama, capsys) -> None:
     out = " ".join(capsys.readouterr().out.split())
     assert f"chosen by tokenizer=auto: the model folder '{llama}' holds its own tokenizer" in out
     assert "tokenizer: LlamaTokenizer" in out
+
+
+def _tiktoken_folder(folder: Path) -> Path:
+    """A folder as Llama 3's original/ download has it: a tiktoken tokenizer.model (every byte, a few merges), no more."""
+    import base64
+
+    folder.mkdir(parents=True)
+    tokens = [bytes([b]) for b in range(256)] + [b"de", b"f ", b"st", b"ep", b"re", b"tu", b"rn"]
+    lines = [f"{base64.b64encode(t).decode()} {rank}" for rank, t in enumerate(tokens)]
+    (folder / "tokenizer.model").write_text("\n".join(lines) + "\n")
+    return folder
+
+
+def test_a_tiktoken_folder_without_an_eos_is_refused_saying_how_to_name_one(tmp_path) -> None:
+    pytest.importorskip("tiktoken")
+    folder = _tiktoken_folder(tmp_path / "original")
+    data = tmp_path / "train.jsonl"
+    data.write_text("".join(json.dumps({"text": f"def step(x): return {i}"}) + "\n" for i in range(200)))
+    argv = ["data=jsonl", f"data.path={data}", "tokenizer=hf", f"tokenizer.path={folder}"]
+    errors = cli.precheck(argv)
+    assert [e.keys for e in errors] == [("tokenizer.path", "tokenizer.add_eos")]
+    message = errors[0].message
+    assert "tiktoken BPE file" in message and '"eos_token": "<|end_of_text|>"' in message
+    assert "tokenizer.add_eos=false" in message
+    assert cli.precheck([*argv, "tokenizer.add_eos=false"]) == []
+    (folder / "tokenizer_config.json").write_text(json.dumps({"eos_token": "<|end_of_text|>"}))
+    named = tmp_path / "named"
+    shutil.copytree(folder, named)  # another path: the tokenizer is loaded once per path
+    tok = load_tokenizer(TokenizerConfig(kind="hf", path=str(named)))
+    assert tok.eos_id == 263 and tok.tok.convert_ids_to_tokens(263) == "<|end_of_text|>"
+    assert cli.precheck([*argv[:3], f"tokenizer.path={named}"]) == []

@@ -11,22 +11,40 @@ from __future__ import annotations
 import codecs
 import csv
 import glob
+import gzip
 import json
 import os
 import sysconfig
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
+from launcher.components.data import saved
 from launcher.config.data import DataConfig
 
 STDLIB_EXCLUDED_DIRS = frozenset({"site-packages", "dist-packages", "test", "tests", "idlelib"})
-BUILDERS = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".csv": "csv", ".txt": "text"}
-"""File suffix -> the `datasets` builder that reads it (data.kind=files)."""
+BUILDERS = {
+    ".jsonl": "json", ".json": "json", ".jsonl.gz": "json", ".json.gz": "json", ".parquet": "parquet",
+    ".csv": "csv", ".txt": "text",
+}  # fmt: skip
+"""File suffix -> the `datasets` builder that reads it (data.kind=files; gzip is read by the json builder)."""
+JSONL_SUFFIXES = (".jsonl", ".json", ".jsonl.gz", ".json.gz")
+"""What data.kind=jsonl reads: JSON Lines or a JSON array, gzip-compressed or not."""
 
 
 class RecordError(ValueError):
     """A record that the format cannot use: names the file, the record and the key."""
+
+
+def suffix_of(path: Path) -> str:
+    """A data file's kind by name: `.jsonl.gz` and `.json.gz` whole, otherwise the last suffix."""
+    name = path.name.lower()
+    return next((s for s in (".jsonl.gz", ".json.gz") if name.endswith(s)), path.suffix)
+
+
+def _open(path: Path) -> IO[bytes]:
+    """The file's bytes, decompressed when its name ends in .gz."""
+    return gzip.open(path, "rb") if path.name.lower().endswith(".gz") else path.open("rb")
 
 
 def stdlib_root() -> Path:
@@ -52,13 +70,17 @@ def matching_files(
 ) -> list[tuple[str, Path]]:
     """(key, path) of the files a file, glob or directory names, sorted; keys are relative to their common folder.
 
-    A directory stands for every file below it with one of `suffixes` (any file when empty).
+    A directory stands for every file below it with one of `suffixes` (any file when empty); a folder
+    `save_to_disk` wrote stands for the Arrow files of the split it trains on (launcher.components.data.saved).
     """
     if not pattern:
         raise FileNotFoundError(f"{key} is not set: set {key} to a file, a glob or a directory.")
+    folder = saved.saved_folder(pattern)
+    if folder is not None:
+        return saved.arrow_files(folder, key)
     if os.path.isdir(pattern):
         found = [Path(p) for p in glob.glob(os.path.join(pattern, "**", "*"), recursive=True)]
-        paths = sorted(p for p in found if p.is_file() and (not suffixes or p.suffix in suffixes))
+        paths = sorted(p for p in found if p.is_file() and (not suffixes or suffix_of(p) in suffixes))
         if not paths:
             wanted = f" ending in {', '.join(suffixes)}" if suffixes else ""
             raise FileNotFoundError(f"{key}: the directory '{pattern}' holds no files{wanted}.")
@@ -106,7 +128,8 @@ def read_text(path: Path, limit: int | None, *, strict: bool = False) -> str:
 def _one_object_hint(path: Path) -> str:
     """What to do when a file that fails as JSON Lines is one (pretty-printed) JSON object; '' when it is not."""
     try:
-        value = json.loads(path.read_bytes())
+        with _open(path) as f:
+            value = json.loads(f.read())
     except (json.JSONDecodeError, UnicodeDecodeError):
         return ""
     if not isinstance(value, dict):
@@ -119,8 +142,8 @@ def _one_object_hint(path: Path) -> str:
 
 
 def _jsonl(path: Path, limit: int | None = None) -> Iterator[tuple[int, Any]]:
-    """(line number, parsed value) of each non-blank line of a JSON Lines file."""
-    with path.open("rb") as f:
+    """(line number, parsed value) of each non-blank line of a JSON Lines file (gzip-compressed or not)."""
+    with _open(path) as f:
         count = 0
         for lineno, line in enumerate(f, start=1):
             if not line.strip():
@@ -137,7 +160,7 @@ def _jsonl(path: Path, limit: int | None = None) -> Iterator[tuple[int, Any]]:
 
 def is_json_array(path: Path) -> bool:
     """Whether a file holds one JSON array (alpaca_data.json's layout) rather than JSON Lines."""
-    with path.open("rb") as f:
+    with _open(path) as f:
         head = f.read(4096).lstrip()
     return head.startswith(b"[")
 
@@ -148,7 +171,8 @@ def _json(path: Path, limit: int | None) -> Iterator[tuple[int, Any]]:
         yield from _jsonl(path, limit)
         return
     try:
-        values = json.loads(path.read_bytes())
+        with _open(path) as f:
+            values = json.loads(f.read())
     except json.JSONDecodeError as err:
         raise RecordError(f"{path}: not valid JSON ({err.msg} at line {err.lineno}).") from err
     yield from enumerate(values[:limit] if limit is not None else values)
@@ -180,20 +204,26 @@ def sample_records(path: Path, limit: int, *, jsonl: bool = False) -> Iterator[t
     Read without `datasets`, so it is fast. `where` names the record for a person: `file:line` for
     JSON Lines, `file record N` otherwise.
     """
-    suffix = path.suffix
+    suffix = suffix_of(path)
     if jsonl:
         suffix = ".json" if is_json_array(path) else ".jsonl"
     if suffix == ".txt":
         yield f"{path}", {"text": read_text(path, None)}
         return
-    readers = {".jsonl": _jsonl, ".json": _json, ".csv": _csv, ".parquet": _parquet}
+    readers = {
+        ".jsonl": _jsonl, ".jsonl.gz": _jsonl, ".json": _json, ".json.gz": _json, ".csv": _csv,
+        ".parquet": _parquet, ".arrow": saved.sample_arrow,
+    }  # fmt: skip
     if suffix not in readers:
         raise RecordError(
             f"{path}: data.kind=files reads {', '.join(BUILDERS)} files; rename it or leave it out of data.path."
         )
     try:
         for index, record in readers[suffix](path, limit):
-            yield (f"{path}:{index}" if suffix == ".jsonl" else f"{path} record {index}"), record
+            yield (
+                (f"{path}:{index}" if suffix in (".jsonl", ".jsonl.gz") else f"{path} record {index}"),
+                record,
+            )
     except RecordError:
         raise
     except Exception as err:  # pyarrow, csv and unicode errors name the file here
@@ -205,7 +235,7 @@ def _datasets_records(path: Path, cfg: DataConfig, cache_dir: Path) -> Iterator[
     import datasets
 
     datasets.disable_progress_bars()
-    builder = BUILDERS.get(path.suffix)
+    builder = BUILDERS.get(suffix_of(path))
     if builder is None:
         raise RecordError(f"{path}: data.kind=files reads {', '.join(BUILDERS)} files.")
     options: dict[str, Any] = {"sample_by": "document"} if builder == "text" else {}
@@ -230,13 +260,16 @@ def records(cfg: DataConfig, pattern: str | None, cache_dir: Path) -> Iterator[t
         for key, path in matching_files(pattern):
             yield key, str(path), {"text": read_text(path, cfg.max_bytes, strict=True)}
     elif cfg.kind == "jsonl":
-        for key, path in matching_files(pattern, suffixes=(".jsonl", ".json")):
+        for key, path in matching_files(pattern, suffixes=JSONL_SUFFIXES):
             if is_json_array(path):  # the alpaca_data.json layout: one array of records
                 for index, record in _json(path, None):
                     yield f"{key}:{index}", f"{path} record {index}", record
                 continue
             for lineno, record in _jsonl(path):
                 yield f"{key}:{lineno}", f"{path}:{lineno}", record
+    elif cfg.kind == "files" and (folder := saved.saved_folder(pattern)) is not None:
+        for key, record in saved.records(folder):  # save_to_disk's folder, through load_from_disk
+            yield key, f"{folder} record {key}", record
     elif cfg.kind == "files":
         for key, path in matching_files(pattern, suffixes=tuple(BUILDERS)):
             for index, record in _datasets_records(path, cfg, cache_dir):

@@ -368,7 +368,7 @@ def _missing_packages(folder: Path) -> str | None:
     model = next((folder / name for name in MODEL_FILES if (folder / name).is_file()), None)
     if model is None:
         return None
-    if _is_tiktoken_file(model):
+    if is_tiktoken_file(model):
         kind, needed = "a tiktoken BPE file", ("tiktoken",)
     else:
         kind, needed = "a SentencePiece model", ("sentencepiece", "google.protobuf")
@@ -382,7 +382,7 @@ def _missing_packages(folder: Path) -> str | None:
     )
 
 
-def _is_tiktoken_file(path: Path) -> bool:
+def is_tiktoken_file(path: Path) -> bool:
     """Whether a tokenizer.model is tiktoken's text format (base64 token, space, rank per line), not SentencePiece's protobuf."""
     with path.open("rb") as file:
         first = file.readline(512).strip()
