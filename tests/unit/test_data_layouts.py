@@ -157,6 +157,7 @@ def test_auto_says_what_it_chose_and_the_spec_holds_it(tmp_path, plain, capsys) 
         "data.format=auto",
         "tokenizer=hf",
         f"tokenizer.path={plain.path}",
+        "train.micro_batch_size=4",  # the dry run checks the data's size too: 20 short records make 13 sequences
     ]
     assert cli.run([*argv, "dry_run=true"]) == 0
     out = " ".join(capsys.readouterr().out.split())
