@@ -2,8 +2,10 @@
 
 `train train.max_steps=5` is the first thing many people try; the default 20 warmup steps would
 never let the learning rate reach its peak, which the rules refuse. When warmup_steps did not come
-from the command line (schema default, an option file or a recipe), it is shortened to a tenth of
-the run instead, with a one-line note; a warmup the user typed is still checked and refused.
+from the command line, it is shortened to a tenth of the run instead. A default (the schema's, or a
+shipped scheduler option's) is the launcher's own business and is shortened without a word; a
+warmup a person wrote into a file (a recipe or experiment, an option of their own config directory)
+is shortened with a one-line note naming that file; a warmup the user typed is checked and refused.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ import sys
 
 from omegaconf import DictConfig
 
+from launcher.front import provenance
 from launcher.front.config_values import typed, with_values
 
 KEY = "scheduler.warmup_steps"
@@ -23,6 +26,17 @@ def _typed(cfg: DictConfig) -> bool:
     return any(str(o).lstrip("+~").split("=", 1)[0] == KEY for o in overrides)
 
 
+def set_in_file(cfg: DictConfig) -> str | None:
+    """The config file a person set the warmup in (`recipe=NAME`, `scheduler=OPTION` of their own config
+    directory, ...), or None where it is the launcher's default."""
+    source = provenance.explicit(cfg).get(KEY)
+    if source is None:
+        return None
+    group, _, option = source.partition("=")
+    own = any((folder / group / f"{option}.yaml").is_file() for folder in provenance.user_dirs(cfg))
+    return None if group == "scheduler" and not own else source  # a shipped schedule's own default
+
+
 def fit_warmup(cfg: DictConfig) -> DictConfig:
     """The config with a default warmup shortened to max_steps // 10 when it is not shorter than the run."""
     scheduler, train = typed(cfg, "scheduler"), typed(cfg, "train")
@@ -32,9 +46,11 @@ def fit_warmup(cfg: DictConfig) -> DictConfig:
     if not 0 < steps <= warmup or _typed(cfg):
         return cfg
     fitted = steps // 10
-    print(
-        f"note: {KEY}={warmup} (not set on the command line) is not shorter than train.max_steps={steps}; "
-        f"this run warms up for {fitted} step(s). Set {KEY} to choose.",
-        file=sys.stderr,
-    )
+    source = set_in_file(cfg)
+    if source is not None:
+        print(
+            f"note: {KEY}={warmup} (set by {source}) is not shorter than train.max_steps={steps}; "
+            f"this run warms up for {fitted} step(s). Set {KEY} on the command line to choose.",
+            file=sys.stderr,
+        )
     return with_values(cfg, {KEY: fitted})

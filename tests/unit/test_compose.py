@@ -187,10 +187,15 @@ def test_auto_backend_picks_local_for_several_ranks() -> None:
 
 
 def test_a_default_warmup_is_fitted_to_a_short_run_and_a_typed_one_is_checked(capsys) -> None:
-    """`train train.max_steps=5` runs (the default 20 warmup steps become 0, with a note)."""
-    spec, errors = compose.validate(compose.compose(["train.max_steps=5"]))
+    """`train train.max_steps=5` runs: the default 20 warmup steps become 0 without a word (the user set
+    nothing); a warmup a recipe sets is shortened with a note naming it; a typed one is refused."""
+    for picked in ([], ["scheduler=linear"]):  # the schema's default, a shipped schedule's default
+        spec, errors = compose.validate(compose.compose([*picked, "train.max_steps=5"]))
+        assert errors == [] and spec.scheduler.warmup_steps == 0
+        assert "warm" not in capsys.readouterr().err
+    spec, errors = compose.validate(compose.compose(["recipe=cpu_smoke", "train.max_steps=3"]))
     assert errors == [] and spec.scheduler.warmup_steps == 0
-    assert "warms up for 0 step(s)" in capsys.readouterr().err
+    assert "scheduler.warmup_steps=4 (set by recipe=cpu_smoke)" in capsys.readouterr().err
     spec, errors = compose.validate(compose.compose(["train.max_steps=50"]))
     assert errors == [] and spec.scheduler.warmup_steps == 20  # it fits: unchanged
     typed = precheck(["train.max_steps=5", "scheduler.warmup_steps=20"])
