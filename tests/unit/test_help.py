@@ -28,7 +28,7 @@ def test_help_and_readme_list_every_exit_status_and_recipe_auto(capsys) -> None:
     helptext = capsys.readouterr().out
     assert "train recipe=auto" in helptext
     listing = next(line for line in helptext.splitlines() if line.startswith("recipe: "))
-    assert listing.split(": ", 1)[1].split(", ")[0] == "auto"  # recipe=auto picks a recipe: the group lists it
+    assert listing.split(": ", 1)[1].split(", ")[0] == "auto"  # recipe=auto picks one: listed too
     statuses = {int(status) for status in ExitStatus}
     assert statuses <= _numbers(helptext.split("Exit status:", 1)[1])
     readme = README.read_text()
