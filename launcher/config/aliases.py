@@ -11,6 +11,19 @@ _EPOCHS = (
     "(train.micro_batch_size x train.grad_accum_steps x ranks), e.g. train.max_steps=3000"
 )
 _PRECISION = "pick the precision group instead: precision=bf16 (or fp16, tf32, fp32)"
+_EVAL_DTYPE = (
+    "use precision.eval_dtype, the autocast dtype of evaluation (null: the training dtype), "
+    "e.g. precision.eval_dtype=bfloat16 (or float16, float32)"
+)
+_ATTENTION = (
+    "use model.attention=auto (or sdpa, varlen, flex): on CUDA, torch's SDPA runs its flash kernel for "
+    "causal attention without a mask, and packed documents go through per-document spans (varlen) or a "
+    "FlexAttention block mask (flex), so the flash_attn package is not needed"
+)
+_COMPILE_MODE = (
+    "pick the compile group instead: compile=default (or reduce_overhead, max_autotune), or compile.mode; "
+    "the backend is always inductor"
+)
 
 ALIASES: dict[str, str] = {
     # Hugging Face TrainingArguments (and accelerate)
@@ -61,6 +74,31 @@ ALIASES: dict[str, str] = {
     "max_length": "use data.seq_len (tokens per sequence), e.g. data.seq_len=2048",
     "sequence_len": "use data.seq_len (tokens per sequence), e.g. data.seq_len=2048",
     "sample_packing": "use data.packing",
+    "fp16_full_eval": _EVAL_DTYPE,
+    "bf16_full_eval": _EVAL_DTYPE,
+    "torch_empty_cache_steps": "use memory.empty_cache_steps (CUDA), e.g. memory.empty_cache_steps=100",
+    "auto_find_batch_size": (
+        "pick memory=auto_batch, which finds the largest micro batch that fits before training and keeps the "
+        "global batch through accumulation (memory.max_micro_batch_size caps it)"
+    ),
+    "group_by_length": "use data.batching=group_by_length (unpacked documents: with data.packing=false)",
+    "torch_compile_backend": _COMPILE_MODE,
+    "torch_compile_mode": _COMPILE_MODE,
+    "torch_compile_fullgraph": "use compile.fullgraph=true (with compile=default or another mode)",
+    "use_flash_attention_2": _ATTENTION,
+    "attn_implementation": _ATTENTION,
+    "ddp_find_unused_parameters": (
+        "use parallel.find_unused_parameters=true with parallel=ddp, rarely needed: DDP watches only trained "
+        "parameters, so a frozen base under adapters needs nothing; set it only where a trained parameter "
+        "gets no gradient in some step (it walks the graph every step)"
+    ),
+    "ddp_bucket_cap_mb": "use parallel.bucket_mb (with parallel=ddp), e.g. parallel.bucket_mb=50",
+    "fsdp_config": (
+        "pick parallel=fsdp and set its keys: parallel.reshard_after_forward=false (SHARD_GRAD_OP), "
+        "parallel.cpu_offload=true (offload), parallel.prefetch_layers (prefetch), parallel.replicate_degree "
+        "(HYBRID_SHARD); activation checkpointing is memory=checkpoint_all; every transformer block is "
+        "wrapped on its own already"
+    ),
     "val_set_size": "use data.val_fraction (a share of the data, e.g. 0.05)",
     # axolotl / peft
     "adapter": "pick the quantization group instead: quantization=lora (or dora, nf4_lora, int8_lora)",

@@ -14,6 +14,7 @@ from launcher.config.scheduler import SCHEDULES
 from launcher.parallel.pipeline_split import SCHEDULES as PP_SCHEDULES
 from launcher.parallel.registry import STRATEGIES
 from launcher.plan.roofline import HARDWARE
+from launcher.rules import flash
 from launcher.rules.hardware import Hardware
 from launcher.rules.values import Rule, choice
 from launcher.spec import RunSpec, SpecError
@@ -42,7 +43,8 @@ def _names(spec: RunSpec, hw: Hardware) -> Iterator[SpecError]:
         "activation checkpointing mode",
     )
     yield from choice("memory.selective_matmuls", spec.memory.selective_matmuls, SELECTIVE_MATMULS, "option")
-    yield from choice("model.attention", spec.model.attention, ATTENTION, "attention path")
+    if not flash.asks_flash(spec.model.attention):  # launcher.rules.flash explains those
+        yield from choice("model.attention", spec.model.attention, ATTENTION, "attention path")
     yield from choice("launcher.backend", spec.launcher.backend, BACKENDS, "launch backend")
     yield from choice("train.on_nonfinite", spec.train.on_nonfinite, NONFINITE_POLICIES, "policy")
     yield from choice("launcher.device", spec.launcher.device, DEVICES, "device")

@@ -52,6 +52,17 @@ def _messages(*argv: str) -> list[str]:
         ("launcher.slurm.time=2:00:00", "launcher.slurm.time_min"),
         ("launcher.slurm.mem=64", "launcher.slurm.mem_gb"),
         ("partition=gpu", "Did you mean launcher.slurm.partition?"),
+        ("fp16_full_eval=true", "precision.eval_dtype"),
+        ("train.bf16_full_eval=true", "precision.eval_dtype=bfloat16"),
+        ("torch_empty_cache_steps=10", "memory.empty_cache_steps"),
+        ("train.auto_find_batch_size=true", "memory=auto_batch"),
+        ("group_by_length=true", "data.batching=group_by_length"),
+        ("torch_compile_backend=inductor", "compile=default"),
+        ("compile.torch_compile_mode=max-autotune", "compile.mode"),
+        ("torch_compile_fullgraph=true", "compile.fullgraph=true"),
+        ("model.use_flash_attention_2=true", "model.attention=auto"),
+        ("ddp_find_unused_parameters=true", "parallel.find_unused_parameters=true"),
+        ("fsdp_config=x", "parallel.reshard_after_forward=false"),
         ("launcher.cpus_per_task=8", "Did you mean launcher.slurm.cpus_per_task?"),
     ],
 )
@@ -66,11 +77,14 @@ def test_every_alias_hint_names_real_keys_and_options() -> None:
     sections = {key.split(".")[0] for key in keys}
     options = compose.group_options()
     for alias, hint in ALIASES.items():
-        for word in re.findall(r"\b[a-z_]+(?:\.[a-z_0-9]+)+\b", hint):
+        named = re.findall(r"\b[a-z_]+(?:\.[a-z_0-9]+)+\b", hint)
+        for word in named:
             assert word.split(".")[0] not in sections or word in keys, (alias, word)
-        for group, option in re.findall(r"\b([a-z]+)=([a-z_0-9]+)\b", hint):
-            if group in options:
-                assert option in options[group], (alias, group, option)
+        picked = [(g, o) for g, o in re.findall(r"\b([a-z]+)=([a-z_0-9]+)\b", hint) if g in options]
+        for group, option in picked:
+            assert option in options[group], (alias, group, option)
+        top = [word for word in re.findall(r"\b[a-z_]+\b", hint) if word in keys]  # run_dir, name, resume
+        assert [w for w in named if w in keys] or picked or top, f"{alias}: its hint names no key of ours"
 
 
 def test_hf_trainer_habits_on_the_real_cli_exit_2_before_anything_starts(tmp_path) -> None:
