@@ -89,6 +89,8 @@ class Distiller:
     Keeps the interval's CE, KD and token sums for `metrics`.
     """
 
+    counts_processed_tokens = True  # student and teacher compute every token, prompts included
+
     def __init__(self, teacher: nn.Module, cfg: DistillConfig) -> None:
         self.teacher, self.cfg = teacher, cfg
         self._sums: list[torch.Tensor] | None = None

@@ -38,6 +38,10 @@ def trained_tokens(batch: dict[str, torch.Tensor]) -> int:
 class Objective(Protocol):
     """The loss of a micro batch, as a sum and the number of terms it counts."""
 
+    counts_processed_tokens: bool
+    """Whether the record's tokens_per_s counts every token the model processed (both sides of a pair, the
+    prompts a teacher reads too) rather than the trained ones (labels != -100), which trained_tokens_per_s counts."""
+
     def loss_sum(
         self, outputs: torch.Tensor, batch: dict[str, torch.Tensor], *, train: bool = True
     ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -58,6 +62,8 @@ class Objective(Protocol):
 
 class CrossEntropy:
     """Next-token cross-entropy summed over the trained tokens (labels != -100): the default objective."""
+
+    counts_processed_tokens = False  # tokens_per_s: the trained tokens, as documented for every SFT run
 
     def loss_sum(
         self, outputs: torch.Tensor, batch: dict[str, torch.Tensor], *, train: bool = True

@@ -121,6 +121,8 @@ def kto_losses(
 class Preference:
     """A preference objective (the Objective protocol): the loss of pairs (or kto rows) and their reward metrics."""
 
+    counts_processed_tokens = True  # only responses are trained, but every row of both sides is computed
+
     def __init__(self, cfg: ObjectiveConfig, reference: Reference | None = None) -> None:
         self.cfg, self.reference = cfg, reference
         self.reference_copy: torch.nn.Module | None = None

@@ -57,7 +57,7 @@ class Engine:
         self.guard = NonFiniteGuard(self.spec.train, self.device, self.console, is_main=parts.dist.is_main)
         self.resumed_from: str | None = None
         self.timer = metrics.PhaseTimer(self.device.type)
-        self._interval = {"loss": torch.zeros((), device=self.device), "tokens": 0, "samples": 0, "terms": 0}
+        self._interval = self._new_interval()
         self._last_result = None
         self._next: StepInputs | None = None  # the next step's inputs, drawn and agreed on after a step
         self._schedule_started = False  # torch checks the schedule's order at its first step only
@@ -289,6 +289,7 @@ class Engine:
         self.timer.stop()
         self._interval["loss"] += loss_sum
         self._interval["tokens"] += inputs.num_tokens
+        self._interval["processed"] += inputs.num_processed
         self._interval["terms"] += inputs.num_terms
         self._interval["samples"] += inputs.samples
         self._last_result = result
@@ -301,10 +302,10 @@ class Engine:
         now = time.perf_counter()
         elapsed = now - self._mark[0]
         interval = self._interval
-        loss_sum, tokens, samples, terms = dist.data_sum(
-            [float(interval["loss"]), interval["tokens"], interval["samples"], interval["terms"]]
-        )
-        tokens_per_s = tokens / elapsed if elapsed > 0 else 0.0
+        sums = [float(interval["loss"]), *(interval[k] for k in ("tokens", "samples", "terms", "processed"))]
+        loss_sum, tokens, samples, terms, processed = dist.data_sum(sums)
+        counted = processed if self.parts.objective.counts_processed_tokens else tokens  # (Objective)
+        tokens_per_s = counted / elapsed if elapsed > 0 else 0.0
         peak = self.parts.peak_flops
         phases = self.timer.read()
         record = {
@@ -313,6 +314,7 @@ class Engine:
             "lr": self.parts.scheduler.get_last_lr()[0],
             "grad_norm": float(self._last_result.grad_norm),
             "tokens_per_s": tokens_per_s,
+            "trained_tokens_per_s": tokens / elapsed if elapsed > 0 else 0.0,
             "trained_tokens_per_step": tokens / max(self.step - self._mark[1], 1),
             "epoch": self.parts.stream.epoch,
             "samples_per_s": samples / elapsed if elapsed > 0 else 0.0,
@@ -334,9 +336,14 @@ class Engine:
         }
         self._history["tokens_per_s"].append(tokens_per_s)
         self._history["loss"].append(record["loss"])
-        self._interval = {"loss": torch.zeros((), device=self.device), "tokens": 0, "samples": 0, "terms": 0}
+        self._interval = self._new_interval()
         self._mark = (time.perf_counter(), self.step)
         return record
+
+    def _new_interval(self) -> dict[str, Any]:
+        """The sums of a log interval: loss (on the device), trained and processed tokens, samples, terms."""
+        sums = dict.fromkeys(("tokens", "processed", "samples", "terms"), 0)
+        return {"loss": torch.zeros((), device=self.device), **sums}
 
     @torch.no_grad()
     def _held_out_sums(self, sequences: PackedSequences) -> tuple[torch.Tensor, torch.Tensor]:

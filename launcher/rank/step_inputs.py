@@ -42,6 +42,8 @@ class StepInputs:
     """Sequences this rank counts (0 where a context-parallel peer counts them)."""
     num_tokens: int
     """Trained tokens (labels != -100) of this rank's batches."""
+    num_processed: int
+    """Tokens of this rank's batches that go through the model: every row's positions (padding included)."""
     num_terms: int
     """The objective's count of this rank's batches: the step's loss is their mean over ranks."""
     terms_per_rank: int | torch.Tensor
@@ -69,14 +71,15 @@ def draw(
     if local_batch is not None:
         batches = [local_batch(b) for b in batches]
     num_tokens = sum(trained_tokens(b) for b in batches)  # CPU tensors: no device sync
+    num_processed = sum(b["input_ids"].numel() for b in batches)
     num_terms = sum(objective.count(b) for b in batches)  # tokens, or a preference's pairs
     batches = [{k: v.to(dist.device, non_blocking=True) for k, v in b.items()} for b in batches]
     # The data phase is making batches only: the collective below waits for the slowest rank (on
     # gloo it blocks), which is compute skew, not input, so it counts with the forward phase.
     timer.start("forward")
     terms_per_rank, signum = agree(dist, num_terms, stop)
-    inputs = StepInputs(batches=batches, samples=samples, num_tokens=num_tokens, num_terms=num_terms,
-                        terms_per_rank=terms_per_rank, data_state=data_state)  # fmt: skip
+    inputs = StepInputs(batches=batches, samples=samples, num_tokens=num_tokens, num_processed=num_processed,
+                        num_terms=num_terms, terms_per_rank=terms_per_rank, data_state=data_state)  # fmt: skip
     return inputs, signum
 
 

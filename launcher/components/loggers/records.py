@@ -21,6 +21,7 @@ TAGS = {
     "tokens_per_s": "perf/tokens_per_s",
     "samples_per_s": "perf/samples_per_s",
     "trained_tokens_per_step": "perf/trained_tokens_per_step",
+    "trained_tokens_per_s": "perf/trained_tokens_per_s",
     "mfu": "perf/mfu",
     "mem_peak_bytes": "mem/peak_bytes",
     "mem_reserved_bytes": "mem/reserved_bytes",
