@@ -122,6 +122,43 @@ def make_progress(console: Console, total: int, completed: int) -> tuple[Progres
     return progress, task
 
 
+class ProgressLines:
+    """A plain progress line when nothing was printed for `every_s` seconds, where no progress bar draws.
+
+    Off a terminal (CI, nohup, `| tee`) rich's bar draws nothing and the log lines come only every
+    train.log_every steps, which can be minutes apart: this line says where the run is (steps, the
+    last logged loss and rate, as the bar shows them, and the time left at this session's pace).
+    """
+
+    def __init__(self, console: Console, *, total: int, start_step: int, every_s: float) -> None:
+        self._console, self._total, self._every_s = console, total, every_s
+        self._start = (time.perf_counter(), start_step)
+        self._printed = self._start[0]
+        self._last: dict[str, Any] = {}
+
+    def after_step(self, step: int, records: list[dict[str, Any]]) -> None:
+        """After `step`: note a training record (its log line was just printed), else print if it is time."""
+        now = time.perf_counter()
+        logged = [r for r in records if "loss" in r]
+        if logged:
+            self._last, self._printed = logged[-1], now
+        elif now - self._printed >= self._every_s:
+            self._console.print(self.line(step, now), markup=False, highlight=False)
+            self._console.file.flush()  # a pipe is block-buffered: the line is for now
+            self._printed = now
+
+    def line(self, step: int, now: float) -> str:
+        """`progress: step S/N (P%), loss L, R tok/s, eta H:MM:SS` (loss and rate once a step was logged)."""
+        parts = [f"progress: step {step}/{self._total} ({100 * step // max(self._total, 1)}%)"]
+        if self._last:
+            parts += [f"loss {self._last['loss']:.4f}", f"{self._last['tokens_per_s']:,.0f} tok/s"]
+        began, first = self._start
+        if step > first:
+            left = (self._total - step) * (now - began) / (step - first)
+            parts.append(f"eta {int(left) // 3600}:{int(left) // 60 % 60:02d}:{int(left) % 60:02d}")
+        return ", ".join(parts)
+
+
 def summary_table(summary: dict[str, Any]) -> Table:
     """The end-of-run table printed on rank 0."""
     table = Table(title="run summary", show_header=False)

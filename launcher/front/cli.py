@@ -14,7 +14,7 @@ from pathlib import Path
 
 from rich.console import Console
 
-from launcher.components import collector, warning_lines
+from launcher.components import collector, quiet, warning_lines
 from launcher.exits import ExitStatus
 from launcher.front import (
     command_line,
@@ -65,6 +65,8 @@ def run(argv: CommandLine | Sequence[str]) -> int:
         report(errors)
         return ExitStatus.INVALID_SPEC
     built = compose.build(cfg)
+    if built.spec is not None and built.spec.log.verbose:  # set in a config file, not on the command line
+        quiet.uninstall()
     collector.resume()  # the spec is built: what follows (tokenizing, waiting for ranks) collects as usual
     if cfg.data.format == "auto" and built.spec is not None and report is not _after_rank_0:
         Console(highlight=False).print(data_format.announce(built.spec), markup=False, soft_wrap=True)
@@ -136,6 +138,7 @@ def main() -> None:
     warning_lines.install()
     compose.register_schemas()
     line = command_line.parse(raw)
+    quiet.install(verbose=line.verbose)  # before any library is imported: ranks inherit it too
     if line.has(command_line.CFG_FLAGS):  # print only what a run would accept
         line = recipe_auto.resolve(line, console=Console(stderr=True, highlight=False))
         errors = precheck(line.without_print_flags())

@@ -3,7 +3,8 @@
 One pass over the arguments splits the flags from the overrides and rewrites what Hydra would read
 otherwise: `+group=option` / `+key=value` for known groups and keys become the bare form Hydra
 needs (every group here has a default, see launcher.front.compose), and a relative `--config-path`
-becomes absolute (Hydra would look for it beside its own module). Everything after that (the
+becomes absolute (Hydra would look for it beside its own module), and `--verbose` becomes the override
+`log.verbose=true` (other libraries' chatter shown, launcher.components.quiet). Everything after that (the
 pre-checks, recipe=auto, the sweep, the run) reads the one `CommandLine`.
 """
 
@@ -33,6 +34,9 @@ PRINT_FLAGS = (
 )  # fmt: skip
 """Flags after which Hydra prints something and runs nothing: Hydra's own app handles them."""
 CFG_FLAGS = ("--cfg", "-c")
+VERBOSE_FLAG = "--verbose"
+VERBOSE = "log.verbose=true"
+"""The override `--verbose` stands for."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -84,6 +88,14 @@ class CommandLine:
         """Flags that `train` does not run with (the printing ones are handed to Hydra before this)."""
         return [_unknown_flag(f.name) for f in self.flags if f.name not in RUN_FLAGS]
 
+    @property
+    def verbose(self) -> bool:
+        """Whether the command line asks for other libraries' chatter (`--verbose`, `log.verbose=true`)."""
+        values = [
+            o.partition("=")[2] for o in self.overrides if o.lstrip("+~").partition("=")[0] == "log.verbose"
+        ]
+        return bool(values) and values[-1].strip().lower() in ("true", "yes", "on", "1")
+
     def without_print_flags(self) -> CommandLine:
         """The command line a run would see: the printing flags (and their values) removed."""
         return _assemble([f for f in self.flags if f.name not in PRINT_FLAGS], self.overrides)
@@ -104,6 +116,9 @@ def parse(argv: Sequence[str]) -> CommandLine:
             arg = _config_path(pending.name, arg)
             flags.append(Flag(name=pending.name, value=arg, tokens=(*pending.tokens, arg)))
             pending = None
+        elif arg == VERBOSE_FLAG:
+            arg = VERBOSE
+            overrides.append(arg)
         elif arg.startswith("-"):
             name, sep, value = arg.partition("=")
             if sep:
@@ -162,6 +177,6 @@ def _unknown_flag(name: str) -> SpecError:
     return SpecError(
         ("command line",),
         f"{name} is not a flag `train` runs with.{foreign} Flags: --multirun/-m, --config-path, "
-        "--config-name, --config-dir, and the ones that only print (--help, --cfg job, --info); "
+        "--config-name, --config-dir, --verbose, and the ones that only print (--help, --cfg job, --info); "
         "settings are key=value overrides; see `train --help`.",
     )

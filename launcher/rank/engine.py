@@ -164,6 +164,7 @@ class Engine:
             self.observers = build_observers(self.spec, self._run_context())
         show = dist.is_main and self.spec.log.progress and self.console.is_terminal  # else: log lines
         progress, task = metrics.make_progress(self.console, t.max_steps, self.step)
+        lines = self._progress_lines() if dist.is_main and not show else None
         self._mark = (time.perf_counter(), self.step)
         signum: int | None = None
         profiler = profiling.profile(
@@ -186,6 +187,8 @@ class Engine:
                         self.observers.record(record)
                 if show:
                     progress.update(task, completed=self.step)
+                elif lines is not None:
+                    lines.after_step(self.step, records)
                 if stopping or signum:
                     break
         self.finish_saves()  # a session that ends without a final save still commits the one in flight
@@ -237,6 +240,13 @@ class Engine:
             else:  # a step that is not logged gets a record of its own
                 records.append({"step": self.step, "session": self.session, **held})
         return stopping, signum
+
+    def _progress_lines(self) -> metrics.ProgressLines | None:
+        """Plain progress lines where no bar draws (log.progress_every_s; null: none)."""
+        every_s, total = self.spec.log.progress_every_s, self.spec.train.max_steps
+        if not self.spec.log.progress or every_s is None:
+            return None
+        return metrics.ProgressLines(self.console, total=total, start_step=self.step, every_s=every_s)
 
     def _run_context(self) -> observers.RunContext:
         return observers.RunContext(

@@ -17,7 +17,7 @@ from rich.console import Console
 from rich.markup import escape
 from torch.distributed.checkpoint.api import CheckpointException
 
-from launcher.components import checkpoint, checkpoint_files, metrics, warning_lines
+from launcher.components import checkpoint, checkpoint_files, metrics, quiet, warning_lines
 from launcher.components.device import resolve_device
 from launcher.components.files.safe_load import RefusedFile, refusal_in
 from launcher.components.memory import apply_cuda_alloc_conf
@@ -245,12 +245,14 @@ def _run(spec_path: Path, stop: StopSignal) -> int:
 
 
 def run_process(spec_path: Path, *, preemption: str | None = None) -> int:
-    """`run` in a process of its own (a rank a backend started): its warnings as one line each, once.
+    """`run` in a process of its own (a rank a backend started): its warnings as one line each, once, and other
+    libraries' chatter off unless log.verbose (launcher.components.quiet).
 
     In-process callers (`train`'s inline backend, which installed the same display already, and
     tests recording warnings) call `run`, which leaves Python's warning display as it is.
     """
     warning_lines.install()
+    quiet.install(verbose=load_spec(spec_path).log.verbose)
     return run(spec_path, preemption=preemption)
 
 

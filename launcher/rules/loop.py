@@ -12,6 +12,7 @@ from launcher.spec import RunSpec, SpecError
 def _loop(spec: RunSpec, hw: Hardware) -> Iterator[SpecError]:
     t = spec.train
     yield from positive("train.max_steps", t.max_steps)
+    yield from positive("log.progress_every_s", spec.log.progress_every_s, "Use null for no progress lines.")
     yield from positive("train.micro_batch_size", t.micro_batch_size, "Lower it to fit memory, not below 1.")
     yield from positive("train.grad_accum_steps", t.grad_accum_steps, "Use 1 for no accumulation.")
     yield from positive("train.log_every", t.log_every)

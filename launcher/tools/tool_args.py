@@ -3,7 +3,11 @@
 from __future__ import annotations
 
 import argparse
+from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
+
+from launcher.components import quiet
 
 RUN_OR_STEP = "a run directory (its newest checkpoint) or a checkpoints/step_N directory"
 
@@ -13,12 +17,27 @@ def tool_parser(
 ) -> argparse.ArgumentParser:
     """A tool's argument parser with what every tool reads first: a run or one of its checkpoints, and for the
     tools that take one (`folders`), a Hugging Face model folder (then the argument is `source`)."""
-    parser = argparse.ArgumentParser(prog=prog, description=description, epilog=epilog)
+    parser = ToolParser(prog=prog, description=description, epilog=epilog)
+    parser.add_argument(
+        "--verbose",
+        action="store_true",
+        help="show other libraries' progress bars and notices (off by default)",
+    )
     if folders:
         parser.add_argument("source", type=Path, help=f"{RUN_OR_STEP}, or a Hugging Face model folder")
     else:
         parser.add_argument("checkpoint", type=Path, help=RUN_OR_STEP)
     return parser
+
+
+class ToolParser(argparse.ArgumentParser):
+    """An argument parser that quiets other libraries' chatter once the arguments are read (unless --verbose)."""
+
+    def parse_args(self, args: Sequence[str] | None = None, namespace: Any = None) -> Any:  # noqa: ANN401
+        """The arguments; before any library is imported, launcher.components.quiet as --verbose says."""
+        parsed = super().parse_args(args, namespace)
+        quiet.install(verbose=parsed.verbose)
+        return parsed
 
 
 def output_file_problem(out: Path, *, force: bool) -> str | None:

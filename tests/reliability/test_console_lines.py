@@ -4,12 +4,18 @@ per warning (once, without Python's `UserWarning` prefix and source line), no "s
 
 from __future__ import annotations
 
+import os
+import re
 import socket
 import subprocess
+import sys
+from pathlib import Path
 
+import pytest
 from processes import mount_tmpfs, stale_lock
 
 from conftest import run_cli
+from launcher.components import quiet
 from launcher.launch.local import failure_message
 
 SMALL = [
@@ -68,3 +74,85 @@ def test_a_rank_error_that_ends_in_a_period_gets_no_second_one(tmp_path, monkeyp
     failure = ProcessFailure(local_rank=1, pid=4321, exitcode=1, error_file=str(error_file))
     first_line = failure_message(ChildFailedError("worker", {1: failure}), tmp_path).splitlines()[0]
     assert first_line == "error: rank 1 (pid 4321) failed: ValueError: the batch does not fit."
+
+
+CHATTER = {
+    "Loading weights": "transformers' weight-loading bar",
+    "Writing model shards": "transformers' shard-writing bar",
+    "Setting accelerator to CPU": "DeepSpeed's accelerator notice",
+    "Failed to load CPU gemm_4bit_forward from kernels-community": "bitsandbytes' optional-kernel notice",
+}
+"""Other libraries' chatter (launcher.components.quiet), which a run's console holds only with --verbose."""
+AVX512_BF16 = "avx512_bf16" in Path("/proc/cpuinfo").read_text()
+"""bitsandbytes tries the optional kernel (and says it failed) only on such CPUs."""
+
+
+def _console(args: list[str], cwd: Path) -> str:
+    """stdout and stderr of `python -m ARGS` with the user's environment minus a progress-bar setting."""
+    env = {k: v for k, v in os.environ.items() if k != quiet.PROGRESS_ENV}
+    done = subprocess.run(
+        [sys.executable, "-m", *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0, (done.stdout + done.stderr)[-3000:]
+    return done.stdout + done.stderr
+
+
+def _chatter(console: str) -> set[str]:
+    return {line for line in CHATTER if line in console}
+
+
+@pytest.fixture(scope="module")
+def qlora_run(tmp_path_factory) -> Path:
+    """A QLoRA run of a tiny Llama folder on the CPU, its console quiet: no bar, no notice."""
+    from hf_assets import make_hf_model
+
+    root = tmp_path_factory.mktemp("quiet")
+    folder = make_hf_model("llama", root / "llama")
+    args = [
+        *SMALL,
+        "model=hf",
+        f"model.path={folder}",
+        "tokenizer=bytes",
+        "quantization=nf4_lora",
+        "train.max_steps=2",
+    ]
+    console = _console(["launcher", *args, f"run_dir={root / 'run'}"], root)
+    assert _chatter(console) == set() and "(exit status 0)" in console, console[-3000:]
+    loud = _console(["launcher", *args, "--verbose", f"run_dir={root / 'loud'}"], root)
+    expected = {"Loading weights"} | (
+        {"Failed to load CPU gemm_4bit_forward from kernels-community"} if AVX512_BF16 else set()
+    )
+    assert _chatter(loud) == expected, loud[-3000:]
+    return root / "run"
+
+
+def test_other_libraries_chatter_is_shown_only_with_verbose(qlora_run, tmp_path) -> None:
+    """The run (in the fixture) and its export to a Hugging Face folder: quiet, and all of it with --verbose."""
+    export = ["launcher.tools.export", str(qlora_run), "--format", "hf", "--merge"]
+    quiet_console = _console([*export, str(tmp_path / "quiet")], tmp_path)
+    assert _chatter(quiet_console) == set() and "exported" in quiet_console, quiet_console[-3000:]
+    loud = _console([*export, str(tmp_path / "loud"), "--verbose"], tmp_path)
+    expected = set(CHATTER) - (
+        set() if AVX512_BF16 else {"Failed to load CPU gemm_4bit_forward from kernels-community"}
+    )
+    assert _chatter(loud) == expected, loud[-3000:]
+
+
+def test_a_piped_run_prints_a_progress_line_when_it_was_silent_for_progress_every_s(tmp_path) -> None:
+    """No terminal, no bar: a run that logs only at its end still says where it is, and log lines reset the clock."""
+    shown = [arg for arg in SMALL if arg != "log.progress=false"]
+    args = [*shown, "train.max_steps=6", "train.log_every=100", "checkpoint.every=null"]
+    result = run_cli([*args, "log.progress_every_s=0.001", f"run_dir={tmp_path / 'run'}"], tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    lines = [line for line in result.stdout.splitlines() if line.startswith("progress: ")]
+    assert [line.split(",")[0] for line in lines] == [
+        f"progress: step {n}/6 ({100 * n // 6}%)" for n in range(1, 6)
+    ]
+    assert all(re.search(r", eta \d+:\d\d:\d\d$", line) for line in lines), lines
+    assert "step 6/6: loss" in result.stdout  # the last step's record: its log line, no progress line
+    logged = run_cli(
+        [*args, "train.log_every=1", "log.progress_every_s=0.001", f"run_dir={tmp_path / 'logged'}"], tmp_path
+    )
+    assert logged.returncode == 0 and "progress: " not in logged.stdout, logged.stdout[-3000:]
+    default = run_cli([*args, f"run_dir={tmp_path / 'default'}"], tmp_path)  # 30 s: more than this run takes
+    assert default.returncode == 0 and "progress: " not in default.stdout, default.stdout[-3000:]
