@@ -73,3 +73,45 @@ def test_log_lines_where_stdout_is_not_a_terminal(tmp_path: Path) -> None:
     )
     kinds = [type(item).__name__ for item in build_observers(RunSpec(), terminal).items]
     assert kinds == ["Advisor"]  # no log lines: the progress bar shows instead
+
+
+def test_progress_lines_fill_silence_with_steps_loss_rate_and_eta() -> None:
+    from launcher.components.metrics import ProgressLines
+
+    out = io.StringIO()
+    lines = ProgressLines(Console(file=out, width=200), total=100, start_step=10, every_s=0.0)
+    lines.after_step(11, [])  # nothing logged yet: steps and eta only
+    lines.after_step(12, [{"step": 12, "loss": 2.5, "tokens_per_s": 12345.6}])  # its log line was printed
+    lines.after_step(13, [])
+    first, second = out.getvalue().splitlines()
+    assert first.startswith("progress: step 11/100 (11%), eta ")
+    assert second.startswith("progress: step 13/100 (13%), loss 2.5000, 12,346 tok/s, eta ")
+    quiet_lines = ProgressLines(Console(file=io.StringIO()), total=100, start_step=0, every_s=3600.0)
+    quiet_lines.after_step(1, [])
+    assert quiet_lines._console.file.getvalue() == ""  # an hour has not passed
+
+
+def test_verbose_is_an_override_and_the_quiet_filters_come_off_with_it() -> None:
+    import logging
+
+    from launcher.components import quiet
+    from launcher.front import command_line
+
+    line = command_line.parse(["--verbose", "train.max_steps=3"])
+    assert line.overrides == ("log.verbose=true", "train.max_steps=3") and line.verbose and not line.flags
+    assert not command_line.parse(["log.verbose=false"]).verbose
+    records = []
+    handler = logging.Handler()
+    handler.emit = records.append
+    logger = logging.getLogger("DeepSpeed")
+    logger.addHandler(handler)
+    try:
+        quiet.install()
+        logger.warning("Setting accelerator to CPU. If you have GPU or other accelerator, ...")
+        logger.warning("a warning of its own")
+        quiet.install(verbose=True)
+        logger.warning("Setting accelerator to CPU. If you have GPU or other accelerator, ...")
+    finally:
+        logger.removeHandler(handler)
+        quiet.uninstall()  # this test process as it was
+    assert [r.getMessage()[:20] for r in records] == ["a warning of its own", "Setting accelerator "]
