@@ -10,7 +10,9 @@ the run does. Here, by default:
 - progress bars of transformers and huggingface_hub are off (HF_HUB_DISABLE_PROGRESS_BARS, which both
   read; set in the environment so ranks started from this process inherit it; a value the user set
   in the environment is kept);
-- the notices listed in CHATTER are dropped by a logging filter on the logger that emits each.
+- the notices listed in CHATTER are dropped by a logging filter on the logger that emits each;
+- what a library prints rather than logs (DeepSpeed's zero_to_fp32: its steps and a tqdm bar) is held
+  while it runs (`held_prints`) and passed on without the lines of its known chatter.
 
 `log.verbose=true` (or `train --verbose`, `train-export ... --verbose`) leaves all of it as the
 libraries print it. Warnings, errors and everything else those libraries log are untouched.
@@ -18,10 +20,13 @@ libraries print it. Warnings, errors and everything else those libraries log are
 
 from __future__ import annotations
 
+import contextlib
+import io
 import logging
 import os
 import sys
 import warnings
+from collections.abc import Iterator
 
 PROGRESS_ENV = "HF_HUB_DISABLE_PROGRESS_BARS"
 
@@ -32,6 +37,38 @@ CHATTER: dict[str, tuple[str, ...]] = {
     "torch.utils._pytree": ("is an Enum subclass and is now natively supported by torch.compile",),
 }
 """Logger name -> parts of the messages dropped from it (each a notice of one known library)."""
+
+
+DEEPSPEED_CONSOLIDATION = (
+    "Processing zero checkpoint", "Parsing checkpoint created by", "Detected checkpoint of type",
+    "Reconstructed fp32 state dict", "Reconstructed Frozen fp32 state dict", "Loading checkpoint shards",
+    "Gathering sharded weights",
+)  # fmt: skip
+"""What deepspeed.utils.zero_to_fp32 prints while it merges a ZeRO checkpoint's shards."""
+
+
+@contextlib.contextmanager
+def held_prints(chatter: tuple[str, ...]) -> Iterator[None]:
+    """While inside, hold what is printed; then pass every line on but those holding a part of `chatter`
+    (and the blank ends of a progress bar). Everything is passed on with log.verbose, or on an error."""
+    if not _installed:
+        yield
+        return
+    out, err = io.StringIO(), io.StringIO()
+    failed = True
+    try:
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            yield
+        failed = False
+    finally:
+        for held, stream in ((out, sys.stdout), (err, sys.stderr)):
+            lines = held.getvalue().splitlines(keepends=True)
+            kept = lines if failed else [line for line in lines if line.strip() and not _holds(line, chatter)]
+            stream.write("".join(kept))
+
+
+def _holds(line: str, parts: tuple[str, ...]) -> bool:
+    return any(part in line for part in parts)
 
 
 class _Chatter(logging.Filter):

@@ -25,6 +25,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from launcher.components import quiet
 from launcher.components.adapters import check_loaded_keys, frozen_keys, has_adapters
 from launcher.components.checkpoint_files import CheckpointFiles
 from launcher.components.files.safe_load import weights_refusal
@@ -336,7 +337,7 @@ def consolidate(directory: Path) -> dict[str, torch.Tensor]:
         _import_deepspeed()  # reads files only: any accelerator will do
         from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
 
-        with weights_only_loads(files):
+        with weights_only_loads(files), quiet.held_prints(quiet.DEEPSPEED_CONSOLIDATION):
             state = get_fp32_state_dict_from_zero_checkpoint(str(directory), tag=TAG)
         return {k: v.float() if v.is_floating_point() else v for k, v in state.items()}
     return load_tensor_file(files / MODULE_FILE)["module"]

@@ -115,3 +115,26 @@ def test_verbose_is_an_override_and_the_quiet_filters_come_off_with_it() -> None
         logger.removeHandler(handler)
         quiet.uninstall()  # this test process as it was
     assert [r.getMessage()[:20] for r in records] == ["a warning of its own", "Setting accelerator "]
+
+
+def test_held_prints_pass_on_all_but_the_known_chatter_and_everything_on_an_error(capsys) -> None:
+    import sys
+
+    from launcher.components import quiet
+
+    quiet.install()
+    try:
+        with quiet.held_prints(quiet.DEEPSPEED_CONSOLIDATION):
+            print("Processing zero checkpoint '/x/deepspeed'")
+            sys.stderr.write("Loading checkpoint shards: 100%|##| 1/1\r\n")
+            print("a line of its own")
+        assert capsys.readouterr() == ("a line of its own\n", "")
+        with pytest.raises(ValueError), quiet.held_prints(quiet.DEEPSPEED_CONSOLIDATION):
+            print("Processing zero checkpoint '/x/deepspeed'")
+            raise ValueError("bad shard")
+        assert capsys.readouterr().out == "Processing zero checkpoint '/x/deepspeed'\n"
+    finally:
+        quiet.uninstall()
+    with quiet.held_prints(quiet.DEEPSPEED_CONSOLIDATION):  # verbose: as printed
+        print("Processing zero checkpoint '/x/deepspeed'")
+    assert capsys.readouterr().out == "Processing zero checkpoint '/x/deepspeed'\n"
