@@ -18,7 +18,8 @@ _EVAL_DTYPE = (
 _ATTENTION = (
     "use model.attention=auto (or sdpa, varlen, flex): on CUDA, torch's SDPA runs its flash kernel for "
     "causal attention without a mask, and packed documents go through per-document spans (varlen) or a "
-    "FlexAttention block mask (flex), so the flash_attn package is not needed"
+    "FlexAttention block mask (flex), so the flash_attn package is not needed; model.attention=flash_attention_2 "
+    "uses it for a Hugging Face model on CUDA in bf16 or fp16 where it is installed"
 )
 _COMPILE_MODE = (
     "pick the compile group instead: compile=default (or reduce_overhead, max_autotune), or compile.mode; "

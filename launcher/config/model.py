@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-ATTENTION = ("auto", "sdpa", "varlen", "flex")
-"""model.attention's options (launcher.components.model.attention)."""
+ATTENTION = ("auto", "sdpa", "varlen", "flex", "flash_attention_2")
+"""model.attention's options (launcher.components.model.attention); flash_attention_2: a Hugging Face model's
+flash_attn kernels, where the rules accept it (launcher.rules.flash)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -40,7 +41,8 @@ class ModelConfig:
     """kind=hf from a directory: resize its token embedding (and head) to the tokenizer (model.vocab_size)."""
     attention: str = "auto"
     """Packed documents: sdpa (dense [B,1,T,T] mask), varlen (SDPA per document span), flex (FlexAttention
-    block mask, CUDA), auto (flex on CUDA, varlen elsewhere; plain causal SDPA when nothing is packed)."""
+    block mask, CUDA), auto (flex on CUDA, varlen elsewhere; plain causal SDPA when nothing is packed),
+    flash_attention_2 (HF models on CUDA with the flash_attn package, bf16/fp16)."""
 
 
 BYTE_VOCAB = 256

@@ -87,4 +87,4 @@ def hf_implementation(
 
         AttentionInterface.register(HF_VARLEN, hf_varlen_attention)
         return HF_VARLEN
-    return {"sdpa": family.dense, "flex": "flex_attention"}[path]
+    return {"sdpa": family.dense, "flex": "flex_attention", "flash_attention_2": "flash_attention_2"}[path]
