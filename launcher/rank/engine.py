@@ -314,7 +314,7 @@ class Engine:
         interval = self._interval
         sums = [float(interval["loss"]), *(interval[k] for k in ("tokens", "samples", "terms", "processed"))]
         loss_sum, tokens, samples, terms, processed = dist.data_sum(sums)
-        counted = processed if self.parts.objective.counts_processed_tokens else tokens  # (Objective)
+        counted = processed if self.parts.objective.counts_processed_tokens else tokens  # its choice
         tokens_per_s = counted / elapsed if elapsed > 0 else 0.0
         peak = self.parts.peak_flops
         phases = self.timer.read()
