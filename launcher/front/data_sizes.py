@@ -11,7 +11,6 @@ after training its last step.
 from __future__ import annotations
 
 import dataclasses
-import json
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +19,7 @@ import numpy as np
 from launcher.components.data.mixture import single_configs
 from launcher.components.data.sizes import StepNeeds, document_sequences, packed_sequences
 from launcher.components.data.tokens import START, corpus_folder
+from launcher.components.files.token_cache import read_meta
 from launcher.parallel.dims import ParallelDims
 from launcher.spec import RunSpec, SpecError
 
@@ -51,7 +51,7 @@ def size_errors(spec: RunSpec) -> list[SpecError]:
     errors: list[SpecError] = []
     for source, train_needs in sources:
         with corpus_folder(source.data, source.tokenizer) as folder:
-            meta = json.loads((folder / "meta.json").read_text())
+            meta = read_meta(folder)
             errors += _train_errors(source, folder, meta, train_needs)
         if spec.train.evaluates():
             errors += _val_errors(source, meta, needs)

@@ -1,7 +1,8 @@
 """Tokenize once, before any rank starts: build (or reuse) the cached corpus, with a progress bar.
 
 A record that the sample checks did not reach and that cannot be used stops here, named with its
-file and index, with exit status 2: no rank has started and no checkpoint is touched. So does data
+file and index, with exit status 2: no rank has started and no checkpoint is touched. So does a
+cache folder that does not read back as written (launcher.components.files.token_cache). So does data
 too small for the run (front/data_sizes.py): fewer sequences than one optimizer step, or held-out
 data that cannot give every rank a batch.
 """
@@ -15,6 +16,7 @@ from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
 from launcher.components.data.mixture import single_configs
 from launcher.components.data.sources import RecordError
+from launcher.components.files.safe_load import RefusedFile
 from launcher.front.data_sizes import size_errors
 from launcher.spec import RunSpec, SpecError
 
@@ -52,6 +54,8 @@ def prepare_data(spec: RunSpec, console: Console | None = None) -> list[SpecErro
             results = [build_cache(cfg, spec.tokenizer, progress=advance) for cfg in configs]
     except RecordError as err:
         return [_record_error(spec, err)]
+    except RefusedFile as err:  # a damaged cache folder (components/files/token_cache.py)
+        return [_cache_error(err)]
     elapsed = time.perf_counter() - started
     folders = ", ".join(str(folder) for folder, _ in results)
     if any(built for _, built in results):
@@ -77,9 +81,15 @@ def _record_error(spec: RunSpec, err: RecordError) -> SpecError:
     )
 
 
+def _cache_error(err: RefusedFile) -> SpecError:
+    return SpecError(("data.cache_dir",), f"{err} No rank was started.")
+
+
 def _sizes(spec: RunSpec) -> list[SpecError]:
     """The data-size problems, or the record that stops tokenizing a corpus the cache does not keep."""
     try:
         return size_errors(spec)
     except RecordError as err:
         return [_record_error(spec, err)]
+    except RefusedFile as err:
+        return [_cache_error(err)]

@@ -82,7 +82,7 @@ def _corpus(spec: RunSpec, dist: DistContext) -> Corpus:
     """The tokenized corpus; a cached one is made by rank 0 while the others wait (the launcher usually has)."""
     if uses_cache(spec.data, spec.tokenizer):
         if dist.is_main:
-            build_cache(spec.data, spec.tokenizer)
+            build_cache(spec.data, spec.tokenizer, check_contents=False)  # the launcher checked them
         dist.barrier()
     return load_corpus(spec.data, spec.tokenizer)
 

@@ -28,7 +28,7 @@ def build_mixture(
         if dist.is_main:
             for source in sources:
                 if uses_cache(source.data, tok):
-                    build_cache(source.data, tok)
+                    build_cache(source.data, tok, check_contents=False)  # the launcher checked them
         dist.barrier()
     corpora = {source.name: load_corpus(source.data, tok) for source in sources}
     train = {

@@ -23,6 +23,7 @@ from torch import nn
 
 from launcher.components.data.batching import PairDocuments
 from launcher.components.data.tokens import cached_path, uses_cache
+from launcher.components.files.token_cache import read_ref_logps
 from launcher.components.model.loss import model_inputs
 from launcher.components.precision import autocast, train_dtype
 from launcher.components.preference import logits_of, sequence_logps
@@ -71,8 +72,8 @@ def reference_logps(
     """The reference's log-probs of every pair side (read from the cache, or computed now and cached) by
     the policy with its adapters off, or by `copy` (a frozen copy of the initial policy, placed)."""
     path = cache_file(spec)
-    if path is not None and path.is_file():
-        return torch.load(path, weights_only=True)
+    if path is not None and path.is_file():  # checked as it is read back: a damaged one is refused, named
+        return read_ref_logps(path, len(pairs), 1 if pairs.kto else 2)
     if copy is None:
         with adapters_off(policy):
             logps = _compute(policy, pairs, spec, dist)

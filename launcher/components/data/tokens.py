@@ -29,6 +29,7 @@ from launcher.components.data.private_files import make_private, private_dirs, p
 from launcher.components.data.sources import records, source_files
 from launcher.components.data.split import Splitter
 from launcher.components.data.tokenizer import Tokenizer, fingerprint, load_tokenizer
+from launcher.components.files.token_cache import read_folder, read_meta
 from launcher.config.data import DataConfig
 from launcher.config.tokenizer import TokenizerConfig
 
@@ -333,10 +334,17 @@ def cached_path(cfg: DataConfig, tok: TokenizerConfig) -> Path:
     return cache_root(cfg) / cache_key(cfg, tok)
 
 
-def build_cache(cfg: DataConfig, tok_cfg: TokenizerConfig, progress: Any = None) -> tuple[Path, bool]:
-    """Tokenize into the cache unless it holds this corpus already; (folder, built now)."""
+def build_cache(
+    cfg: DataConfig, tok_cfg: TokenizerConfig, progress: Any = None, *, check_contents: bool = True
+) -> tuple[Path, bool]:
+    """Tokenize into the cache unless it holds this corpus already; (folder, built now).
+
+    A folder already there is checked first (launcher.components.files.token_cache; `check_contents`:
+    every id and flag too, which the launching process does once): a damaged one is refused (RefusedFile).
+    """
     folder = cached_path(cfg, tok_cfg)
     if (folder / "meta.json").is_file():
+        read_folder(folder, contents=check_contents)
         return folder, False
     private_dirs(folder.parent)
     if not cfg.cache_dir:
@@ -375,8 +383,8 @@ def load_corpus(cfg: DataConfig, tok_cfg: TokenizerConfig | None = None) -> Corp
     """The tokenized corpus: memory-mapped from the cache (built if missing), or built in memory."""
     tok_cfg = tok_cfg or TokenizerConfig()
     if uses_cache(cfg, tok_cfg):
-        folder, _ = build_cache(cfg, tok_cfg)
-        return _read(folder, json.loads((folder / "meta.json").read_text()), mmap=True)
+        folder, _ = build_cache(cfg, tok_cfg, check_contents=False)  # the launching process checked them
+        return _read(folder, read_meta(folder), mmap=True)
     with tempfile.TemporaryDirectory(prefix="launcher-tokens-") as tmp:
         meta = _write(Path(tmp), cfg, tok_cfg, load_tokenizer(tok_cfg), cache_root(cfg))
         return _read(Path(tmp), meta, mmap=False)
