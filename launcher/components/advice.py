@@ -14,11 +14,14 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from launcher.components.advice_rules import record_rules
+from launcher.components.files.records import read_advice_state
+from launcher.components.files.safe_load import RefusedFile
 
 if TYPE_CHECKING:
     from launcher.components.loggers.observers import RunContext
@@ -102,11 +105,17 @@ def batch_advice(
     )
 
 
-def read_state(run_dir: Path) -> dict[str, Any] | None:
-    """The previous session's global batch and learning rate, if a session recorded them."""
+def read_state(run_dir: Path, warn: Callable[[str], None] | None = None) -> dict[str, Any] | None:
+    """The previous session's global batch and learning rate, if a session recorded them; a record that does
+    not read back as written is named through `warn` and ignored (advice never stops a run)."""
+    path = run_dir / STATE_FILE
+    if not path.is_file():
+        return None
     try:
-        return json.loads((run_dir / STATE_FILE).read_text())
-    except (OSError, ValueError):
+        return read_advice_state(path)
+    except RefusedFile as err:
+        if warn is not None:
+            warn(str(err))
         return None
 
 
@@ -142,7 +151,7 @@ class Advisor:
                 context.device_type == "cuda" and cuda_bf16_supported()
             )
         resumed = context.session > 0 or context.start_step > 0
-        previous = read_state(context.run_dir) if resumed else None
+        previous = read_state(context.run_dir, self._warn) if resumed else None
         write_state(context.run_dir, global_batch=global_batch, lr=lr)
         self.rules = record_rules(bf16_capable=bf16_capable)
         start = precision_advice(precision, context.device_type, bf16_capable=bf16_capable)
@@ -151,6 +160,10 @@ class Advisor:
             start.append(("lr_not_scaled", batch))
         for rule_id, message in start:
             self.give(rule_id, context.start_step, message)
+
+    def _warn(self, message: str) -> None:
+        """One console line about the advisor's own file."""
+        self.console.print(f"warning: {message}", markup=False, highlight=False, soft_wrap=True)
 
     def give(self, rule_id: str, step: int, message: str) -> None:
         """Print `message` in a box unless advice `rule_id` was already given this session."""

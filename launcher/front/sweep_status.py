@@ -11,8 +11,12 @@ import argparse
 import json
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+
+from launcher.components.files import records
+from launcher.components.files.safe_load import RefusedFile
 
 POINT_FILE = "sweep_point.json"
 """Written into each point's run directory: its index and overrides."""
@@ -21,19 +25,33 @@ SUMMARY_FILE = "sweep_summary.json"
 
 
 def _read_json(path: Path) -> dict[str, Any] | None:
+    """A point's JSON object (None when the file is missing, not JSON, or holds no object)."""
     try:
-        return json.loads(path.read_text())
+        value = json.loads(path.read_text())
     except (OSError, ValueError):
         return None
+    return value if isinstance(value, dict) else None
+
+
+def _checked(reader: Callable[[Path], dict[str, Any]], path: Path, problems: list[str]) -> dict[str, Any]:
+    """The record `reader` reads from `path`, or {} (missing; a record that does not read back: named in `problems`)."""
+    if not path.is_file():
+        return {}
+    try:
+        return reader(path)
+    except RefusedFile as err:
+        problems.append(str(err))
+        return {}
 
 
 def _point_row(point_dir: Path) -> dict[str, Any]:
-    """One point: its overrides, status and results."""
-    record = _read_json(point_dir / POINT_FILE) or {}
-    summary = _read_json(point_dir / "summary.json") or {}
+    """One point: its overrides, status and results (`problems`: its records that do not read back)."""
+    problems: list[str] = []
+    record = _checked(records.read_sweep_point, point_dir / POINT_FILE, problems)
+    summary = _checked(records.read_summary, point_dir / "summary.json", problems)
     job_file = point_dir / "slurm" / "job_id"
     job_id = job_file.read_text().strip() if job_file.is_file() else None
-    status = summary.get("exit_reason") or "no summary"
+    status = "unreadable" if problems else summary.get("exit_reason") or "no summary"  # never a winner
     if job_id is not None and status != "completed":
         from launcher.launch import slurm_jobs
 
@@ -52,6 +70,7 @@ def _point_row(point_dir: Path) -> dict[str, Any]:
         "steps": summary.get("steps"),
         "final_loss": summary.get("final_loss"),
         "eval_loss": summary.get("eval_loss"),
+        "problems": problems,
     }
 
 
@@ -113,6 +132,9 @@ def report(sweep_dir: Path, *, wait: bool = False, poll_s: float = 2.0) -> dict[
         )
     else:
         console.print("no point has completed yet")
+    for row in result["points"]:
+        for problem in row["problems"]:
+            console.print(f"point {row['point']}: {problem}", markup=False, soft_wrap=True)
     tmp = Path(sweep_dir) / f"{SUMMARY_FILE}.tmp"
     tmp.write_text(json.dumps(result, indent=2) + "\n")
     tmp.replace(Path(sweep_dir) / SUMMARY_FILE)

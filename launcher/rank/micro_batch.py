@@ -43,6 +43,8 @@ from torch import nn
 from torch.distributed.fsdp import FSDPModule
 
 from launcher.components.batch_split import BatchSplit
+from launcher.components.files.records import read_micro_batch
+from launcher.components.files.safe_load import RefusedFile
 from launcher.components.model.context_parallel import shard_batch
 from launcher.components.model.loss import model_inputs
 from launcher.components.objective import CrossEntropy, Objective
@@ -256,13 +258,19 @@ def _agree(size: int, device: torch.device) -> int:
     return int(tensor.item())
 
 
-def _recorded(run_dir: Path | None, search: Search) -> dict[str, Any] | None:
-    """A previous session's result for the same inputs (resume keeps the same split)."""
+def _recorded(run_dir: Path | None, search: Search, *, is_main: bool = True) -> dict[str, Any] | None:
+    """A previous session's result for the same inputs (resume keeps the same split); a record that does not
+    read back as written is named on the console (rank 0) and searched again."""
     path = run_dir / RECORD if run_dir else None
     if path is None or not path.is_file():
         return None
-    record = json.loads(path.read_text())
-    return record if record.get("key") == search.key() else None
+    try:
+        record = read_micro_batch(path)
+    except RefusedFile as err:
+        if is_main:
+            print(f"warning: {err}", flush=True)
+        return None
+    return record if record["key"] == search.key() else None
 
 
 def fit_micro_batch(
@@ -285,7 +293,7 @@ def fit_micro_batch(
         budget_bytes=_budget_bytes(spec, device),
         cap=min(spec.memory.max_micro_batch_size, t.micro_batch_size * t.grad_accum_steps),
     )
-    previous = _recorded(run_dir, search)
+    previous = _recorded(run_dir, search, is_main=is_main)
     if previous is not None:
         search.micro_batch_size, search.reason = (
             previous["micro_batch_size"],
