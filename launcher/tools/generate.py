@@ -26,8 +26,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from launcher.components.data.tokenizer import refuse_custom_tokenizer
-from launcher.components.files.safe_load import refusing_folder
+from launcher.components.files.safe_load import RefusedFile, refusing_folder
+from launcher.components.files.tokenizer_file import load_failure
 from launcher.components.model.hf_files import refuse_custom_code
+from launcher.components.model.hf_weights import folder_problems
 from launcher.exits import ExitStatus
 from launcher.spec import load_spec
 from launcher.tools.hf_folder import ExportError, load_tokenizer
@@ -97,10 +99,16 @@ def folder_source(path: Path) -> Source:
 
     local = {"local_files_only": True, "trust_remote_code": False}
     refuse_custom_code(str(path))
+    _refuse_mismatched_weights(path)
     with refusing_folder(path):  # pytorch_model.bin weights-only, safetensors' header checked
         model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, **local).eval()
     refuse_custom_tokenizer(path)
-    tokenizer = AutoTokenizer.from_pretrained(path, **local)
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(path, **local)
+    except (ImportError, RefusedFile):  # a missing package, or a file that needs code: their messages say so
+        raise
+    except Exception as err:  # transformers' KeyError and the tokenizers library's errors name no file
+        raise ExportError(load_failure(str(path), err) + ".") from None
     config = model.config
     context = getattr(config, "n_positions", None) or getattr(config, "max_position_embeddings", None)
     eos = _ids(model.generation_config.eos_token_id) or _ids(tokenizer.eos_token_id)
@@ -108,6 +116,19 @@ def folder_source(path: Path) -> Source:
         logits=lambda ids: model(input_ids=ids, use_cache=False).logits, tokenizer=tokenizer,
         context=int(context or tokenizer.model_max_length), eos_ids=eos, add_special_tokens=True, bos_id=None,
     )  # fmt: skip
+
+
+def _refuse_mismatched_weights(path: Path) -> None:
+    """ExportError (exit 2) when the folder's weights do not fit its config.json, as `train` refuses the folder."""
+    from transformers import AutoConfig
+
+    try:
+        config = AutoConfig.from_pretrained(path, local_files_only=True, trust_remote_code=False)
+    except (OSError, ValueError, KeyError) as err:
+        raise ExportError(f"'{path / 'config.json'}' does not load as a model config ({err}).") from None
+    problems = folder_problems(path, config)
+    if problems:
+        raise ExportError(" ".join(problems))
 
 
 def open_source(path: Path) -> Source:

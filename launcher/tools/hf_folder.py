@@ -16,6 +16,8 @@ from pathlib import Path
 from typing import Any
 
 from launcher.components.data.tokenizer import ByteTokenizer, folder_problem, open_folder
+from launcher.components.files.safe_load import RefusedFile
+from launcher.components.files.tokenizer_file import load_failure
 from launcher.config.tokenizer import TokenizerConfig
 
 
@@ -46,7 +48,12 @@ def load_tokenizer(cfg: TokenizerConfig) -> Any:
             f"the run's tokenizer cannot be read: {reason}. Put the tokenizer folder back at that path "
             "(the spec records where training read it)."
         )
-    return open_folder(cfg.path)
+    try:
+        return open_folder(cfg.path)
+    except (ImportError, RefusedFile):  # a missing package, or a file that needs code: their messages say so
+        raise
+    except Exception as err:  # transformers' KeyError and the tokenizers library's errors name no file
+        raise ExportError(f"the run's {load_failure(str(cfg.path), err)}.") from None
 
 
 def special_ids(cfg: TokenizerConfig, tokenizer: Any) -> dict[str, int | None]:

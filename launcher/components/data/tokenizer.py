@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 from launcher.components.files.safe_load import RefusedFile
+from launcher.components.files.tokenizer_file import load_failure
 from launcher.components.model.hf_files import NO_REMOTE_CODE
 from launcher.config.tokenizer import (
     INSTALL_HINT,
@@ -414,11 +415,7 @@ def load_problem(cfg: TokenizerConfig) -> str | None:
     try:
         load_tokenizer(cfg)
     except Exception as err:  # a folder that looks right but does not load: say what transformers said, once
-        reason = " ".join(str(err).split()) or type(err).__name__
-        return (
-            f"the tokenizer in '{cfg.path}' does not load ({reason}); check that the folder is a complete "
-            "`save_pretrained` copy of the tokenizer (tokenizer_config.json with its tokenizer files)"
-        )
+        return load_failure(str(cfg.path), err)
     return None
 
 

@@ -199,3 +199,21 @@ def shape_problems(config: Any, found: Shapes, folder: str) -> list[str]:
             f"({', '.join(extra[:3])}). Use the config.json saved with these weights."
         )
     return problems
+
+
+def folder_problems(folder: Path, config: Any) -> list[str]:
+    """What keeps a folder's weights from loading into the model `config` builds: an unreadable weight file,
+    or shapes, parameters missing or extra (quantized weights are packed: only their files are checked).
+    The rule behind `train model.path=DIR` and `train-generate DIR` alike; raises nothing."""
+    try:
+        found = folder_shapes(Path(folder))
+    except WeightsProblem as err:
+        return [str(err)]
+    if found is None or getattr(config, "quantization_config", None):
+        return []
+    try:
+        problems = shape_problems(config, found, str(folder))
+    except Exception as err:  # e.g. a family without a causal-LM head
+        first = (str(err).splitlines() or [""])[0]
+        problems = [f"'{folder}' does not build a causal language model ({type(err).__name__}: {first})"]
+    return [problem[0].upper() + problem[1:] for problem in problems]
