@@ -54,7 +54,7 @@ DEVICES = ("auto", "cpu", "cuda")
 
 KEYS: dict[str, Domain] = {
     "checkpoint.async_save": FLAG,
-    "checkpoint.every": COUNT,
+    "checkpoint.every": at_least(1, "null: no periodic checkpoints"),
     "checkpoint.keep": COUNT,
     "checkpoint.save_final": FLAG,
     "checkpoint.verify": FLAG,
@@ -67,8 +67,8 @@ KEYS: dict[str, Domain] = {
     "data.field": text("the record field that holds the text, conversation or token ids"),
     "data.format": one_of(data.FORMATS),
     "data.kind": one_of(data.DATA_KINDS),
-    "data.max_bytes": COUNT,
-    "data.max_tokens_per_batch": COUNT,
+    "data.max_bytes": at_least(1, "null: the whole corpus"),
+    "data.max_tokens_per_batch": at_least(1, "null: no token budget"),
     "data.num_proc": COUNT,
     "data.num_workers": at_least(0),
     "data.packing": FLAG,
@@ -142,7 +142,7 @@ KEYS: dict[str, Domain] = {
     "memory.checkpoint_every": COUNT,
     "memory.cpu_malloc_reuse": FLAG,
     "memory.cuda_alloc_conf": text("PyTorch's allocator settings: launcher.rules.memory judges each"),
-    "memory.empty_cache_steps": COUNT,
+    "memory.empty_cache_steps": at_least(1, "null: never"),
     "memory.max_memory_gb": above(0),
     "memory.max_micro_batch_size": COUNT,
     "memory.offload_activations": FLAG,
@@ -266,7 +266,7 @@ KEYS: dict[str, Domain] = {
     "train.nonfinite_window_steps": COUNT,
     "train.on_nonfinite": one_of(NONFINITE_POLICIES),
     "train.seed": SEED,
-    "train.stop_after": COUNT,
+    "train.stop_after": at_least(1, "null: train to train.max_steps"),
     "verify_resume": FLAG,
 }
 """Public key -> its domain; a list-of-entries key's fields as `key[].field`. tests/unit/test_key_domains.py
@@ -298,7 +298,8 @@ def _number(key: str, domain: Domain, value: Any) -> Iterator[SpecError]:
         if isinstance(item, bool) or not isinstance(item, int | float):
             yield SpecError((key,), f"takes a number, got {item!r}.")
         elif not domain.holds(item):
-            yield SpecError((key,), f"must be {domain.describe()}, got {item}.")
+            fix = f" ({domain.why})" if domain.why else ""
+            yield SpecError((key,), f"must be {domain.describe()}{fix}, got {item}.")
 
 
 def domain_errors(spec: RunSpec) -> Iterator[SpecError]:

@@ -154,7 +154,11 @@ RULES = [
         ("train.stop_after", "train.max_steps"),
         "must lie below max_steps (300): an optimizer step from 1 to 299",
     ),
-    (["train.stop_after=0"], ("train.stop_after",), "must be at least 1, got 0"),
+    (
+        ["train.stop_after=0"],
+        ("train.stop_after",),
+        "must be at least 1 (null: train to train.max_steps), got 0",
+    ),
     (["scheduler.min_lr_ratio=2"], ("scheduler.min_lr_ratio",), "must lie in [0, 1]"),
 ]
 
