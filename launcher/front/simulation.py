@@ -53,6 +53,7 @@ def run(built: Built) -> int:
         f"simulating {spec.launcher.world_size:,} rank(s) on a fake process group: one rank of each role is built "
         "and stepped ...",
         markup=False,
+        soft_wrap=True,
     )
     try:
         with warnings.catch_warnings():
