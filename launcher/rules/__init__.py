@@ -8,6 +8,8 @@ rule function) exists that `check` would not run.
 
 from __future__ import annotations
 
+import re
+
 from launcher.rules import (
     choices,
     context,
@@ -96,5 +98,5 @@ def check(spec: RunSpec, hw: Hardware) -> list[SpecError]:
             except Exception:
                 if not floor:
                     raise
-    named = {error.keys for error in found}
+    named = {tuple(re.sub(r"\[\d+\]$", "", key) for key in error.keys) for error in found}  # betas[1]: betas
     return [error for error in floor if error.keys not in named] + found
