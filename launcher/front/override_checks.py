@@ -195,7 +195,13 @@ def _is_bool(schema: typing.Any) -> bool:
 
 def _check_value(scratch: DictConfig, key: str, override: typing.Any) -> list[SpecError]:
     value = override.value()
-    if _is_bool(field_type(key)[0]) and value is not None and not isinstance(value, bool):
+    interpolated = isinstance(value, str) and "${" in value  # resolved later, judged by the schema then
+    if (
+        _is_bool(field_type(key)[0])
+        and value is not None
+        and not isinstance(value, bool)
+        and not interpolated
+    ):
         return [  # the schema would read 2, "yes" or "on" as true
             SpecError(
                 (key,), f"wrong type: takes true or false, got {value!r}. Write {key}=true or {key}=false."
