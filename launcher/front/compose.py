@@ -166,7 +166,11 @@ def compose_checked(overrides: list[str], source: ConfigSource) -> tuple[DictCon
         cfg = compose(overrides, source)
     except Exception as err:  # Hydra's composition errors: a missing option file, a bad interpolation, ...
         return None, [composition_error(err)]
-    errors = override_checks.check_hydra_node(cfg) if source.shipped else []
+    errors = (
+        override_checks.check_hydra_node(cfg) + override_checks.check_file_bools(cfg)
+        if source.shipped
+        else []
+    )
     return (None, errors) if errors else (cfg, [])
 
 
@@ -236,7 +240,7 @@ def build(cfg: DictConfig) -> Built:
     from launcher.front.deepspeed_file import adopt
     from launcher.rules import check, detect_hardware
 
-    code = code_references(cfg)
+    code = code_references(cfg) + resolvers(cfg)
     if code:
         return Built(config=cfg, spec=None, errors=tuple(code))
     cfg, conflicts = adopt(cfg)  # a user's DeepSpeed/accelerate file decides the keys nobody set
@@ -290,6 +294,44 @@ def code_references(cfg: DictConfig) -> list[SpecError]:
         elif isinstance(node, list):
             for i, value in enumerate(node):
                 walk(value, f"{path}[{i}]")
+
+    walk(OmegaConf.to_container(cfg, resolve=False), "")
+    return found
+
+
+ALLOWED_RESOLVERS = ("oc.env", "now")
+"""Resolvers a run's values may call: an environment variable (secrets stay `${oc.env:VAR}` in spec.yaml), the time."""
+_RESOLVER = re.compile(r"\$\{\s*([^${}:\s]+)\s*:")
+
+
+def resolvers(cfg: DictConfig) -> list[SpecError]:
+    """Every value of the run (the hydra node aside) that calls a resolver other than oc.env and now.
+
+    `${oc.decode:...}`, `${oc.create:...}` and the like would build values past the schema's types, and
+    an unknown one (`${python:...}`) names nothing that exists: both are refused, naming the key.
+    References to other keys (`${data.seq_len}`) stay allowed.
+    """
+    found: list[SpecError] = []
+
+    def walk(node: typing.Any, path: str) -> None:
+        if isinstance(node, dict):
+            for key, value in node.items():
+                if path or key != "hydra":
+                    walk(value, f"{path}.{key}" if path else str(key))
+        elif isinstance(node, list):
+            for i, value in enumerate(node):
+                walk(value, f"{path}[{i}]")
+        elif isinstance(node, str):
+            called = sorted({name for name in _RESOLVER.findall(node) if name not in ALLOWED_RESOLVERS})
+            if called:
+                found.append(
+                    SpecError(
+                        (path,),
+                        f"{node!r} calls the resolver {', '.join(called)}, which a run's values may not: only "
+                        "${oc.env:VAR} (an environment variable, kept unresolved in spec.yaml), ${now:FORMAT} and "
+                        "references to other keys (${data.seq_len}) are resolved. Give the value itself.",
+                    )
+                )
 
     walk(OmegaConf.to_container(cfg, resolve=False), "")
     return found

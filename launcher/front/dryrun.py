@@ -170,7 +170,7 @@ def print_tokenizer(console: Console, spec: RunSpec, auto: str | None = None) ->
 def _sources(cfg: DictConfig, auto: str | None) -> dict[str, str]:
     """Dotted key -> where its value came from, the values the launcher decided included."""
     choices = dict(cfg.hydra.runtime.choices) if "hydra" in cfg else {}
-    task_overrides = list(cfg.hydra.overrides.task) if "hydra" in cfg else []
+    task_overrides = OmegaConf.to_container(cfg.hydra.overrides.task, resolve=False) if "hydra" in cfg else []
     sources = provenance(choices, task_overrides, user_dirs(cfg))
     sources.update({t.spec_key: t.credit for t in deepspeed_file.taken(cfg)})  # a user's DeepSpeed file
     model = typed(cfg, "model")

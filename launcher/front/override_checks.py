@@ -124,6 +124,27 @@ def check_hydra_node(cfg: DictConfig) -> list[SpecError]:
     return errors
 
 
+def check_file_bools(cfg: DictConfig) -> list[SpecError]:
+    """A switch a config file sets to something other than true or false (`bias: 2`, `bias: "yes"`), which
+    composing would read as true; the command line's are refused in `_check_value`."""
+    from launcher.front.provenance import chosen_files
+
+    errors = []
+    for source, values in chosen_files(cfg):
+        for key, value in values.items():
+            if value is None or isinstance(value, bool) or (isinstance(value, str) and "${" in value):
+                continue
+            if _is_bool(field_type(key)[0]):
+                errors.append(
+                    SpecError(
+                        (key,),
+                        f"takes true or false, but {source} sets it to {value!r}, which composing would silently "
+                        f"turn into a bool. Write true or false in that file (or {key}=... on the command line).",
+                    )
+                )
+    return errors
+
+
 def _check_option(
     group: str, override: typing.Any, options: list[str], shipped: dict[str, list[str]]
 ) -> list[SpecError]:
@@ -167,7 +188,25 @@ def _check_entries(key: str, schema: typing.Any, value: typing.Any) -> list[Spec
     ]
 
 
+def _is_bool(schema: typing.Any) -> bool:
+    """Whether a schema type is bool or bool | None."""
+    return schema is bool or (set(typing.get_args(schema)) == {bool, type(None)})
+
+
 def _check_value(scratch: DictConfig, key: str, override: typing.Any) -> list[SpecError]:
+    value = override.value()
+    interpolated = isinstance(value, str) and "${" in value  # resolved later, judged by the schema then
+    if (
+        _is_bool(field_type(key)[0])
+        and value is not None
+        and not isinstance(value, bool)
+        and not interpolated
+    ):
+        return [  # the schema would read 2, "yes" or "on" as true
+            SpecError(
+                (key,), f"wrong type: takes true or false, got {value!r}. Write {key}=true or {key}=false."
+            )
+        ]
     try:
         OmegaConf.update(scratch, key, override.value(), merge=True)
     except Exception as err:

@@ -71,6 +71,18 @@ def provenance(
     return sources
 
 
+def chosen_files(cfg: DictConfig) -> list[tuple[str, dict[str, Any]]]:
+    """(group=option, the leaf values its file sets, unconverted) for every option the composed config chose."""
+    if "hydra" not in cfg:
+        return []
+    roots = [*user_dirs(cfg), config_dir()]
+    return [
+        (f"{group}={option}", _yaml_values(_option_file(roots, group, str(option)), group))
+        for group, option in dict(cfg.hydra.runtime.choices).items()
+        if option is not None and not group.startswith("hydra")
+    ]
+
+
 def user_dirs(cfg: DictConfig) -> tuple[Path, ...]:
     """The file config directories Hydra searched besides the shipped conf/ (--config-dir, hydra.searchpath)."""
     if "hydra" not in cfg:
@@ -101,7 +113,7 @@ def explicit(cfg: DictConfig) -> dict[str, str]:
     if "hydra" not in cfg:
         return {}
     choices = dict(cfg.hydra.runtime.choices)
-    overrides = [str(o) for o in cfg.hydra.overrides.task]
+    overrides = [str(o) for o in OmegaConf.to_container(cfg.hydra.overrides.task, resolve=False)]
     typed = {o.lstrip("+~").split("=", 1)[0] for o in overrides}
     defaults = default_choices()
     sources = provenance(choices, overrides, user_dirs(cfg))

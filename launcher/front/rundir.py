@@ -85,7 +85,18 @@ def start(built: compose.Built, run_dir: Path) -> int:
             err_console.print(problem, markup=False, soft_wrap=True)
             return ExitStatus.FAILED
         return launch(dataclasses.replace(spec, run_dir=str(run_dir)), run_dir)
-    make_run_dir(run_dir)
+    try:
+        make_run_dir(run_dir)
+    except OSError as err:  # the rules found the parent writable; the filesystem said otherwise
+        report(
+            [
+                SpecError(
+                    ("run_dir",),
+                    f"{run_dir} cannot be created ({err.strerror}). Give run_dir a path you can write.",
+                )
+            ]
+        )
+        return ExitStatus.INVALID_SPEC
     try:
         with run_lock.holding(run_dir):
             return launch(write(built, run_dir), run_dir)

@@ -49,6 +49,12 @@ def run(built: Built) -> int:
     from launcher.launch import simulate
 
     spec = built.spec
+    rundir.err_console.print(
+        f"simulating {spec.launcher.world_size:,} rank(s) on a fake process group: one rank of each role is built "
+        "and stepped ...",
+        markup=False,
+        soft_wrap=True,
+    )
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")

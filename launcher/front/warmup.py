@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import sys
 
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 from launcher.front import provenance
 from launcher.front.config_values import typed, with_values
@@ -22,7 +22,7 @@ KEY = "scheduler.warmup_steps"
 
 def _typed(cfg: DictConfig) -> bool:
     """Whether the command line set the warmup (Hydra keeps the overrides under hydra.overrides.task)."""
-    overrides = cfg.hydra.overrides.task if "hydra" in cfg else []
+    overrides = OmegaConf.to_container(cfg.hydra.overrides.task, resolve=False) if "hydra" in cfg else []
     return any(str(o).lstrip("+~").split("=", 1)[0] == KEY for o in overrides)
 
 

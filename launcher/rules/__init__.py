@@ -8,6 +8,8 @@ rule function) exists that `check` would not run.
 
 from __future__ import annotations
 
+import re
+
 from launcher.rules import (
     choices,
     context,
@@ -17,6 +19,7 @@ from launcher.rules import (
     distill,
     flash,
     hf_model,
+    keys,
     launch,
     loggers,
     loop,
@@ -43,6 +46,7 @@ from launcher.rules.hardware import Hardware, detect_hardware
 from launcher.spec import RunSpec, SpecError
 
 AREAS = (
+    keys,
     numbers,
     choices,
     model,
@@ -79,5 +83,20 @@ __all__ = ["AREAS", "Hardware", "check", "detect_hardware"]
 
 
 def check(spec: RunSpec, hw: Hardware) -> list[SpecError]:
-    """All violations of all rules, so that one run of the CLI reports every problem at once."""
-    return [error for area in AREAS for rule in area.RULES for error in rule(spec, hw)]
+    """All violations of all rules, so that one run of the CLI reports every problem at once.
+
+    A key's domain error (launcher.rules.keys) is left out where another rule named that key alone: its
+    message is the more specific. While a value lies outside its domain, a cross-field rule that cannot
+    judge it (a zero it divides by) stops without a word; the domain error says what to fix.
+    """
+    floor = [error for rule in keys.RULES for error in rule(spec, hw)]
+    found: list[SpecError] = []
+    for area in AREAS[1:]:
+        for rule in area.RULES:
+            try:
+                found.extend(rule(spec, hw))
+            except Exception:
+                if not floor:
+                    raise
+    named = {tuple(re.sub(r"\[\d+\]$", "", key) for key in error.keys) for error in found}  # betas[1]: betas
+    return [error for error in floor if error.keys not in named] + found

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -12,6 +13,11 @@ from launcher.spec import RunSpec, SpecError
 
 MULTI_RANK_OPTIONS = "parallel=ddp, fsdp, tp (tensor parallel), zero0 ... zero3 (DeepSpeed ZeRO)"
 """The `parallel` options that run on several ranks (as `train --help` lists them)."""
+LOCAL_RANKS_PER_CORE = 8
+"""The most local ranks per CPU core this machine is asked to start (more only wait on each other)."""
+SIMULATED_MAX = 4096
+"""The most ranks dry_run=simulate lays out (its fake process group grows with them: 2,048 FSDP ranks take
+about half a minute on two cores); dry_run=true plans any size."""
 
 
 def _hardware(spec: RunSpec, hw: Hardware) -> Iterator[SpecError]:
@@ -48,6 +54,30 @@ def _strategy_fits_world(spec: RunSpec, hw: Hardware) -> Iterator[SpecError]:
             f"parallel=single keeps one copy of {held}, but the job has {n} ranks "
             f"(launcher.nnodes={spec.launcher.nnodes} x launcher.nproc={spec.launcher.nproc}). "
             f"Pick a multi-rank option: {MULTI_RANK_OPTIONS}; or set launcher.nproc={stages}.",
+        )
+
+
+def _ranks_this_machine_starts(spec: RunSpec, hw: Hardware) -> Iterator[SpecError]:
+    """A local job starts launcher.nproc processes here: not more than the cores can carry; a simulation is bounded too."""
+    nproc, cores = spec.launcher.nproc, len(os.sched_getaffinity(0))
+    if spec.dry_run == "simulate":
+        if spec.launcher.world_size > SIMULATED_MAX:
+            yield SpecError(
+                ("dry_run", "launcher.nproc", "launcher.nnodes"),
+                f"dry_run=simulate lays out every rank of the job on one fake process group, and "
+                f"{spec.launcher.world_size:,} ranks would take hours (at most {SIMULATED_MAX:,}). Use "
+                "dry_run=true for the planner's estimate at this size, or simulate fewer ranks of the same shape "
+                "(the memory of a rank depends on the degrees it is sharded over, not on the job's size).",
+            )
+        return
+    limit = max(LOCAL_RANKS_PER_CORE * cores, hw.num_gpus)
+    if spec.launcher.backend == "local" and nproc > limit:
+        yield SpecError(
+            ("launcher.nproc", "launcher.backend"),
+            f"launcher.nproc={nproc:,} processes would start on this machine, which has {cores} CPU core(s): "
+            f"at most {limit} ({LOCAL_RANKS_PER_CORE} per core) start here. For more ranks use launcher=slurm, "
+            "or several machines (launcher.nnodes, docs/multinode.md); to plan a large job without starting "
+            "anything, dry_run=simulate.",
         )
 
 
@@ -159,6 +189,33 @@ def _ranks_fit_devices(spec: RunSpec, hw: Hardware) -> Iterator[SpecError]:
     )
 
 
+PSEUDO_FILESYSTEMS = (Path("/proc"), Path("/sys"))
+"""Kernel interfaces that look like folders but hold no files of ours."""
+
+
+def run_dir_problem(run_dir: Path) -> str | None:
+    """Why `run_dir` cannot be created and written here (nothing is created to find out), or None."""
+    path = Path(os.path.abspath(run_dir.expanduser()))
+    if path.exists() and not path.is_dir():
+        return f"{path} exists and is not a directory. Give run_dir a directory, or move the file away."
+    existing = next(p for p in (path, *path.parents) if p.exists())
+    if any(existing == p or p in existing.parents for p in PSEUDO_FILESYSTEMS):
+        return f"{path} lies in {existing}, a kernel interface that cannot hold files. Give run_dir a real directory."
+    if not existing.is_dir():
+        return f"{existing} is a file, so {path} cannot be created under it. Give run_dir another path."
+    if not os.access(existing, os.W_OK | os.X_OK):
+        return f"{existing} is not writable by this user, so {path} cannot be created there. Give run_dir a path you can write."
+    return None
+
+
+def _run_dir_writable(spec: RunSpec, hw: Hardware) -> Iterator[SpecError]:
+    """The run directory can be made and written (node 0 makes it; other nodes only read it)."""
+    if spec.run_dir is not None and spec.run_dir.strip() and spec.launcher.node_rank == 0:
+        problem = run_dir_problem(Path(spec.run_dir))
+        if problem is not None:
+            yield SpecError(("run_dir",), problem)
+
+
 def _run_dir_free(spec: RunSpec, hw: Hardware) -> Iterator[SpecError]:
     """One run at a time in a run directory (launcher.launch.run_lock); node 0 of a multi-node job holds it."""
     if spec.launcher.node_rank > 0:
@@ -172,10 +229,12 @@ def _run_dir_free(spec: RunSpec, hw: Hardware) -> Iterator[SpecError]:
 RULES: tuple[Rule, ...] = (
     _names_of_the_run,
     _hardware,
+    _ranks_this_machine_starts,
     _strategy_fits_world,
     _launch_settings,
     _restarts_need_checkpoints,
     _ranks_fit_devices,
+    _run_dir_writable,
     _run_dir_free,
 )
 """This module's rules, in the order they report."""

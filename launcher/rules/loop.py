@@ -28,11 +28,11 @@ def _loop(spec: RunSpec, hw: Hardware) -> Iterator[SpecError]:
     )
     yield from positive("checkpoint.keep", spec.checkpoint.keep, "Keep at least 1 checkpoint.")
     yield from positive("optimizer.lr", spec.optimizer.lr, "A typical AdamW value is 3e-4.")
-    if t.stop_after is not None and not 0 < t.stop_after < t.max_steps:
+    if t.stop_after is not None and 0 < t.max_steps <= t.stop_after:  # below 1: launcher.rules.keys says so
         yield SpecError(
             ("train.stop_after", "train.max_steps"),
-            f"stop_after ({t.stop_after}) must lie between 0 and max_steps ({t.max_steps}); "
-            "use null to train to the end.",
+            f"stop_after ({t.stop_after}) must lie below max_steps ({t.max_steps}): an optimizer step from 1 to "
+            f"{t.max_steps - 1}; use null to train to the end.",
         )
     if spec.optimizer.weight_decay < 0:
         yield SpecError(("optimizer.weight_decay",), "must be 0 or more (0 turns weight decay off).")

@@ -65,9 +65,9 @@ def _foreign_keys(spec: RunSpec, hw: Hardware) -> Iterator[SpecError]:
         return
     if _pipeline(spec):
         return
-    keys = [f"parallel.{n}" for n in PP_KEYS if getattr(p, n) != getattr(_DEFAULTS, n)]
-    if not keys:
-        return
+    keys = [f"parallel.{n}" for n in PP_KEYS[1:] if getattr(p, n) != getattr(_DEFAULTS, n)]
+    if not keys or p.pp_size < 1:
+        return  # pp_size below 1: the mesh's rule (parallel.dims) names it
     yield SpecError(
         ("parallel.pp_size", *keys),
         f"{', '.join(keys)} configure pipeline parallelism, but parallel.pp_size is 1 (no pipeline), so nothing "

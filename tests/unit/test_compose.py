@@ -149,7 +149,16 @@ RULES = [
     (["optimizer.name=adamww"], ("optimizer.name",), "Did you mean adamw?"),
     (["train.on_nonfinite=ignore"], ("train.on_nonfinite",), "Choose one of: skip, stop"),
     (["precision.eval_dtype=float8"], ("precision.eval_dtype",), "Choose one of"),
-    (["train.stop_after=300"], ("train.stop_after", "train.max_steps"), "between 0 and max_steps"),
+    (
+        ["train.stop_after=300"],
+        ("train.stop_after", "train.max_steps"),
+        "must lie below max_steps (300): an optimizer step from 1 to 299",
+    ),
+    (
+        ["train.stop_after=0"],
+        ("train.stop_after",),
+        "must be at least 1 (null: train to train.max_steps), got 0",
+    ),
     (["scheduler.min_lr_ratio=2"], ("scheduler.min_lr_ratio",), "must lie in [0, 1]"),
 ]
 

@@ -220,3 +220,10 @@ def test_the_roofline_hides_fsdp_traffic_behind_compute_but_not_tensor_parallel_
     assert fsdp.mfu == pytest.approx(1.0)  # a roofline at peak with nothing exposed
     tp = predict(**common, traffic=[reduce], wrap="none")
     assert tp.exposed_comm_s == pytest.approx(collective_s(reduce, hw))
+
+
+def test_a_simulation_says_what_it_builds_before_it_starts(capsys: pytest.CaptureFixture) -> None:
+    """A large layout takes a while on the fake group: a line says so before anything is built."""
+    assert cli.run([*SMALL, "parallel=ddp", "launcher.nproc=2", "dry_run=simulate"]) == 0
+    err = " ".join(capsys.readouterr().err.split())
+    assert err.startswith("simulating 2 rank(s) on a fake process group"), err
