@@ -13,13 +13,12 @@ Runs on the tokenized corpus (front/tokenize.py), so it sees what the ranks will
 from __future__ import annotations
 
 import json
-from collections import Counter
 
 import numpy as np
 from rich.console import Console
 
 from launcher.components.data.mixture import resolve, single_configs
-from launcher.components.data.pair_checks import DROP_SHARE, defect, prompt_length, spans
+from launcher.components.data.pair_checks import DEFECTS, DROP_SHARE, judge, prompt_length
 from launcher.components.data.pairs import PAIR_FORMATS, UNDESIRABLE
 from launcher.components.data.tokens import START, build_cache, cached_path, uses_cache
 from launcher.config.data import DataConfig
@@ -83,26 +82,18 @@ def _pair_counts(spec: RunSpec, data: DataConfig, arrays: tuple[np.ndarray, np.n
     if key in _COUNTED:
         return _COUNTED[key]
     tokens, flags = arrays
-    bounds = [*np.flatnonzero(flags & START).tolist(), len(tokens)]
-    counts: Counter[str] = Counter()
-    for begin, end in zip(bounds[:-1], bounds[1:], strict=True):
-        cut = spans(flags, begin, end, kto=kto)
-        if cut is None:
-            continue
-        why = defect(tokens, flags, cut, data.seq_len, kto=kto)
-        if why == "empty" and end == len(
-            tokens
-        ):  # the tail split may cut the last document short: not a record's
-            continue
-        counts["pairs"] += 1
-        if why is not None:
-            counts[why] += 1
-            if why == "prompt":
-                counts["longest"] = max(counts["longest"], prompt_length(flags, cut))
-        elif kto:
-            counts["undesirable" if flags[begin] & UNDESIRABLE else "desirable"] += 1
-    _COUNTED[key] = dict(counts)
-    return _COUNTED[key]
+    judged = judge(tokens, flags, data.seq_len, kto=kto)
+    counts = {"pairs": len(judged.cuts)}
+    for code, why in enumerate(DEFECTS, start=1):
+        counts[why] = int(np.count_nonzero(judged.defect == code))
+    long_prompts = judged.cuts[judged.defect == 1 + DEFECTS.index("prompt")]
+    counts["longest"] = max((prompt_length(flags, cut) for cut in long_prompts[:1000]), default=0)
+    if kto:
+        undesirable = (flags[judged.kept()[:, 0]] & UNDESIRABLE) != 0
+        counts["undesirable"] = int(np.count_nonzero(undesirable))
+        counts["desirable"] = len(undesirable) - counts["undesirable"]
+    _COUNTED[key] = counts
+    return counts
 
 
 def _pair_problems(

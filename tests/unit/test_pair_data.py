@@ -68,7 +68,9 @@ def test_a_few_pairs_are_dropped_with_a_count_and_the_ranks_leave_them_out(tmp_p
     records[7] = {**records[7], "prompt": "x" * 80}
     errors, console = _prepare(tmp_path, records, *DPO)
     assert errors == []
-    assert "data: leaving out 2 of 59 pairs" in console and "1 with the same chosen and rejected text" in console
+    assert (
+        "data: leaving out 2 of 59 pairs" in console and "1 with the same chosen and rejected text" in console
+    )
     spec, _ = compose.validate(compose.compose([*DPO, f"data.path={tmp_path / 'd.jsonl'}"]))
     assert len(PairDocuments(load_corpus(spec.data, spec.tokenizer).train, 32, kto=False)) == 57
 
