@@ -5,7 +5,7 @@ fills them: the loss is ln 2 and every reward 0 at every step), when a side is e
 sides are the same tokens (no margin can grow). PairDocuments leaves such documents out, and the
 launching process (front/pair_data.py) counts them with the same function before launch: it refuses
 the run when more than DROP_SHARE of the pairs are affected and names how many it drops otherwise.
-Pure numpy over whole arrays (about 0.1 s for 50,000 pairs): no torch, so the launching process reads it cheaply.
+Pure numpy over whole arrays (about 0.2 s for 50,000 pairs): no torch, so the launching process reads it cheaply.
 """
 
 from __future__ import annotations
