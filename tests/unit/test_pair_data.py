@@ -17,7 +17,7 @@ from rich.console import Console
 
 from conftest import run_inline
 from launcher.components.data.batching import PairDocuments
-from launcher.components.data.pairs import TRAINED, encode_pair
+from launcher.components.data.pairs import REJECTED, TRAINED, encode_pair
 from launcher.components.data.tokenizer import load_tokenizer
 from launcher.components.data.tokens import load_corpus
 from launcher.config.tokenizer import TokenizerConfig
@@ -41,8 +41,9 @@ def test_a_blank_response_keeps_no_trained_token() -> None:
     tokenizer = load_tokenizer(TokenizerConfig())
     ids, flags = encode_pair({"prompt": "q", "chosen": " ", "rejected": " no"}, "preference", TokenizerConfig(),
                              tokenizer, "r")  # fmt: skip
-    chosen = flags[: flags.index(next(f for f in flags[1:] if f & 4), 1)]
-    assert not any(f & TRAINED for f in chosen) and any(f & TRAINED for f in flags[len(chosen) :])
+    middle = next(i for i, f in enumerate(flags) if f & REJECTED)
+    assert not any(f & TRAINED for f in flags[:middle])  # not even the EOS: the pair checks see an empty side
+    assert any(f & TRAINED for f in flags[middle:])
 
 
 @pytest.mark.parametrize(
