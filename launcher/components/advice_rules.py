@@ -58,6 +58,8 @@ STUCK_RECORDS = 10
 """Consecutive preference records (after the first) with chance accuracy and no margin before the advisor speaks."""
 STUCK_MARGIN = 0.01
 """A rewards/margins below this (in absolute value) is no margin."""
+ZERO_RECORDS = 2
+"""Consecutive records (after the first) whose rewards and margins are exactly 0 before the advisor speaks."""
 STUCK_ACCURACY = (0.35, 0.65)
 """A rewards/accuracy in this range is chance (exact ties count as 0 accuracy, so 0 with a zero margin is too)."""
 FALLING_RECORDS = 8
@@ -241,7 +243,7 @@ class PreferenceStuck:
     id = "preference_stuck"
 
     def __init__(self) -> None:
-        self._seen = self._stuck = 0
+        self._seen = self._stuck = self._zero = 0
 
     def check(self, record: dict[str, Any]) -> str | None:
         accuracy, margin = record.get("rewards/accuracy"), record.get("rewards/margins")
@@ -250,6 +252,15 @@ class PreferenceStuck:
         self._seen += 1
         chance = STUCK_ACCURACY[0] <= accuracy <= STUCK_ACCURACY[1] or (accuracy == 0 and margin == 0)
         self._stuck = self._stuck + 1 if self._seen > 1 and chance and abs(margin) < STUCK_MARGIN else 0
+        zero = all(record.get(k) == 0 for k in ("rewards/chosen", "rewards/rejected", "rewards/margins"))
+        self._zero = self._zero + 1 if self._seen > 1 and zero else 0
+        if self._zero >= ZERO_RECORDS:
+            return (
+                f"rewards and margins have been exactly 0 for {self._zero} records: the policy's log-probs equal "
+                "the reference's on every pair, so nothing trains (loss ln 2). Either no response token is "
+                "trained (prompts longer than data.seq_len, blank responses: raise data.seq_len) or the policy "
+                "does not move (optimizer.lr, frozen layers, LoRA targets)."
+            )
         if self._stuck < STUCK_RECORDS:
             return None
         return (

@@ -18,7 +18,7 @@ import numpy as np
 
 from launcher.components.data.mixture import single_configs
 from launcher.components.data.sizes import StepNeeds, document_sequences, packed_sequences
-from launcher.components.data.tokens import START, corpus_folder
+from launcher.components.data.tokens import corpus_folder
 from launcher.components.files.token_cache import read_meta
 from launcher.parallel.dims import ParallelDims
 from launcher.spec import RunSpec, SpecError
@@ -72,10 +72,9 @@ def _train_errors(spec: RunSpec, folder: Path, meta: dict[str, Any], needs: Step
     d, t = spec.data, spec.train
     tokens = meta["sizes"]["train"]
     if d.format in ("preference", "kto"):  # one pair (kto: example) per document, never cut or packed
-        flags = (
-            np.memmap(folder / "train.flags", dtype=np.uint8, mode="r") if tokens else np.zeros(0, np.uint8)
-        )
-        available = int(np.count_nonzero(flags & START))
+        from launcher.front.pair_data import usable_pairs  # the pairs the ranks keep (a few may be dropped)
+
+        available = usable_pairs(spec) if tokens else 0
         how = (
             f"{available:,} training {'examples' if d.format == 'kto' else 'pairs'}, one per micro batch slot"
         )

@@ -4,7 +4,8 @@ A record that the sample checks did not reach and that cannot be used stops here
 file and index, with exit status 2: no rank has started and no checkpoint is touched. So does a
 cache folder that does not read back as written (launcher.components.files.token_cache). So does data
 too small for the run (front/data_sizes.py): fewer sequences than one optimizer step, or held-out
-data that cannot give every rank a batch.
+data that cannot give every rank a batch; and so does data that would train nothing
+(front/pair_data.py): pairs that cannot train, one-class kto data, a source with no text.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from launcher.components.data.mixture import single_configs
 from launcher.components.data.sources import RecordError
 from launcher.components.files.safe_load import RefusedFile
 from launcher.front.data_sizes import size_errors
+from launcher.front.pair_data import pair_data_errors
 from launcher.spec import RunSpec, SpecError
 
 
@@ -71,7 +73,7 @@ def prepare_data(spec: RunSpec, console: Console | None = None) -> list[SpecErro
             markup=False,
             highlight=False,
         )
-    return _sizes(spec)
+    return pair_data_errors(spec, console) or _sizes(spec)
 
 
 def _record_error(spec: RunSpec, err: RecordError) -> SpecError:

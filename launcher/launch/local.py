@@ -37,6 +37,7 @@ from launcher.launch.local_agent import (
     rendezvous_store,
     rotate_logs,
 )
+from launcher.launch.semaphores import detach_resource_tracker
 from launcher.spec import RunSpec
 
 
@@ -133,6 +134,7 @@ def launch(spec: RunSpec, run_dir: Path) -> int:
         ):
             nodes.check_in(store, run_id, lc.node_rank, address)
             config = _launch_config(spec, run_dir, run_id=run_id, endpoint=endpoint, address=address)
+            detach_resource_tracker()  # the ranks' semaphores are unlinked even after a SIGKILL of this group
             node = (lc.node_rank, address) if lc.nnodes > 1 else None
             codes = elastic_launch(config, rank_main)(
                 str(run_dir / "spec.yaml"), threads, os.getpid(), loopback, node

@@ -191,7 +191,7 @@ def export(
     from launcher.components.model.build import build_model
 
     build_model(spec.model).load_state_dict(state)  # proves it loads at world size 1 before writing
-    out.parent.mkdir(parents=True, exist_ok=True)
+    out.parent.mkdir(exist_ok=True)  # at most OUT's own folder (output_file_problem)
     partial = out.with_name(out.name + ".partial")
     torch.save(state, partial)
     partial.replace(out)

@@ -19,6 +19,7 @@ from launcher.components.data.tokenizer import ByteTokenizer, folder_problem, op
 from launcher.components.files.safe_load import RefusedFile
 from launcher.components.files.tokenizer_file import load_failure
 from launcher.config.tokenizer import TokenizerConfig
+from launcher.tools.tool_args import output_folder_problem
 
 
 class ExportError(RuntimeError):
@@ -68,7 +69,10 @@ def special_ids(cfg: TokenizerConfig, tokenizer: Any) -> dict[str, int | None]:
 
 
 def refuse_existing(out: Path, *, force: bool) -> None:
-    """Raise unless `out` is absent or an empty folder, or `force` allows replacing it."""
+    """Raise unless `out` is absent or an empty folder, or `force` allows replacing it; or when its folder
+    cannot be made (tool_args.output_folder_problem)."""
+    if problem := output_folder_problem(out):
+        raise ExportError(problem)
     if force or not out.exists() or (out.is_dir() and not any(out.iterdir())):
         return
     raise ExportError(
@@ -85,7 +89,7 @@ def write_folder(model: Any, tokenizer: Any, out: Path, ids: dict[str, int | Non
     for name, value in ids.items():
         setattr(model.config, name, value)
     model.generation_config = GenerationConfig.from_model_config(model.config)
-    out.parent.mkdir(parents=True, exist_ok=True)
+    out.parent.mkdir(exist_ok=True)  # at most OUT's own folder (refuse_existing)
     partial = out.with_name(f".{out.name}.partial")
     _remove(partial)
     try:

@@ -56,6 +56,12 @@ def load_adapted(ckpt: Path) -> tuple[RunSpec, nn.Module]:
     from launcher.components.model.build import build_model
 
     spec = load_spec(ckpt.parent.parent / "spec.yaml")
+    if spec.quantization.method == "none" and spec.quantization.lora.rank == 0:
+        raise ValueError(
+            f"{ckpt} has nothing to merge: its run trained neither LoRA adapters nor int8/nf4 weights "
+            "(quantization.method=none, quantization.lora.rank=0), so its weights are already plain. Write them "
+            "with train-export RUN OUT.pt (as train-export --merge refuses this run too); nothing was written."
+        )
     torch.manual_seed(spec.train.seed)
     model = quantization.apply(
         build_model(spec.model), spec.quantization, spec.precision, strategy=spec.parallel.strategy
@@ -104,7 +110,7 @@ def main(argv: list[str] | None = None) -> int:
     except (FileNotFoundError, FileExistsError, KeyError, ValueError) as err:  # ValueError: a refused file
         Console(stderr=True, soft_wrap=True).print("[red]error:[/]", escape(str(err)))
         return ExitStatus.INVALID_SPEC
-    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.parent.mkdir(exist_ok=True)  # at most OUT's own folder (output_file_problem)
     partial = args.out.with_name(args.out.name + ".partial")
     torch.save(merged, partial)
     partial.replace(args.out)

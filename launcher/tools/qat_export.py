@@ -42,7 +42,7 @@ def converted_model(state: dict[str, torch.Tensor], spec: RunSpec) -> nn.Module:
 def write_converted(state: dict[str, torch.Tensor], spec: RunSpec, out: Path) -> nn.Module:
     """Convert `state` and write the quantized state dict to the file `out` (atomically); returns the model."""
     model = converted_model(state, spec)
-    out.parent.mkdir(parents=True, exist_ok=True)
+    out.parent.mkdir(exist_ok=True)  # at most OUT's own folder (train-export's output_file_problem)
     partial = out.with_name(out.name + ".partial")
     torch.save(model.state_dict(), partial)
     partial.replace(out)

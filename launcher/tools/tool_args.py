@@ -40,8 +40,29 @@ class ToolParser(argparse.ArgumentParser):
         return parsed
 
 
+def output_folder_problem(out: Path) -> str | None:
+    """Why a tool may not put `out` where it names: its folder is a file, or neither its folder nor that folder's
+    parent exists (a tool creates at most OUT's own folder, never a path of missing folders); None when it may."""
+    parent = out.absolute().parent
+    if parent.exists() and not parent.is_dir():
+        return f"{parent} is a file, not a folder: give an OUT inside an existing folder."
+    if parent.is_dir() or parent.parent.is_dir():
+        return None
+    missing = parent
+    while not missing.parent.exists():
+        missing = missing.parent
+    return (
+        f"{out}: its folder {parent} does not exist, nor does {missing} (a tool creates at most OUT's own folder, "
+        f"so a mistyped path does not become new folders). Create the folders first (mkdir -p {parent}) or "
+        "give an OUT in an existing folder."
+    )
+
+
 def output_file_problem(out: Path, *, force: bool) -> str | None:
-    """Why a tool may not write the file `out` (a folder there, or a file without --force); None when it may."""
+    """Why a tool may not write the file `out` (a folder there, missing folders, or a file without --force);
+    None when it may."""
+    if problem := output_folder_problem(out):
+        return problem
     if out.is_dir():
         return f"{out} is a folder; this command writes one file. Give a file path for OUT (e.g. {out / 'model.pt'})."
     if out.exists() and not force:

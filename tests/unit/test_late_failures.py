@@ -131,3 +131,17 @@ def test_a_truncated_folder_exits_2_without_a_run_directory(folders, tmp_path) -
     result = run_cli(["model=hf", f"model.path={folders['truncated']}", *FOLDER_ARGS], tmp_path)
     assert result.returncode == 2 and "is truncated" in result.stderr, result.stderr
     assert list(tmp_path.iterdir()) == []
+
+
+def test_an_unknown_family_is_refused_with_our_message_alone(folders, hf_tokenizer, tmp_path) -> None:
+    """The folder's tokenizer loads through AutoTokenizer, which reads config.json too: transformers' own
+    warning about the unknown model_type is kept off the console, so the refusal is the first and only line."""
+    folder = Path(shutil.copytree(folders["good"], tmp_path / "unknown"))
+    for item in hf_tokenizer.iterdir():
+        shutil.copy(item, folder / item.name)
+    config = json.loads((folder / "config.json").read_text()) | {"model_type": "mystery_lm"}
+    (folder / "config.json").write_text(json.dumps(config))
+    result = run_cli(["model=hf", f"model.path={folder}", *FOLDER_ARGS], tmp_path)
+    assert result.returncode == 2 and result.stderr.startswith("error:"), result.stderr
+    assert "model_type 'mystery_lm', a family this transformers release does not hold" in result.stderr
+    assert "transformers]" not in result.stderr and "You are using a model of type" not in result.stderr

@@ -22,7 +22,8 @@ from typing import TYPE_CHECKING, Protocol
 
 import torch
 
-from launcher.components.data.pairs import REJECTED, UNDESIRABLE
+from launcher.components.data.pair_checks import judge
+from launcher.components.data.pairs import UNDESIRABLE
 from launcher.components.data.sequences import (
     BatchStream,
     EpochStream,
@@ -110,18 +111,11 @@ class PairDocuments:
 
     def __init__(self, store: TokenStore, seq_len: int, *, kto: bool) -> None:
         flags = store.flags
-        starts = torch.nonzero(flags & START).flatten().tolist()
-        bounds = [*starts, len(store.tokens)]
-        sides, labels = [], []
-        for begin, end in zip(bounds[:-1], bounds[1:], strict=True):
-            cut = torch.nonzero(flags[begin:end] & (TRAINED if kto else REJECTED)).flatten()
-            if kto:  # (prompt, completion): the completion starts at the first trained token
-                middle = begin + (int(cut[0]) if len(cut) else end - begin)
-                sides.append([(begin, middle), (middle, end)])
-                labels.append(0 if int(flags[begin]) & UNDESIRABLE else 1)
-            elif len(cut) == 1 and int(cut[0]) > 0:  # a pair the cache's cap cut short is left out
-                middle = begin + int(cut[0])
-                sides.append([(begin, middle), (middle, end)])
+        # kto: (prompt, completion), the completion from the first trained token; a pair the cache's cap cut
+        # short, or one that trains nothing within seq_len (pair_checks: counted before launch), is left out
+        kept = judge(store.tokens.numpy(), flags.numpy(), seq_len, kto=kto).kept()
+        sides = [[(begin, middle), (middle, end)] for begin, middle, end in kept.tolist()]
+        labels = ((flags.numpy()[kept[:, 0]] & UNDESIRABLE) == 0).tolist() if kto else []
         self.tokens, self.flags, self.seq_len, self.kto = store.tokens, flags, seq_len, kto
         self.sides = sides
         self.labels = torch.tensor(labels, dtype=torch.int64)

@@ -18,7 +18,9 @@ and every cut keep a pair whole; the REJECTED flag bit marks the rejected side's
 example is one document, the UNDESIRABLE bit on its first token.
 launcher.components.data.batching.PairDocuments reads them back as batches: [chosen rows; rejected rows] (kto: rows and `kto_label`). Truncation rule: each side keeps
 its first data.seq_len + 1 tokens (the prompt first, so both sides of a pair lose the same prompt
-tokens and then their responses' tails); a side cut inside its prompt trains nothing.
+tokens and then their responses' tails); a side cut inside its prompt trains nothing. A blank response
+keeps no trained token, so such pairs, and pairs whose sides are the same, are counted before launch
+and dropped or refused (launcher.components.data.pair_checks, launcher.front.pair_data).
 """
 
 from __future__ import annotations
@@ -95,15 +97,30 @@ def _side(
     return [(prompt, False), (response, True)]
 
 
+def _blank(value: Any) -> bool:
+    """Whether a response holds no text: a blank string, or turns whose assistant (gpt) contents are all blank."""
+    if isinstance(value, str):
+        return not value.strip()
+    turns = [value] if isinstance(value, dict) else value if isinstance(value, list) else []
+    texts = [
+        t.get("content", t.get("value"))
+        for t in turns
+        if isinstance(t, dict) and t.get("role", t.get("from")) in ("assistant", "gpt")
+    ]
+    return bool(texts) and all(isinstance(text, str) and not text.strip() for text in texts)
+
+
 def _encoded(
-    segments: list[tuple[str, bool]], tok_cfg: TokenizerConfig, tokenizer: Tokenizer
+    segments: list[tuple[str, bool]], tok_cfg: TokenizerConfig, tokenizer: Tokenizer, *, blank: bool = False
 ) -> tuple[list[int], list[int]]:
+    """A side's ids and flags; a blank response keeps no trained token (not even EOS), so the pair checks
+    (launcher.components.data.pair_checks) see it as empty."""
     ids, trained = tokenizer.encode(segments)
-    flags = [TRAINED if t else 0 for t in trained]
+    flags = [TRAINED if t and not blank else 0 for t in trained]
     if tok_cfg.add_bos and tokenizer.bos_id is not None:
         ids, flags = [tokenizer.bos_id, *ids], [0, *flags]
     if tok_cfg.add_eos and tokenizer.eos_id is not None:
-        ids, flags = [*ids, tokenizer.eos_id], [*flags, TRAINED]
+        ids, flags = [*ids, tokenizer.eos_id], [*flags, 0 if blank else TRAINED]
     return ids, flags
 
 
@@ -123,16 +140,23 @@ def encode_pair(
         if not isinstance(label, bool):
             raise RecordError(f"{where}: 'label' must be true or false, got {label!r}. {HINT[fmt]}")
         ids, flags = _encoded(
-            _side(record, "completion", fmt, tokenizer, where, train_reasoning), tok_cfg, tokenizer
+            _side(record, "completion", fmt, tokenizer, where, train_reasoning),
+            tok_cfg,
+            tokenizer,
+            blank=_blank(record.get("completion")),
         )
         if ids and not label:
             flags[0] |= UNDESIRABLE
         return ids, flags
-    chosen, chosen_flags = _encoded(
-        _side(record, "chosen", fmt, tokenizer, where, train_reasoning), tok_cfg, tokenizer
-    )
-    rejected, rejected_flags = _encoded(
-        _side(record, "rejected", fmt, tokenizer, where, train_reasoning), tok_cfg, tokenizer
+    chosen, chosen_flags, rejected, rejected_flags = (
+        part
+        for key in ("chosen", "rejected")
+        for part in _encoded(
+            _side(record, key, fmt, tokenizer, where, train_reasoning),
+            tok_cfg,
+            tokenizer,
+            blank=_blank(record.get(key)),
+        )
     )
     if not chosen or not rejected:
         raise RecordError(f"{where}: a pair needs a non-empty chosen and rejected side. {HINT[fmt]}")

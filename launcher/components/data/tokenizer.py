@@ -279,10 +279,20 @@ def _hf_tokenizer(path: str) -> HFTokenizer:
 
 def open_folder(path: str) -> Any:
     """A local tokenizer folder as transformers loads it (a slow tokenizer.model converted to a fast one), no download."""
+    import logging
+
     from transformers import AutoTokenizer
 
     refuse_custom_tokenizer(path)
-    return AutoTokenizer.from_pretrained(path, local_files_only=True, trust_remote_code=False)
+    # AutoTokenizer reads the folder's config.json too: a model_type transformers does not hold makes it warn
+    # about the model before the launcher's own refusal of that config (the tokenizer itself loads fine)
+    config_log = logging.getLogger("transformers.configuration_utils")
+    level = config_log.level
+    config_log.setLevel(logging.ERROR)
+    try:
+        return AutoTokenizer.from_pretrained(path, local_files_only=True, trust_remote_code=False)
+    finally:
+        config_log.setLevel(level)
 
 
 def folder_problem(path: str | None) -> str | None:

@@ -40,11 +40,12 @@ TRAINED = 1
 """Flag bit: the token is a training target (its label is kept)."""
 START = 2
 """Flag bit: the token begins a document."""
-FORMAT_VERSION = 3
+FORMAT_VERSION = 4
 """Bumped when the cache layout or the tokenization (or split) rules change, so old caches are not reused.
 
 2: a data.path of fewer than split.HASH_SPLIT_MIN_DOCUMENTS documents holds out its tail, not hashed documents.
 3: conversations honour per-turn training flags (weight, train, train_detail) and render reasoning traces.
+4: a preference or kto record's blank response keeps no trained token (not even EOS): the pair checks see it.
 """
 CHUNK_RECORDS = 256
 
