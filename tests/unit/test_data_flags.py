@@ -275,7 +275,7 @@ def test_a_llamafactory_pair_file_trains_under_dpo_with_format_auto(tmp_path) ->
         flags,
     )
     run_dir = tmp_path / "run"
-    argv = ["objective=dpo", "data=jsonl", "data.format=auto", f"data.path={path}", "data.seq_len=48",
+    argv = ["objective=dpo", "data=jsonl", "data.format=auto", f"data.path={path}", "data.seq_len=160",  # the rendered prompt (system, template) takes ~60 bytes: a shorter seq_len leaves no response token
             "model=gpt_tiny", "train.max_steps=2", "train.micro_batch_size=4", "log.progress=false",
             "log.summary_table=false", f"run_dir={run_dir}"]  # fmt: skip
     assert run_inline(argv, run_dir) == 0

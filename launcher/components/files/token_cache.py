@@ -32,8 +32,9 @@ DTYPES = {"|u1": np.dtype(np.uint8), "<i4": np.dtype(np.int32)}
 """The token dtypes the cache writes (meta.json's dtype): bytes tokenizer ids, and every other tokenizer's."""
 SPLITS = ("val_path", "tail", "hash")
 """How the held-out side was made (meta.json's split)."""
-FLAG_BITS = 3
-"""TRAINED | START: the only bits a flag byte may hold."""
+FLAG_BITS = 15
+"""TRAINED | START | REJECTED | UNDESIRABLE (launcher.components.data.tokens and .pairs): the only bits a
+flag byte may hold (the last two only in preference and kto caches)."""
 CHUNK_TOKENS = 1 << 24
 """Tokens checked per slice, so the check holds at most this many ids in memory."""
 SIDES = ("train", "val")
@@ -103,7 +104,7 @@ def check_files(folder: Path, meta: dict[str, Any], *, contents: bool = True) ->
 
 
 def _check_contents(folder: Path, side: str, size: int, dtype: np.dtype, vocab: int, advice: str) -> None:
-    """Flag bytes within TRAINED | START, the first one a document start; ids in [0, vocab)."""
+    """Flag bytes within FLAG_BITS, the first one a document start; ids in [0, vocab)."""
     flags_path, tokens_path = folder / f"{side}.flags", folder / f"{side}.tokens"
     flags = np.memmap(flags_path, dtype=np.uint8, mode="r")
     tokens = np.memmap(tokens_path, dtype=dtype, mode="r")
