@@ -50,7 +50,9 @@ def test_resume_auto_follows_the_branch_a_resume_started_not_the_highest_step(ba
     lines = [str(w.message) for w in seen]
     for gone in ("step_15", "step_20"):
         assert any(
-            line.startswith(f"checkpoint {ckpts / gone} belongs to a branch this run left (it continues from step_10)")
+            line.startswith(
+                f"checkpoint {ckpts / gone} belongs to a branch this run left (it continues from step_10)"
+            )
             and f"moved aside to {ckpts / 'abandoned' / gone}" in line
             for line in lines
         ), lines
@@ -66,14 +68,20 @@ def test_resume_auto_follows_the_branch_a_resume_started_not_the_highest_step(ba
 
 def test_resume_auto_follows_latest_even_where_the_abandoned_branch_is_still_there(tmp_path) -> None:
     run_dir = tmp_path / "run"
+
+    def write(files) -> None:
+        files.save({"w": torch.zeros(2)}, "model.pt")
+
     for step in (10, 20):
-        checkpoint.save(run_dir, step, lambda f: f.save({"w": torch.zeros(step)}, "model.pt"), keep=5)
+        checkpoint.save(run_dir, step, write, keep=5)
     checkpoint.start_session(run_dir)
     checkpoint.resumed(run_dir, run_dir / "checkpoints" / "step_10", verified=True)
-    checkpoint.save(run_dir, 12, lambda f: f.save({"w": torch.zeros(12)}, "model.pt"), keep=5)
+    checkpoint.save(run_dir, 12, write, keep=5)
     assert _names(checkpoint.resolve_resume("auto", run_dir)) == ["step_12", "step_10"]
     manifest = run_dir / "checkpoints" / "step_12" / "COMPLETE"  # written before parents were recorded
-    manifest.write_text(json.dumps({k: v for k, v in json.loads(manifest.read_text()).items() if k != "parent"}))
+    manifest.write_text(
+        json.dumps({k: v for k, v in json.loads(manifest.read_text()).items() if k != "parent"})
+    )
     assert _names(checkpoint.resolve_resume("auto", run_dir)) == ["step_12", "step_10"]  # every lower step
 
 
@@ -82,7 +90,9 @@ def test_a_file_in_the_way_of_a_save_is_moved_aside_and_the_run_saves(base, tmp_
     ckpts = run_dir / "checkpoints"
     shutil.rmtree(ckpts / "step_20")
     (ckpts / "step_20").write_text("not a checkpoint")
-    with pytest.warns(UserWarning, match=r"step_20 is not a checkpoint directory .*moved aside to .*damaged/step_20"):
+    with pytest.warns(
+        UserWarning, match=r"step_20 is not a checkpoint directory .*moved aside to .*damaged/step_20"
+    ):
         assert run_inline([*RUN, "resume=auto"], run_dir) == 0
     assert _summary(run_dir)["resumed_from"].endswith("step_15")
     assert checkpoint.problem(ckpts / "step_20") is None  # written this time
@@ -155,7 +165,9 @@ def test_every_damaged_checkpoint_goes_to_damaged_with_a_line_and_is_never_writt
         assert run_inline([*RUN, "resume=auto"], run_dir) == 0
     lines = [str(w.message) for w in seen]
     assert any(
-        f"{ckpts / 'step_20'}" in line and said in line and f"moved aside to {ckpts / 'damaged' / 'step_20'}" in line
+        f"{ckpts / 'step_20'}" in line
+        and said in line
+        and f"moved aside to {ckpts / 'damaged' / 'step_20'}" in line
         for line in lines
     ), lines
     assert _summary(run_dir)["resumed_from"].endswith("step_15")
@@ -167,7 +179,14 @@ def test_every_damaged_checkpoint_goes_to_damaged_with_a_line_and_is_never_writt
 def test_a_checkpoint_only_another_rank_cannot_load_is_named_on_the_console(tmp_path) -> None:
     """Rank 1 alone reads rng_rank1.pt: its refusal reaches the console that `train` shows (rank 0's)."""
     run_dir = tmp_path / "run"
-    ddp = [*RUN, "parallel=ddp", "launcher=local", "launcher.nproc=2", "train.max_steps=10", f"run_dir={run_dir}"]
+    ddp = [
+        *RUN,
+        "parallel=ddp",
+        "launcher=local",
+        "launcher.nproc=2",
+        "train.max_steps=10",
+        f"run_dir={run_dir}",
+    ]
     first = run_cli(ddp, tmp_path)
     assert first.returncode == 0, first.stderr[-3000:]
     step = run_dir / "checkpoints" / "step_10"
@@ -175,6 +194,8 @@ def test_a_checkpoint_only_another_rank_cannot_load_is_named_on_the_console(tmp_
     again = run_cli([*ddp, "resume=auto"], tmp_path)
     out = " ".join(again.stdout.split())
     assert again.returncode == 0, (again.stdout + again.stderr)[-3000:]
-    assert f"warning: skipping checkpoint {step}: it does not load" in out and "(on rank 1)" in out, out[-3000:]
+    assert f"warning: skipping checkpoint {step}: it does not load" in out and "(on rank 1)" in out, out[
+        -3000:
+    ]
     assert f"moved aside to {run_dir / 'checkpoints' / 'damaged' / 'step_10'}" in out
     assert f"resumed from {run_dir / 'checkpoints' / 'step_5'}" in out
