@@ -4,7 +4,7 @@ A checkpoint counts only once its COMPLETE marker (a manifest of every file with
 XXH3-128 digest, launcher.components.checkpoint_files) is written, after all files, and its directory is
 renamed from `.partial_step_N` to `step_N`. Every rank must succeed: a failure on any rank (a full
 disk, an I/O error) removes the partial directory on every rank's word, and the previous checkpoint
-stays as it was. Resume scans the step directories newest first, skips any whose marker is
+stays as it was. Resume follows `latest` and each checkpoint's recorded parent (checkpoint_lineage), skips any whose marker is
 missing or whose sizes differ (`good_checkpoints`), and, before loading, re-reads the files and
 compares their digests (`checkpoint_files.verify_while`, beside the load). Pruning counts only checkpoints that
 this session sealed or whose files it verified, keeps the one it resumed from until a newer one
@@ -92,14 +92,18 @@ def good_checkpoints(run_dir: Path, *, warn: bool = True, among: list[Path] | No
     return good
 
 
-def resolve_resume(resume: str, run_dir: Path | None) -> list[Path]:
-    """Checkpoints to try for `resume` (auto, a run directory or a checkpoint), newest first."""
-    if resume == "auto":  # the line `latest` descends from, not the highest steps (checkpoint_lineage)
-        return good_checkpoints(run_dir, among=lineage(root(run_dir), step_dirs(run_dir))) if run_dir else []
-    path = Path(resume)
-    if (path / MARKER).exists() or path.name.startswith("step_"):
+def resolve_resume(resume: str, run_dir: Path | None, *, warn: bool = True) -> list[Path]:
+    """Checkpoints to try for `resume` (auto, a run directory or a checkpoint), newest first.
+
+    For a run directory (run_dir with auto): the line its `latest` descends from, not the highest
+    steps (launcher.components.checkpoint_lineage).
+    """
+    path = run_dir if resume == "auto" else Path(resume)
+    if path is None:
+        return []
+    if resume != "auto" and ((path / MARKER).exists() or path.name.startswith("step_")):
         return [path] if problem(path) is None else []
-    return good_checkpoints(path)
+    return good_checkpoints(path, warn=warn, among=lineage(root(path), step_dirs(path)))
 
 
 def unfinished(run_dir: Path) -> list[Path]:
