@@ -99,6 +99,20 @@ def test_a_file_in_the_way_of_a_save_is_moved_aside_and_the_run_saves(base, tmp_
     assert (ckpts / "damaged" / "step_20").read_text() == "not a checkpoint"
 
 
+def test_a_path_that_appears_in_the_way_during_a_run_is_moved_aside_by_the_save(tmp_path, caplog) -> None:
+    run_dir = tmp_path / "run"
+    (run_dir / "checkpoints").mkdir(parents=True)
+    (run_dir / "checkpoints" / "step_7").write_text("in the way")
+    with caplog.at_level("WARNING", logger=checkpoint.LOG.name):
+        checkpoint.save(run_dir, 7, lambda f: f.save({"w": torch.zeros(2)}, "model.pt"), keep=2)
+    assert checkpoint.problem(run_dir / "checkpoints" / "step_7") is None
+    assert (run_dir / "checkpoints" / "damaged" / "step_7").read_text() == "in the way"
+    assert any(
+        "step_7 was in the way of the checkpoint of step 7: moved aside to" in r.getMessage()
+        for r in caplog.records
+    )
+
+
 def _truncate(step: Path) -> str:
     data = (step / "model.pt").read_bytes()
     (step / "model.pt").write_bytes(data[: len(data) // 2])
