@@ -14,6 +14,26 @@ from pathlib import Path
 
 from launcher.components import checkpoint
 from launcher.components.checkpoint_lineage import descent
+from launcher.components.files.safe_load import RefusedFile, named_global
+
+
+def code_in(step_dir: Path) -> RefusedFile | None:
+    """The refusal of the first file of a checkpoint that names code, read without running anything (its torch
+    files' pickles as opcodes, its DCP metadata through the allowlist), or None: checked before a checkpoint
+    whose files changed is set aside as damaged, since one that names code is evidence and stops the run."""
+    for path in sorted(Path(step_dir).rglob("*.pt")):
+        named = named_global(path)
+        if named is not None:
+            return RefusedFile(path, f"it names {named}", names_code=True)
+    metadata = Path(step_dir) / "dcp" / ".metadata"
+    if metadata.is_file():
+        from launcher.components.files.dcp_reader import read_metadata
+
+        try:
+            read_metadata(metadata)
+        except RefusedFile as err:
+            return err if err.names_code else None
+    return None
 
 
 def _in_the_way(run_dir: Path) -> list[Path]:
@@ -24,6 +44,14 @@ def _in_the_way(run_dir: Path) -> list[Path]:
     return sorted(
         p for p in base.iterdir() if p.name.startswith("step_") and p.name[5:].isdigit() and not p.is_dir()
     )
+
+
+def code_in_incomplete(run_dir: Path) -> RefusedFile | None:
+    """The refusal of the first file naming code among the run's incomplete checkpoints (what `tidy` would move)."""
+    for path in checkpoint.step_dirs(run_dir):
+        if checkpoint.problem(path) is not None and (refused := code_in(path)) is not None:
+            return refused
+    return None
 
 
 def tidy(run_dir: Path) -> list[str]:

@@ -73,7 +73,8 @@ def restore_newest(engine: Engine, candidates: list[Path], console: Console, *, 
     with their digests (checkpoint.verify; what a checkpoint that differs loaded is thrown away when
     the next one loads); a checkpoint that differs, does not load or holds non-finite weights is named in a warning and
     the next older one is tried; one of this run whose files differ is moved to checkpoints/damaged/.
-    A file that names code (launcher.components.files.safe_load) stops every rank instead. Every
+    A file that names code (launcher.components.files.safe_load), whether its digest matches or not,
+    stops every rank instead and stays where it is. Every
     decision is agreed by all ranks. This starts the session pruning reads.
     """
     dist = engine.parts.dist
@@ -105,8 +106,10 @@ def restore_newest(engine: Engine, candidates: list[Path], console: Console, *, 
                     )
                     notice(console, engine.spec, checkpoint_aside.abandon_branches(engine.run_dir, path))
                 return
-        elif dist.is_main and checkpoint.is_own(engine.run_dir, path):  # its files differ: damaged
-            reason = f"{reason}; moved aside to {checkpoint.set_aside(engine.run_dir, path)}"
+        else:  # its files differ from their digests: damaged, unless a changed file names code (evidence)
+            _stop_at_code(dist, path, checkpoint_aside.code_in(path) if dist.is_main else None)
+            if dist.is_main and checkpoint.is_own(engine.run_dir, path):
+                reason = f"{reason}; moved aside to {checkpoint.set_aside(engine.run_dir, path)}"
         found = _skipped(engine, console, path, reason)
         if found is not None and "moved aside" not in found:
             unloadable[path] = found
@@ -197,6 +200,17 @@ def clear_unfinished(run_dir: Path, console: Console) -> None:
         shutil.rmtree(path, ignore_errors=True)
 
 
+def tidy_checkpoints(dist: DistContext, spec: RunSpec, run_dir: Path, console: Console) -> None:
+    """Before a session resumes: rank 0 removes unfinished saves and moves incomplete checkpoints and paths in the
+    way to damaged/ (a line each); every rank stops instead when one of those files names code (it stays put)."""
+    refused = None
+    if dist.is_main:
+        clear_unfinished(run_dir, console)
+        refused = checkpoint_aside.code_in_incomplete(run_dir)
+        notice(console, spec, checkpoint_aside.tidy(run_dir) if refused is None else [])
+    _stop_at_code(dist, checkpoint.root(run_dir), refused)
+
+
 def configure_process(spec: RunSpec, device_type: str) -> None:
     """Set the process-wide switches libraries read at import, before any of them is imported.
 
@@ -255,9 +269,7 @@ def _run(spec_path: Path, stop: StopSignal) -> int:
         checkpoint.LOG.addHandler(lines)
     try:
         engine = Engine(build(spec, dist, run_dir), run_dir, console, stop=stop)
-        if dist.is_main:
-            clear_unfinished(run_dir, console)
-            notice(console, spec, checkpoint_aside.tidy(run_dir))
+        tidy_checkpoints(dist, spec, run_dir, console)
         candidates = resume_candidates(spec, run_dir, restarted=restarted_anywhere(dist))
         restore_newest(engine, candidates, console, verify=spec.checkpoint.verify)
         summary = engine.run()

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import pickle
+import re
 import shutil
 from pathlib import Path
 
@@ -118,6 +119,34 @@ def test_a_raw_pickle_in_model_pt_stops_the_resume_and_stays_as_evidence(files_r
     assert "resumed from" not in out and not marker.exists()
     assert (step / "model.pt").read_bytes() == planted  # left in place, as found
     assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == ["latest", "step_1", "step_2"]
+
+
+@pytest.mark.parametrize("sealed", [False, True], ids=["other-size", "same-size"])
+def test_a_payload_whose_digest_was_not_updated_stops_the_resume_too(
+    files_run, tmp_path, capfd, sealed
+) -> None:
+    """Its files differ from the manifest, which alone reads as damage; a file that names code is evidence."""
+    run_dir, marker = _copy(files_run, tmp_path), tmp_path / "ran"
+    step = run_dir / "checkpoints" / "step_2"
+    planted = poisoned_torch_file(step / "trainer.pt", marker)
+
+    def plant() -> None:
+        if sealed:  # the size recorded, the digest not: only the re-read tells
+            replant(step, "trainer.pt", planted)
+            manifest = json.loads((step / "COMPLETE").read_text())
+            manifest["files"]["trainer.pt"]["sha256"] = "0" * 64
+            (step / "COMPLETE").write_text(json.dumps(manifest))
+        else:
+            (step / "trainer.pt").write_bytes(planted)
+
+    code, out = _resume_in_rank(run_dir, RUN, plant, capfd)
+    assert code == 1 and re.search(r"step_2/trainer\.pt was refused: it names (__builtin__\.)?exec", out), (
+        out[-3000:]
+    )
+    assert "resumed from" not in out and not marker.exists()
+    assert (step / "trainer.pt").read_bytes() == planted and not (
+        run_dir / "checkpoints" / "damaged"
+    ).exists()
 
 
 def test_a_run_dirs_spec_yaml_with_a_python_tag_is_refused_before_launch_and_kept(

@@ -14,6 +14,7 @@ import io
 import pickle
 import pickletools
 import re
+import struct
 import zipfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -139,38 +140,44 @@ def _globals_of(stream: IO[bytes]) -> Iterator[str]:
             pushed.append(None)
 
 
-def _pickles(data: bytes) -> Iterator[IO[bytes]]:
+def _pickles(handle: IO[bytes]) -> Iterator[IO[bytes]]:
     """The pickle streams a file holds: each .pkl record of a torch zip file, else the file read from its start."""
-    if zipfile.is_zipfile(io.BytesIO(data)):
-        with zipfile.ZipFile(io.BytesIO(data)) as archive:
+    handle.seek(0)
+    if zipfile.is_zipfile(handle):
+        handle.seek(0)
+        with zipfile.ZipFile(handle) as archive:
             for member in archive.namelist():
                 if member.endswith(".pkl"):
                     yield io.BytesIO(archive.read(member))
         return
-    stream = io.BytesIO(data)
+    handle.seek(0)
     for _ in range(_MAX_PICKLES):
-        yield stream  # read on from where the previous pickle stopped
+        yield handle  # read on from where the previous pickle stopped
+
+
+def _first_named(handle: IO[bytes]) -> str | None:
+    try:
+        for stream in _pickles(handle):
+            try:
+                for named in _globals_of(stream):
+                    module, _, name = named.rpartition(".")
+                    if named == "?" or not _allowed(module, name):
+                        return "a global it builds from values on its stack" if named == "?" else named
+            except (ValueError, EOFError, struct.error):  # not (or no longer) a pickle: tensor data or damage
+                break
+    except (OSError, zipfile.BadZipFile):
+        return None
+    return None
 
 
 def named_global(source: Path | str | IO[bytes]) -> str | None:
     """The first global outside torch's weights-only allowlist that a file's pickles name ('?' when they build one
-    from values this reading cannot follow), read as opcodes only; None when they name none."""
+    from values this reading cannot follow), read as opcodes only (a zip's records, not its tensors); None when
+    they name none."""
     if isinstance(source, (str, Path)):
-        data = Path(source).read_bytes()
-    elif source.seekable():
-        source.seek(0)
-        data = source.read()
-    else:
-        return None
-    for stream in _pickles(data):
-        try:
-            for named in _globals_of(stream):
-                module, _, name = named.rpartition(".")
-                if named == "?" or not _allowed(module, name):
-                    return "a global it builds from values on its stack" if named == "?" else named
-        except ValueError:  # not (or no longer) a pickle: the rest is tensor data or damage
-            break
-    return None
+        with open(source, "rb") as handle:
+            return _first_named(handle)
+    return _first_named(source) if source.seekable() else None
 
 
 def first_refused(paths: list[Path]) -> RefusedFile | None:
