@@ -87,7 +87,8 @@ def restore_newest(engine: Engine, candidates: list[Path], console: Console, *, 
             verify=verify and dist.is_main,
             errors=(Exception, CheckpointException),  # CheckpointException: DCP gathers ranks' failures
         )
-        if dist.all_true(reason is None):  # the files are the ones written: what the load made of them counts
+        verified = dist.all_true(reason is None)
+        if verified:  # the files are the ones written: what the load made of them counts
             refused = refusal_in(error) if error is not None else None
             if error is not None:  # e.g. a file that passes the checks but does not unpickle
                 reason = f"it does not load ({type(error).__name__}: {refused or error})"
@@ -111,7 +112,7 @@ def restore_newest(engine: Engine, candidates: list[Path], console: Console, *, 
             if dist.is_main and checkpoint.is_own(engine.run_dir, path):
                 reason = f"{reason}; moved aside to {checkpoint.set_aside(engine.run_dir, path)}"
         found = _skipped(engine, console, path, reason)
-        if found is not None and "moved aside" not in found:
+        if verified and found is not None:
             unloadable[path] = found
     if candidates:
         raise ResumeError(
