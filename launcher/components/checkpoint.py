@@ -4,7 +4,7 @@ A checkpoint counts only once its COMPLETE marker (a manifest of every file with
 XXH3-128 digest, launcher.components.checkpoint_files) is written, after all files, and its directory is
 renamed from `.partial_step_N` to `step_N`. Every rank must succeed: a failure on any rank (a full
 disk, an I/O error) removes the partial directory on every rank's word, and the previous checkpoint
-stays as it was. Resume scans the step directories newest first, skips any whose marker is
+stays as it was. Resume follows `latest` and each checkpoint's recorded parent (checkpoint_lineage), skips any whose marker is
 missing or whose sizes differ (`good_checkpoints`), and, before loading, re-reads the files and
 compares their digests (`checkpoint_files.verify_while`, beside the load). Pruning counts only checkpoints that
 this session sealed or whose files it verified, keeps the one it resumed from until a newer one
@@ -32,6 +32,7 @@ from launcher.components.checkpoint_files import (
     size_problem,
     total_bytes,
 )
+from launcher.components.checkpoint_lineage import PARENT, lineage, parent_of
 from launcher.components.files import safe_load
 from launcher.config.checkpoint import LATEST, PARTIAL_PREFIX, SPACE_MARGIN
 
@@ -39,6 +40,8 @@ LOG = logging.getLogger(__name__)
 """Pruning names every checkpoint it removes or sets aside here, one line each (stderr by default)."""
 DAMAGED = "damaged"
 """Under checkpoints/: damaged checkpoints, moved aside (not listed, not counted, not deleted)."""
+ABANDONED = "abandoned"
+"""Under checkpoints/: checkpoints of a branch a resume left (not the line `latest` descends from), kept."""
 
 
 class CheckpointSaveError(RuntimeError):
@@ -77,10 +80,10 @@ def step_dirs(run_dir: Path) -> list[Path]:
     return sorted(found, key=step_of, reverse=True)
 
 
-def good_checkpoints(run_dir: Path, *, warn: bool = True) -> list[Path]:
-    """Complete checkpoints of a run, newest first; incomplete ones are named in a warning."""
+def good_checkpoints(run_dir: Path, *, warn: bool = True, among: list[Path] | None = None) -> list[Path]:
+    """Complete checkpoints of a run (or of `among`), newest first; incomplete ones are named in a warning."""
     good = []
-    for path in step_dirs(run_dir):
+    for path in step_dirs(run_dir) if among is None else among:
         reason = problem(path)
         if reason is None:
             good.append(path)
@@ -89,14 +92,18 @@ def good_checkpoints(run_dir: Path, *, warn: bool = True) -> list[Path]:
     return good
 
 
-def resolve_resume(resume: str, run_dir: Path | None) -> list[Path]:
-    """Checkpoints to try for `resume` (auto, a run directory or a checkpoint), newest first."""
-    if resume == "auto":
-        return good_checkpoints(run_dir) if run_dir is not None else []
-    path = Path(resume)
-    if (path / MARKER).exists() or path.name.startswith("step_"):
+def resolve_resume(resume: str, run_dir: Path | None, *, warn: bool = True) -> list[Path]:
+    """Checkpoints to try for `resume` (auto, a run directory or a checkpoint), newest first.
+
+    For a run directory (run_dir with auto): the line its `latest` descends from, not the highest
+    steps (launcher.components.checkpoint_lineage).
+    """
+    path = run_dir if resume == "auto" else Path(resume)
+    if path is None:
+        return []
+    if resume != "auto" and ((path / MARKER).exists() or path.name.startswith("step_")):
         return [path] if problem(path) is None else []
-    return good_checkpoints(path)
+    return good_checkpoints(path, warn=warn, among=lineage(root(path), step_dirs(path)))
 
 
 def unfinished(run_dir: Path) -> list[Path]:
@@ -204,8 +211,9 @@ def _commit(partial: Path, final: Path, step: int, info: dict[str, Any]) -> None
 
     marker = {"step": step, **info, "files": merge_digests(partial)}
     _fsync_write(partial / MARKER, json.dumps(marker, indent=1))
-    if final.exists():
-        shutil.rmtree(final)
+    if final.exists() or final.is_symlink():  # e.g. a file where the directory belongs: kept, not deleted
+        LOG.warning("%s was in the way of the checkpoint of step %d: moved aside to %s", final, step,
+                    set_aside(final.parent.parent, final))  # fmt: skip
     os.replace(partial, final)
     pointer = final.parent / f"{LATEST}.tmp"
     _fsync_write(pointer, final.name + "\n")
@@ -213,8 +221,10 @@ def _commit(partial: Path, final: Path, step: int, info: dict[str, Any]) -> None
 
 
 def commit(run_dir: Path, partial: Path, final: Path, step: int, info: dict[str, Any], *, keep: int) -> None:
-    """Rank 0, once every rank's part is written: seal `partial` as `final`, record it as this session's, prune."""
-    _commit(partial, final, step, info)
+    """Rank 0, once every rank's part is written: seal `partial` as `final` with its parent (the checkpoint this
+    session continues from), record it as this session's, prune."""
+    state = session(run_dir)
+    _commit(partial, final, step, {PARENT: state.newest_sealed or state.resumed_from, **info})
     _sealed(run_dir, final)
     prune(run_dir, keep)
 
@@ -286,19 +296,21 @@ def resumed(run_dir: Path, path: Path, *, verified: bool) -> None:
             state.trusted.add(Path(path).name)
 
 
-def set_aside(run_dir: Path, path: Path) -> Path:
-    """Move a damaged checkpoint into checkpoints/damaged/ (never resumed from, never counted); its new place."""
+def set_aside(run_dir: Path, path: Path, folder: str = DAMAGED) -> Path:
+    """Move a checkpoint (or whatever is at its path) into checkpoints/damaged/ or `folder` (never resumed from,
+    never counted, never deleted); its new place. `latest`, when it named it, names its parent (or the newest)."""
     base = root(run_dir)
-    damaged = base / DAMAGED
-    damaged.mkdir(exist_ok=True)
-    target = damaged / path.name
+    aside = base / folder
+    aside.mkdir(exist_ok=True)
+    target = aside / path.name
     for copy in range(1, 1000):
-        if not target.exists():
+        if not (target.exists() or target.is_symlink()):
             break
-        target = damaged / f"{path.name}.{copy}"
+        target = aside / f"{path.name}.{copy}"
+    parent = parent_of(path) if path.is_dir() else None
     os.replace(path, target)
     session(run_dir).trusted.discard(path.name)
-    _repoint_latest(base)
+    _repoint_latest(base, parent if isinstance(parent, str) else None)
     return target
 
 
@@ -308,8 +320,8 @@ def damaged(run_dir: Path) -> list[Path]:
     return sorted(base.iterdir(), key=lambda p: p.name) if base.is_dir() else []
 
 
-def _repoint_latest(base: Path) -> None:
-    """Point `latest` at the newest complete checkpoint left, when what it named was moved or removed."""
+def _repoint_latest(base: Path, parent: str | None = None) -> None:
+    """Point `latest` at `parent` or else the newest complete checkpoint left, when what it named was moved or removed."""
     pointer = base / LATEST
     if not pointer.is_file() or (base / pointer.read_text().strip()).is_dir():
         return
@@ -317,9 +329,14 @@ def _repoint_latest(base: Path) -> None:
     if not good:
         pointer.unlink()
         return
+    point_latest(base, next((p for p in good if p.name == parent), good[0]).name)
+
+
+def point_latest(base: Path, name: str) -> None:
+    """Make checkpoints/latest name the step directory `name` (atomically)."""
     staged = base / f"{LATEST}.tmp"
-    _fsync_write(staged, good[0].name + "\n")
-    os.replace(staged, pointer)
+    _fsync_write(staged, name + "\n")
+    os.replace(staged, base / LATEST)
 
 
 def _verifies(run_dir: Path, path: Path) -> bool:

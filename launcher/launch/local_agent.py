@@ -215,7 +215,7 @@ class RestartReporter(logging.Handler):
             self._failure = f"rank {local_rank if rank is None else rank} (pid {pid}) {how}"
         elif "attempts left" in message and len(args) >= 4:
             remaining, total = int(args[2]), int(args[3])
-            good = checkpoint.good_checkpoints(self.run_dir, warn=False)
+            good = checkpoint.resolve_resume("auto", self.run_dir, warn=False)  # what the ranks will try
             resume = (
                 f"resuming from {good[0]} (step {checkpoint.step_of(good[0])})" if good else "starting over"
             )

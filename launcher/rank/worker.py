@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import logging
 import os
 import shutil
 import signal
@@ -17,7 +18,7 @@ from rich.console import Console
 from rich.markup import escape
 from torch.distributed.checkpoint.api import CheckpointException
 
-from launcher.components import checkpoint, checkpoint_files, metrics, quiet, warning_lines
+from launcher.components import checkpoint, checkpoint_aside, checkpoint_files, metrics, quiet, warning_lines
 from launcher.components.device import resolve_device
 from launcher.components.files.safe_load import RefusedFile, refusal_in
 from launcher.components.memory import apply_cuda_alloc_conf
@@ -72,11 +73,13 @@ def restore_newest(engine: Engine, candidates: list[Path], console: Console, *, 
     with their digests (checkpoint.verify; what a checkpoint that differs loaded is thrown away when
     the next one loads); a checkpoint that differs, does not load or holds non-finite weights is named in a warning and
     the next older one is tried; one of this run whose files differ is moved to checkpoints/damaged/.
-    A file that names code (launcher.components.files.safe_load) stops every rank instead. Every
+    A file that names code (launcher.components.files.safe_load), whether its digest matches or not,
+    stops every rank instead and stays where it is. Every
     decision is agreed by all ranks. This starts the session pruning reads.
     """
     dist = engine.parts.dist
     checkpoint.start_session(engine.run_dir)
+    unloadable: dict[Path, str] = {}  # verified but did not load: damaged once an older one loads
     for path in candidates:
         reason, error = checkpoint_files.verify_while(
             path,
@@ -84,7 +87,8 @@ def restore_newest(engine: Engine, candidates: list[Path], console: Console, *, 
             verify=verify and dist.is_main,
             errors=(Exception, CheckpointException),  # CheckpointException: DCP gathers ranks' failures
         )
-        if dist.all_true(reason is None):  # the files are the ones written: what the load made of them counts
+        verified = dist.all_true(reason is None)
+        if verified:  # the files are the ones written: what the load made of them counts
             refused = refusal_in(error) if error is not None else None
             if error is not None:  # e.g. a file that passes the checks but does not unpickle
                 reason = f"it does not load ({type(error).__name__}: {refused or error})"
@@ -96,11 +100,20 @@ def restore_newest(engine: Engine, candidates: list[Path], console: Console, *, 
                 if dist.is_main:
                     console.print(f"resumed from {path} at step {engine.step}")
                     _drop_replayed_metrics(engine)
+                    notice(
+                        console,
+                        engine.spec,
+                        checkpoint_aside.damaged_after_resume(engine.run_dir, unloadable),
+                    )
+                    notice(console, engine.spec, checkpoint_aside.abandon_branches(engine.run_dir, path))
                 return
-        elif dist.is_main and checkpoint.is_own(engine.run_dir, path):  # its files differ: damaged
-            reason = f"{reason}; moved aside to {checkpoint.set_aside(engine.run_dir, path)}"
-        if reason is not None:
-            warnings.warn(f"skipping checkpoint {path}: {reason}", stacklevel=2)
+        else:  # its files differ from their digests: damaged, unless a changed file names code (evidence)
+            _stop_at_code(dist, path, checkpoint_aside.code_in(path) if dist.is_main else None)
+            if dist.is_main and checkpoint.is_own(engine.run_dir, path):
+                reason = f"{reason}; moved aside to {checkpoint.set_aside(engine.run_dir, path)}"
+        found = _skipped(engine, console, path, reason)
+        if verified and found is not None:
+            unloadable[path] = found
     if candidates:
         raise ResumeError(
             f"none of the {len(candidates)} checkpoint(s) to resume from verifies and loads "
@@ -113,6 +126,46 @@ def restore_newest(engine: Engine, candidates: list[Path], console: Console, *, 
             f"{set_aside[0].parent} were found damaged, and the run does not start over on its own. Resume "
             "from another run directory or checkpoint (resume=PATH), or start a new run (another run_dir)."
         )
+
+
+def notice(console: Console, spec: RunSpec, lines: list[str]) -> None:
+    """Rank 0: each line as a warning on the main console (a warning on stderr inline; rank 0's stdout, which
+    the local and SLURM backends show, otherwise)."""
+    for line in lines:
+        if spec.launcher.backend == "inline":
+            warnings.warn(line, stacklevel=2)
+        else:
+            console.print(f"warning: {line}", markup=False)
+
+
+class _ConsoleLines(logging.Handler):
+    """checkpoint.LOG's lines (a checkpoint removed or moved aside while saving) as warnings on rank 0's console."""
+
+    def __init__(self, console: Console) -> None:
+        super().__init__(logging.WARNING)
+        self.console = console
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.console.print(f"warning: {record.getMessage()}", markup=False)
+
+
+def _skipped(engine: Engine, console: Console, path: Path, reason: str | None) -> str | None:
+    """Every rank: why `path` is skipped, as the first rank that found a reason says it, named on rank 0's console
+    (and on the rank's own log); that reason."""
+    dist = engine.parts.dist
+    reasons = [reason]
+    if dist.world_size > 1:
+        reasons = [None] * dist.world_size
+        torch_dist.all_gather_object(reasons, reason)
+    rank = next((r for r, text in enumerate(reasons) if text is not None), None)
+    if rank is None:
+        return None
+    found = reasons[rank] if rank == 0 else f"{reasons[rank]} (on rank {rank})"
+    if dist.is_main:
+        notice(console, engine.spec, [f"skipping checkpoint {path}: {found}"])
+    elif reason is not None:
+        warnings.warn(f"skipping checkpoint {path}: {reason}", stacklevel=2)  # this rank's log
+    return found
 
 
 def _stop_at_code(dist: DistContext, path: Path, refused: RefusedFile | None) -> None:
@@ -146,6 +199,17 @@ def clear_unfinished(run_dir: Path, console: Console) -> None:
     for path in checkpoint.unfinished(run_dir):
         console.print(f"[yellow]warning:[/] removed {path}: a checkpoint save there did not finish")
         shutil.rmtree(path, ignore_errors=True)
+
+
+def tidy_checkpoints(dist: DistContext, spec: RunSpec, run_dir: Path, console: Console) -> None:
+    """Before a session resumes: rank 0 removes unfinished saves and moves incomplete checkpoints and paths in the
+    way to damaged/ (a line each); every rank stops instead when one of those files names code (it stays put)."""
+    refused = None
+    if dist.is_main:
+        clear_unfinished(run_dir, console)
+        refused = checkpoint_aside.code_in_incomplete(run_dir)
+        notice(console, spec, checkpoint_aside.tidy(run_dir) if refused is None else [])
+    _stop_at_code(dist, checkpoint.root(run_dir), refused)
 
 
 def configure_process(spec: RunSpec, device_type: str) -> None:
@@ -201,10 +265,12 @@ def _run(spec_path: Path, stop: StopSignal) -> int:
     )
     started = time.perf_counter()
     engine, at_once, summary = None, False, None
+    lines = _ConsoleLines(console) if dist.is_main and spec.launcher.backend != "inline" else None
+    if lines is not None:  # inline, stderr is the console already
+        checkpoint.LOG.addHandler(lines)
     try:
         engine = Engine(build(spec, dist, run_dir), run_dir, console, stop=stop)
-        if dist.is_main:
-            clear_unfinished(run_dir, console)
+        tidy_checkpoints(dist, spec, run_dir, console)
         candidates = resume_candidates(spec, run_dir, restarted=restarted_anywhere(dist))
         restore_newest(engine, candidates, console, verify=spec.checkpoint.verify)
         summary = engine.run()
@@ -229,6 +295,8 @@ def _run(spec_path: Path, stop: StopSignal) -> int:
         at_once = True
         raise
     finally:
+        if lines is not None:
+            checkpoint.LOG.removeHandler(lines)
         if engine is not None:
             if engine.saver is not None and not at_once:  # a failed run's write ends, uncommitted
                 engine.saver.close()

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from launcher.components import checkpoint
 from launcher.components.checkpoint_files import MARKER
-from launcher.components.files.safe_load import RefusedFile
+from launcher.components.files.safe_load import RefusedFile, refused_yaml
 from launcher.parallel.checkpoint_layout import DCP_DIR, is_dcp_checkpoint
 from launcher.rules.hardware import Hardware
 from launcher.rules.values import Rule
@@ -61,5 +61,28 @@ def _teacher_files(spec: RunSpec, hw: Hardware) -> Iterator[SpecError]:
         yield SpecError(("distill.teacher",), str(refused))
 
 
-RULES: tuple[Rule, ...] = (_resume_files, _teacher_files)
+SPEC_ADVICE = (
+    "A run writes spec.yaml as plain YAML, so this one was changed after it was written; it is left as it is, "
+    "and no run writes over it. Keep it as evidence and choose another run_dir, or restore it from a source "
+    "you trust and run again."
+)
+"""What to do about a spec.yaml that names code (left in place: it is evidence of a change)."""
+
+
+def _spec_files(spec: RunSpec, hw: Hardware) -> Iterator[SpecError]:
+    """The run directory's own spec.yaml (a run would write over it) and the one of the run `resume` names."""
+    own = Path(spec.run_dir) if spec.run_dir else None
+    dirs = [(("run_dir",), own)] if own is not None else []
+    if spec.resume not in (None, "auto"):
+        path = Path(spec.resume)
+        other = path.parent.parent if path.name.startswith("step_") or (path / MARKER).exists() else path
+        if own is None or other.resolve() != own.resolve():
+            dirs.append((("resume",), other))
+    for keys, run_dir in dirs:
+        refused = refused_yaml(run_dir / "spec.yaml", SPEC_ADVICE)
+        if refused is not None:
+            yield SpecError(keys, str(refused))
+
+
+RULES: tuple[Rule, ...] = (_spec_files, _resume_files, _teacher_files)
 """This module's rules, in the order they report."""

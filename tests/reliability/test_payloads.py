@@ -10,6 +10,8 @@ one-process run (2 steps each) are built per module and copied per case.
 from __future__ import annotations
 
 import json
+import pickle
+import re
 import shutil
 from pathlib import Path
 
@@ -104,6 +106,63 @@ def test_a_payload_in_a_torch_file_stops_the_resume_naming_it(files_run, tmp_pat
     )
     assert code == 1 and f"step_2/{name} was refused: it names exec" in out, out[-3000:]
     assert "resumed from" not in out and not marker.exists()
+
+
+def test_a_raw_pickle_in_model_pt_stops_the_resume_and_stays_as_evidence(files_run, tmp_path, capfd) -> None:
+    """A protocol-4 pickle (not a torch zip), sealed again: torch's reader stops at its first opcode, the opcodes
+    still name the payload's global; the run stops on it instead of falling back to step_1 and writing over it."""
+    run_dir, marker = _copy(files_run, tmp_path), tmp_path / "ran"
+    step = run_dir / "checkpoints" / "step_2"
+    planted = pickle.dumps({"w": [1.0], "x": Payload(marker)}, protocol=4)
+    code, out = _resume_in_rank(run_dir, RUN, lambda: replant(step, "model.pt", planted), capfd)
+    assert code == 1 and "step_2/model.pt was refused: it names posix.system" in out, out[-3000:]
+    assert "resumed from" not in out and not marker.exists()
+    assert (step / "model.pt").read_bytes() == planted  # left in place, as found
+    assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == ["latest", "step_1", "step_2"]
+
+
+@pytest.mark.parametrize("sealed", [False, True], ids=["other-size", "same-size"])
+def test_a_payload_whose_digest_was_not_updated_stops_the_resume_too(
+    files_run, tmp_path, capfd, sealed
+) -> None:
+    """Its files differ from the manifest, which alone reads as damage; a file that names code is evidence."""
+    run_dir, marker = _copy(files_run, tmp_path), tmp_path / "ran"
+    step = run_dir / "checkpoints" / "step_2"
+    planted = poisoned_torch_file(step / "trainer.pt", marker)
+
+    def plant() -> None:
+        if sealed:  # the size recorded, the digest not: only the re-read tells
+            replant(step, "trainer.pt", planted)
+            manifest = json.loads((step / "COMPLETE").read_text())
+            manifest["files"]["trainer.pt"]["sha256"] = "0" * 64
+            (step / "COMPLETE").write_text(json.dumps(manifest))
+        else:
+            (step / "trainer.pt").write_bytes(planted)
+
+    code, out = _resume_in_rank(run_dir, RUN, plant, capfd)
+    assert code == 1 and re.search(r"step_2/trainer\.pt was refused: it names (__builtin__\.)?exec", out), (
+        out[-3000:]
+    )
+    assert "resumed from" not in out and not marker.exists()
+    assert (step / "trainer.pt").read_bytes() == planted and not (
+        run_dir / "checkpoints" / "damaged"
+    ).exists()
+
+
+def test_a_run_dirs_spec_yaml_with_a_python_tag_is_refused_before_launch_and_kept(
+    files_run, tmp_path
+) -> None:
+    run_dir, marker = _copy(files_run, tmp_path), tmp_path / "ran"
+    spec = run_dir / "spec.yaml"
+    spec.write_text(spec.read_text() + f"extra: !!python/object/apply:os.system ['touch {marker}']\n")
+    planted = spec.read_bytes()
+    result = run_cli([*RUN, f"run_dir={run_dir}", "resume=auto"], tmp_path)
+    err = " ".join(result.stderr.split())
+    assert result.returncode == 2, (result.stdout + result.stderr)[-3000:]
+    assert f"run_dir: {spec} was refused: it holds the YAML tag !!python/object/apply:os.system" in err, err
+    assert "no run writes over it" in err and "Traceback" not in err
+    assert spec.read_bytes() == planted and not marker.exists()
+    assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == ["latest", "step_1", "step_2"]
 
 
 def test_a_teacher_run_with_a_payload_is_refused_before_launch_and_in_the_rank(

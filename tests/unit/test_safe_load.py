@@ -22,7 +22,13 @@ from launcher.components.files.dcp_reader import (
     load_full_state,
     read_metadata,
 )
-from launcher.components.files.safe_load import RefusedFile, load_tensor_file
+from launcher.components.files.safe_load import (
+    RefusedFile,
+    load_tensor_file,
+    named_global,
+    refused_yaml,
+    yaml_tag,
+)
 from launcher.spec import SpecFileError, load_spec
 
 DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.int64, torch.uint8, torch.bool)
@@ -164,6 +170,69 @@ def test_a_spec_with_a_python_tag_is_refused_naming_it(tmp_path) -> None:
     spec.write_text(f"model: !!python/object/apply:os.system ['touch {marker}']\n")
     with pytest.raises(SpecFileError, match=r"spec\.yaml was refused: .*python/object/apply:os\.system"):
         load_spec(spec)
+    assert not marker.exists()
+
+
+def _zip_with(pickled: bytes, path: Path) -> Path:
+    """A torch zip file whose data.pkl is `pickled` (every other record as torch.save wrote it)."""
+    import zipfile
+
+    torch.save({"w": torch.ones(2)}, path)
+    records = {}
+    with zipfile.ZipFile(path) as archive:
+        records = {name: archive.read(name) for name in archive.namelist()}
+    with zipfile.ZipFile(path, "w") as archive:
+        for name, data in records.items():
+            archive.writestr(name, pickled if name.endswith("data.pkl") else data)
+    return path
+
+
+@pytest.mark.parametrize("protocol", [2, 4, 5])
+@pytest.mark.parametrize("container", ["raw", "zip"])
+def test_a_pickle_that_names_code_is_refused_as_code_whatever_its_protocol_or_container(
+    tmp_path, protocol, container
+) -> None:
+    """Protocol 4's FRAME stops torch's weights-only reader before the global: the opcodes still name it."""
+    marker = tmp_path / "ran"
+    pickled = pickle.dumps({"w": [1.0, 2.0], "x": Payload(marker)}, protocol=protocol)
+    path = tmp_path / "model.pt"
+    if container == "raw":
+        path.write_bytes(pickled)
+    else:
+        _zip_with(pickled, path)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # torch notes the pickle protocol it did not expect
+        with pytest.raises(
+            RefusedFile, match=r"model\.pt was refused: it names (posix|os)\.system"
+        ) as refused:
+            load_tensor_file(path)
+    assert refused.value.names_code and not marker.exists()
+
+
+def test_opcode_reading_follows_the_memo_and_admits_what_torch_admits(tmp_path) -> None:
+    torch.save({"w": torch.ones(2), "d": torch.float16}, plain := tmp_path / "plain.pt")
+    assert named_global(plain) is None
+    hidden = (  # "posix" and "system" pushed, memoized, popped, then read back for STACK_GLOBAL
+        b"\x80\x04" + pickle.SHORT_BINUNICODE + b"\x05posix" + pickle.MEMOIZE + pickle.POP
+        + pickle.SHORT_BINUNICODE + b"\x06system" + pickle.MEMOIZE + pickle.POP
+        + pickle.BINGET + b"\x00" + pickle.BINGET + b"\x01" + pickle.STACK_GLOBAL + pickle.STOP
+    )  # fmt: skip
+    (path := tmp_path / "hidden.pt").write_bytes(hidden)
+    assert named_global(path) == "posix.system"
+    (junk := tmp_path / "junk.pt").write_bytes(b"\x80\x04garbage" * 8)
+    assert named_global(junk) is None  # damage, not code
+
+
+def test_yaml_tags_that_name_code_are_found_without_building_anything(tmp_path) -> None:
+    marker = tmp_path / "ran"
+    (plain := tmp_path / "plain.yaml").write_text("a: 1\nb: [x, !!str 2]\nc: {d: null}\n")
+    assert yaml_tag(plain) is None and refused_yaml(plain, "advice") is None
+    (tagged := tmp_path / "spec.yaml").write_text(
+        f"a: 1\nb: !!python/object/apply:os.system ['touch {marker}']\n"
+    )
+    assert yaml_tag(tagged) == "tag:yaml.org,2002:python/object/apply:os.system"
+    refused = refused_yaml(tagged, "Keep it.")
+    assert refused.names_code and "!!python/object/apply:os.system, which names code" in str(refused)
     assert not marker.exists()
 
 
