@@ -59,14 +59,16 @@ __all__ = ["ExportError", "MismatchError", "consolidate", "export", "locate", "m
 
 
 def locate(path: Path) -> tuple[Path, Path]:
-    """(checkpoint directory, run directory) for a step_N directory or a run directory."""
+    """(checkpoint directory, run directory) for a step_N directory or a run directory (the head of its `latest` line)."""
     path = Path(path)
     if path.name.startswith("step_"):
         reason = checkpoint.problem(path)
         if reason is not None:
             raise ExportError(f"{path} is not a complete checkpoint: {reason}.")
         return path, path.parent.parent
-    good = checkpoint.good_checkpoints(path) if path.is_dir() else []
+    good = (
+        checkpoint.resolve_resume(str(path), None) if path.is_dir() else []
+    )  # latest's line, as resume=auto
     if not good:
         raise ExportError(
             f"{path} holds no complete checkpoint (expected a run directory with checkpoints/step_N, "

@@ -56,12 +56,6 @@ def load_adapted(ckpt: Path) -> tuple[RunSpec, nn.Module]:
     from launcher.components.model.build import build_model
 
     spec = load_spec(ckpt.parent.parent / "spec.yaml")
-    if spec.quantization.method == "none" and spec.quantization.lora.rank == 0:
-        raise ValueError(
-            f"{ckpt} has nothing to merge: its run trained neither LoRA adapters nor int8/nf4 weights "
-            "(quantization.method=none, quantization.lora.rank=0), so its weights are already plain. Write them "
-            "with train-export RUN OUT.pt (as train-export --merge refuses this run too); nothing was written."
-        )
     torch.manual_seed(spec.train.seed)
     model = quantization.apply(
         build_model(spec.model), spec.quantization, spec.precision, strategy=spec.parallel.strategy
@@ -88,7 +82,15 @@ def max_logit_difference(spec: RunSpec, adapted: nn.Module, merged: dict[str, to
 
 def merge_checkpoint(path: Path) -> tuple[dict[str, torch.Tensor], float]:
     """(plain merged state dict, max logit difference against the adapted model) for a checkpoint."""
-    spec, adapted = load_adapted(checkpoint_dir(path))
+    ckpt = checkpoint_dir(path)
+    spec = load_spec(ckpt.parent.parent / "spec.yaml")
+    if spec.quantization.method == "none" and spec.quantization.lora.rank == 0:
+        raise ValueError(
+            f"{ckpt} has nothing to merge: its run trained neither LoRA adapters nor int8/nf4 weights "
+            "(quantization.method=none, quantization.lora.rank=0), so its weights are already plain. Write them "
+            "with train-export RUN OUT.pt (as train-export --merge refuses this run too); nothing was written."
+        )
+    spec, adapted = load_adapted(ckpt)
     merged = merged_state_dict(adapted)
     return merged, max_logit_difference(spec, adapted, merged)
 

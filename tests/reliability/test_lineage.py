@@ -83,6 +83,9 @@ def test_resume_auto_follows_latest_even_where_the_abandoned_branch_is_still_the
         json.dumps({k: v for k, v in json.loads(manifest.read_text()).items() if k != "parent"})
     )
     assert _names(checkpoint.resolve_resume("auto", run_dir)) == ["step_12", "step_10"]  # every lower step
+    from launcher.tools.export import locate
+
+    assert locate(run_dir)[0].name == "step_12"  # train-export takes the same head, not the abandoned step_20
 
 
 def test_a_file_in_the_way_of_a_save_is_moved_aside_and_the_run_saves(base, tmp_path) -> None:
