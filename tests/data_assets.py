@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 CHAT_TEMPLATE = (
@@ -38,6 +39,15 @@ def make_tokenizer(folder: Path, *, vocab_size: int = 400, chat_template: bool =
         config["chat_template"] = CHAT_TEMPLATE
         config_path.write_text(json.dumps(config, indent=1))
         (folder / "chat_template.jinja").unlink(missing_ok=True)
+    return folder
+
+
+def with_chat_template(source: Path, folder: Path, template: str) -> Path:
+    """A copy of the tokenizer folder `source` at `folder` whose tokenizer_config.json holds `template`."""
+    shutil.copytree(source, folder)
+    config = json.loads((folder / "tokenizer_config.json").read_text())
+    config["chat_template"] = template
+    (folder / "tokenizer_config.json").write_text(json.dumps(config))
     return folder
 
 

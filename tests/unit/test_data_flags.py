@@ -4,10 +4,9 @@ and data.format=auto that never guesses: preference pairs refused for SFT, ambig
 from __future__ import annotations
 
 import json
-import shutil
 
 import pytest
-from data_assets import write_jsonl
+from data_assets import with_chat_template, write_jsonl
 from preference_assets import pair_records
 
 from conftest import run_inline
@@ -58,11 +57,8 @@ LLAMAFACTORY_PAIR = {
 
 
 def _with_template(source, folder, template: str) -> TokenizerConfig:
-    shutil.copytree(source, folder)
-    config = json.loads((folder / "tokenizer_config.json").read_text())
-    config["chat_template"] = template
-    (folder / "tokenizer_config.json").write_text(json.dumps(config))
-    return TokenizerConfig(kind="hf", path=str(folder))
+    """A copy of the test tokenizer whose tokenizer_config.json holds `template`."""
+    return TokenizerConfig(kind="hf", path=str(with_chat_template(source, folder, template)))
 
 
 @pytest.fixture(scope="module")

@@ -4,10 +4,17 @@ dataset_info.json registries, and chat-template errors refused before launch."""
 from __future__ import annotations
 
 import json
-import shutil
 
 import pytest
-from data_assets import alpaca_records, chat_records, sharegpt_records, text_records, write_json, write_jsonl
+from data_assets import (
+    alpaca_records,
+    chat_records,
+    sharegpt_records,
+    text_records,
+    with_chat_template,
+    write_json,
+    write_jsonl,
+)
 
 from launcher.components.data.formats import encode_record
 from launcher.components.data.layouts import detect
@@ -60,11 +67,7 @@ SHAREGPT_TOOL_RECORD = {
 
 def _with_template(source, folder, template: str) -> TokenizerConfig:
     """A copy of the test tokenizer whose tokenizer_config.json holds `template`."""
-    shutil.copytree(source, folder)
-    config = json.loads((folder / "tokenizer_config.json").read_text())
-    config["chat_template"] = template
-    (folder / "tokenizer_config.json").write_text(json.dumps(config))
-    return TokenizerConfig(kind="hf", path=str(folder))
+    return TokenizerConfig(kind="hf", path=str(with_chat_template(source, folder, template)))
 
 
 @pytest.fixture(scope="module")
