@@ -80,9 +80,7 @@ def count(record: dict[str, Any], key: str, path: Path, advice: str, *, minimum:
 
 def number(record: dict[str, Any], key: str, path: Path, advice: str, *, positive: bool = False) -> float:
     """record[key] as a finite number (positive if asked); DamagedFile otherwise."""
-    value = record.get(key)
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise DamagedFile(path, f"{key} is {_shown(value)}, not a number", False, advice)
+    value = _numeric(record, key, path, advice)
     if not math.isfinite(value) or (positive and value <= 0):
         raise DamagedFile(
             path, f"{key} is {value}, not a {'positive ' * positive}finite number", False, advice
@@ -92,12 +90,15 @@ def number(record: dict[str, Any], key: str, path: Path, advice: str, *, positiv
 
 def optional_number(record: dict[str, Any], key: str, path: Path, advice: str) -> float | None:
     """record[key] as a number (a failed run's loss may be inf or NaN, as JSON writes them), or None where absent."""
+    return None if record.get(key) is None else float(_numeric(record, key, path, advice))
+
+
+def _numeric(record: dict[str, Any], key: str, path: Path, advice: str) -> int | float:
+    """record[key] if it is a JSON number (a bool is none); DamagedFile otherwise."""
     value = record.get(key)
-    if value is None:
-        return None
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise DamagedFile(path, f"{key} is {_shown(value)}, not a number", False, advice)
-    return float(value)
+    return value
 
 
 def text(record: dict[str, Any], key: str, path: Path, advice: str) -> str:

@@ -18,6 +18,8 @@ device (buffers real), for strategies that shard first and then receive the weig
 
 from __future__ import annotations
 
+import functools
+import inspect
 import os
 from typing import Any
 
@@ -151,11 +153,15 @@ def layer_kind(config: Any, index: int) -> str:
 
 def _rotary(rotary: nn.Module, hidden: torch.Tensor, position_ids: torch.Tensor, kind: str) -> Any:
     """The rotary tables for one layer kind (Gemma-3 keeps a local table for its sliding layers)."""
-    import inspect
-
-    if "layer_type" in inspect.signature(rotary.forward).parameters:
+    if _takes_layer_type(type(rotary)):
         return rotary(hidden, position_ids, kind)
     return rotary(hidden, position_ids=position_ids)
+
+
+@functools.cache
+def _takes_layer_type(rotary_class: type) -> bool:
+    """Whether a rotary embedding class's forward takes the layer kind (read once per class, not per step)."""
+    return "layer_type" in inspect.signature(rotary_class.forward).parameters
 
 
 PIPELINE_PARTS = ("embed_tokens", "layers", "norm", "rotary_emb")
