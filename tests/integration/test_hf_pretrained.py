@@ -96,10 +96,15 @@ PARITY = {
 }
 
 
-# llama-ddp in the extended tier: DDP wraps any module alike (test_local_ddp.py holds its parity), and the
-# Llama folder's data-parallel training is held here by llama-fsdp and llama-zero3.
+# In the extended tier: llama-ddp (DDP wraps any module alike; test_local_ddp.py holds its parity, and the
+# Llama folder's data-parallel training is held here by llama-zero3 and gpt2-fsdp); llama-fsdp (gpt2-fsdp
+# and llama-tp_fsdp-sequence-parallel shard folders with FSDP2); llama-tp (llama-tp_fsdp-sequence-parallel
+# and qwen2-tp-tied split the Llama-style plan over tp).
+EXTENDED_PARITY = ("llama-ddp", "llama-fsdp", "llama-tp")
+
+
 @pytest.mark.parametrize(
-    "name", [pytest.param(n, marks=pytest.mark.extended) if n == "llama-ddp" else n for n in PARITY]
+    "name", [pytest.param(n, marks=pytest.mark.extended) if n in EXTENDED_PARITY else n for n in PARITY]
 )
 def test_strategy_matches_one_process(cached_run, name: str) -> None:
     arch, args, ranks = PARITY[name]
