@@ -299,7 +299,7 @@ def test_config_modules_define_a_schema_each() -> None:
     missing = [
         p.stem
         for p in (ROOT / "config").glob("*.py")
-        if p.stem not in ("__init__", "aliases") and "Config" not in p.read_text()
+        if p.stem not in ("__init__", "aliases", "redact") and "Config" not in p.read_text()
     ]
     assert not missing, f"config modules without a schema: {missing}"
     heavy = [p.stem for p in (ROOT / "config").glob("*.py") if "import torch" in p.read_text()]
