@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING
 from launcher.components import nf4
 from launcher.components.adapters import adapter_layers, add_adapters, folded_weight
 from launcher.components.precision import train_dtype
+from launcher.config.parallel import method_of
 from launcher.config.precision import PrecisionConfig
 from launcher.config.quantization import KEEP_FULL_PRECISION, METHODS, QuantizationConfig
 
@@ -138,11 +139,11 @@ def is_quantized(module: nn.Module) -> bool:
     return isinstance(module, nn.Linear) and nf4.is_nf4(module.weight)
 
 
-def nf4_backend(cfg: QuantizationConfig, data_parallel: str) -> str:
-    """Which library stores nf4 weights for a run whose data-parallel method is `data_parallel` (FSDP2 shards torchao's)."""
+def nf4_backend(cfg: QuantizationConfig, strategy: str) -> str:
+    """Which library stores nf4 weights for a run of parallel.strategy `strategy` (FSDP2 shards torchao's)."""
     if cfg.nf4_backend != "auto":
         return cfg.nf4_backend
-    return "torchao" if data_parallel == "fsdp" else "bitsandbytes"
+    return "torchao" if method_of(strategy).shards else "bitsandbytes"
 
 
 def apply(
@@ -155,7 +156,7 @@ def apply(
 ) -> nn.Module:
     """Quantize the blocks' linear layers, then add peft LoRA adapters and freeze the rest (QLoRA).
 
-    `strategy` is the run's data-parallel method (parallel.data_parallel; nf4_backend=auto reads it). Pure in the sense that
+    `strategy` is parallel.strategy or its data-parallel method (nf4_backend=auto asks whether it shards). Pure in the sense that
     matters for resume: the result depends only on `model` and the configs, and on torch's global
     RNG for the adapters' initial A matrices.
     """

@@ -1,8 +1,10 @@
 """The parallel group's schema: the data-parallel strategy, the mesh axes beside it (pp_size, tp_size,
 cp_size, replicate_degree), and every setting.
 
-The strategies' capabilities are launcher/parallel/registry.py; the mesh degrees are checked and
-laid out by launcher/parallel/dims.py.
+What each data-parallel method does with the model states is the METHODS table below: code outside
+launcher/rules asks it (`ParallelConfig.method`), never a strategy's name, and the strategy registry
+(launcher/parallel/registry.py) reads each entry's wrap from it. The mesh degrees are checked and laid out
+by launcher/parallel/dims.py.
 """
 
 from __future__ import annotations
@@ -11,6 +13,39 @@ from dataclasses import dataclass
 
 ALIASES = {"pp": "fsdp"}
 """Strategy names that stand for a data-parallel method inside pipeline stages (pp: FSDP2 where dp > 1)."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class DataParallelMethod:
+    """What a data-parallel method does with the model states: what the planner and the builders ask instead of its name."""
+
+    wrap: str
+    """The wrap launcher.parallel.parallelize applies last to each model part: none, ddp, fsdp (FSDP2), or engine
+    (DeepSpeed wraps the model in its own engine when the strategy is built)."""
+    replicates: bool = False
+    """Every data-parallel rank keeps whole model states (single, DDP): sharding or offload can take over."""
+    shards: bool = False
+    """Parameters, gradients and optimizer state are FSDP2 shards over the data-parallel ranks (DTensors)."""
+    owns_engine: bool = False
+    """The method's own engine (DeepSpeed) calls the module, reduces the gradients and, by its ZeRO stage, partitions
+    the states."""
+
+
+METHODS: dict[str, DataParallelMethod] = {
+    "single": DataParallelMethod(wrap="none", replicates=True),
+    "ddp": DataParallelMethod(wrap="ddp", replicates=True),
+    "fsdp": DataParallelMethod(wrap="fsdp", shards=True),
+    "deepspeed": DataParallelMethod(wrap="engine", owns_engine=True),
+    "tp": DataParallelMethod(wrap="none"),
+}
+"""Every data-parallel method parallel.strategy names (aliases resolved), by name."""
+UNKNOWN = DataParallelMethod(wrap="none")
+"""What a strategy name outside METHODS is asked as (the rules refuse the name itself)."""
+
+
+def method_of(strategy: str) -> DataParallelMethod:
+    """The data-parallel method `strategy` names, aliases resolved (UNKNOWN for a name the rules refuse)."""
+    return METHODS.get(ALIASES.get(strategy, strategy), UNKNOWN)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -78,3 +113,13 @@ class ParallelConfig:
     def data_parallel(self) -> str:
         """The data-parallel method, aliases resolved (pp -> fsdp): what the planner and the backends compare."""
         return ALIASES.get(self.strategy, self.strategy)
+
+    @property
+    def method(self) -> DataParallelMethod:
+        """What the data-parallel method does with the model states (METHODS): what code outside the rules asks."""
+        return method_of(self.strategy)
+
+    @property
+    def engine_partitions_parameters(self) -> bool:
+        """DeepSpeed's ZeRO-3: the engine partitions the parameters and gathers them around its own module calls."""
+        return self.method.owns_engine and self.zero_stage == 3

@@ -8,6 +8,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 TOKENIZER_KINDS = ("auto", "bytes", "hf")
+FOLDER_KINDS = ("hf",)
+"""Tokenizer kinds read from a local folder (tokenizer.path): what the data group, the cache and the checks ask."""
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "spiece.model")
 """Files of which a Hugging Face tokenizer folder holds at least one (fast, sentencepiece, BPE vocab)."""
 MODEL_FILES = ("tokenizer.model", "spiece.model")
@@ -30,3 +32,8 @@ class TokenizerConfig:
     """Put the tokenizer's bos token before every document (text and instruction formats); null: as the tokenizer itself does (Llama's SentencePiece tokenizers do, bytes never)."""
     add_eos: bool = True
     """Put the eos token after every document (text, instruction); bytes: the 0 byte. Chat: the template decides."""
+
+    @property
+    def reads_folder(self) -> bool:
+        """Whether the tokenizer is a local folder's (FOLDER_KINDS: tokenizer.path), not the built-in bytes."""
+        return self.kind in FOLDER_KINDS

@@ -19,6 +19,7 @@ from rich.table import Table
 from launcher.components.data import mixture
 from launcher.components.data.sources import describe
 from launcher.components.data.tokenizer import load_tokenizer, padded_vocab_size
+from launcher.config.redact import redacted_container
 from launcher.exits import ExitStatus
 from launcher.front import deepspeed_file
 from launcher.front.compose import Built, strip_hydra
@@ -34,7 +35,7 @@ from launcher.plan.pipeline import PipelineLayout, PipelinePlan, RankPlan, pipel
 from launcher.plan.planner import MemoryPlan, plan
 from launcher.plan.render import format_bytes, plan_table
 from launcher.rules import detect_hardware
-from launcher.spec import RunSpec, SpecError, redacted_container, schema_node
+from launcher.spec import RunSpec, SpecError, schema_node
 
 
 def pipeline_layout(spec: RunSpec) -> PipelineLayout:

@@ -15,12 +15,13 @@ from pathlib import Path
 from omegaconf import DictConfig
 from rich.console import Console
 
+from launcher.config.redact import redacted_container
 from launcher.exits import ExitStatus
 from launcher.front import closing, compose, join
 from launcher.front.config_values import with_values
 from launcher.front.tokenize import prepare_data
 from launcher.launch import backend, run_lock
-from launcher.spec import InvalidSpec, RunSpec, SpecError, redacted_container, write_atomically
+from launcher.spec import InvalidSpec, RunSpec, SpecError, write_atomically
 
 err_console = Console(stderr=True, highlight=False)
 

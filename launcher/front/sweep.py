@@ -26,11 +26,12 @@ from rich.console import Console
 from rich.markup import escape  # overrides such as hydra.searchpath=[...] are not markup
 
 from launcher.components import checkpoint
+from launcher.config.redact import redacted_container
 from launcher.exits import ExitStatus
 from launcher.front import compose, dryrun, rundir, sweep_status
 from launcher.front.command_line import CommandLine
 from launcher.front.config_values import with_values
-from launcher.spec import RunSpec, SpecError, redacted_container
+from launcher.spec import RunSpec, SpecError
 
 _IGNORED_KEYS = ("run_dir", "resume", "dry_run", "launcher.slurm.wait")
 """Keys that may differ between a point's earlier run and its re-run."""

@@ -3,7 +3,8 @@
 parallel.strategy names the data-parallel method (single, ddp, fsdp, deepspeed) or tensor parallel
 alone (tp); pipeline parallel is an axis (parallel.pp_size) that composes with single, ddp and fsdp.
 `pp` stays an alias: fsdp inside pipeline stages, plain stages where one rank holds a stage. Code
-outside launcher.rules asks an entry's capabilities, never a strategy's name.
+outside launcher.rules asks an entry's capabilities, never a strategy's name. Each entry's wrap is its
+data-parallel method's (launcher.config.parallel.METHODS, which the planner and the builders ask too).
 """
 
 from __future__ import annotations
@@ -11,6 +12,8 @@ from __future__ import annotations
 import importlib
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, cast
+
+from launcher.config.parallel import method_of
 
 if TYPE_CHECKING:
     from torch import nn
@@ -40,15 +43,23 @@ class StrategyEntry:
     """A distillation teacher is sharded with FSDP2 like the student (else a whole copy per rank)."""
 
 
+def _wrap(name: str) -> str:
+    return method_of(name).wrap
+
+
 STRATEGIES: dict[str, StrategyEntry] = {
-    "single": StrategyEntry(module=PARTS, process_group=False, device_mesh=False, wrap="none"),
-    "ddp": StrategyEntry(module=PARTS, process_group=True, device_mesh=False, wrap="ddp"),
+    "single": StrategyEntry(module=PARTS, process_group=False, device_mesh=False, wrap=_wrap("single")),
+    "ddp": StrategyEntry(module=PARTS, process_group=True, device_mesh=False, wrap=_wrap("ddp")),
     "deepspeed": StrategyEntry(
-        module="launcher.parallel.deepspeed", process_group=True, device_mesh=False, wrap="engine"
+        module="launcher.parallel.deepspeed", process_group=True, device_mesh=False, wrap=_wrap("deepspeed")
     ),
-    "fsdp": StrategyEntry(module=PARTS, process_group=True, device_mesh=True, wrap="fsdp", fsdp_teacher=True),
-    "tp": StrategyEntry(module=PARTS, process_group=True, device_mesh=True, wrap="none"),
-    "pp": StrategyEntry(module=PARTS, process_group=True, device_mesh=True, wrap="fsdp", wrap_one_rank=False),
+    "fsdp": StrategyEntry(
+        module=PARTS, process_group=True, device_mesh=True, wrap=_wrap("fsdp"), fsdp_teacher=True
+    ),
+    "tp": StrategyEntry(module=PARTS, process_group=True, device_mesh=True, wrap=_wrap("tp")),
+    "pp": StrategyEntry(
+        module=PARTS, process_group=True, device_mesh=True, wrap=_wrap("pp"), wrap_one_rank=False
+    ),
 }
 """Every option of parallel.strategy."""
 

@@ -67,7 +67,7 @@ def distill_teacher(spec: RunSpec) -> tuple[int, str] | None:
     if not spec.distill.teacher or (teacher := teacher_model(spec.distill.teacher)) is None:
         return None
     dtype_bytes = 2 if spec.precision.bf16 or spec.precision.fp16 else 4
-    shards = max(spec.launcher.world_size, 1) if spec.parallel.data_parallel == "fsdp" else 1
+    shards = max(spec.launcher.world_size, 1) if spec.parallel.method.shards else 1
     num_params = model_shape(teacher).num_params
     weights = num_params * dtype_bytes // shards
     vocab = vocab_size(spec.model)

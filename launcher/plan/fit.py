@@ -23,8 +23,6 @@ from launcher.spec import RunSpec, SpecError
 
 EIGHT_BIT = {"adamw": "adamw_8bit"}
 """Optimizers with an 8-bit version the planner counts."""
-REPLICATING = ("single", "ddp")
-"""Strategies that keep whole model states on every rank: sharding or offload can take over."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -99,18 +97,14 @@ def _candidates(spec: RunSpec) -> list[Change]:
         out.append(("memory.activation_checkpointing=blocks", _checkpointing))
     if spec.optimizer.name in EIGHT_BIT:
         out.append((f"optimizer={EIGHT_BIT[spec.optimizer.name]}", _eight_bit))
-    several, no_tp = spec.launcher.world_size > 1, p.tp_size <= 1
-    if p.data_parallel in REPLICATING and several:
+    several, no_tp, dp = spec.launcher.world_size > 1, p.tp_size <= 1, p.method
+    if dp.replicates and several:
         out.append(("parallel=fsdp", _fsdp))
-    if (
-        (p.data_parallel in REPLICATING or (p.data_parallel == "fsdp" and not p.cpu_offload))
-        and several
-        and no_tp
-    ):
+    if (dp.replicates or (dp.shards and not p.cpu_offload)) and several and no_tp:
         out.append(
             ("parallel=fsdp_offload", _fsdp_offload)
         )  # one rank shards nothing: zero3_offload offloads
-    if p.data_parallel in (*REPLICATING, "deepspeed") and not (p.offload_optimizer and p.offload_params):
+    if (dp.replicates or dp.owns_engine) and not (p.offload_optimizer and p.offload_params):
         out.append(("parallel=zero3_offload", _zero3_offload))
     if not m.offload_activations:
         out.append(("memory.offload_activations=true", _offload_activations))
@@ -121,8 +115,7 @@ def _changing_what_trains(spec: RunSpec) -> list[Change]:
     """Fixes that train something else, listed alone after the others: QLoRA (nf4 base weights, LoRA adapters
     only), where full weights train and the strategy can hold nf4 (not tensor parallel, not ZeRO-3)."""
     p, q = spec.parallel, spec.quantization
-    zero3 = p.data_parallel == "deepspeed" and p.zero_stage == 3
-    if q.method != "none" or q.lora.rank > 0 or p.tp_size > 1 or zero3:
+    if q.method != "none" or q.lora.rank > 0 or p.tp_size > 1 or p.engine_partitions_parameters:
         return []
     return [("quantization=nf4_lora", _qlora)]
 

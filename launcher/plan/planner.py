@@ -91,7 +91,7 @@ def fsdp_computes_16bit(spec: RunSpec) -> bool:
     Pipeline stages are counted as FSDP2-wrapped where other ranks hold the same stage.
     """
     p = spec.parallel
-    if not autocasts_16bit(spec) or p.data_parallel != "fsdp":
+    if not autocasts_16bit(spec) or not p.method.shards:
         return False
     model_ranks = max(p.pp_size, 1) * max(p.tp_size, 1) * max(p.cp_size, 1)
     return p.pp_size <= 1 or max(spec.launcher.world_size, 1) > model_ranks

@@ -31,7 +31,7 @@ def preference_reference(spec: RunSpec) -> tuple[int, str] | None:
         + ")",
     )
     if copy:
-        shards = max(spec.launcher.world_size, 1) if spec.parallel.data_parallel == "fsdp" else 1
+        shards = max(spec.launcher.world_size, 1) if spec.parallel.method.shards else 1
         num_params = model_shape(spec.model).num_params
         weights = num_params * dtype_bytes // shards
         note = f"reference copy: {num_params:,} weights x {dtype_bytes} B" + (

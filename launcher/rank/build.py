@@ -216,7 +216,7 @@ def build_trainable(spec: RunSpec, dist: DistContext, run_dir: Path | None = Non
             part, spec, device, run_dir=run_dir, is_main=dist.is_main, objective=objective
         )
 
-    on_engine = spec.parallel.data_parallel == "deepspeed" and spec.parallel.zero_stage == 3
+    on_engine = spec.parallel.engine_partitions_parameters
     search = measure if spec.memory.auto_micro_batch and not on_engine else None
     parts = [
         parallelize(part, spec=spec, dist=dist, mesh=mesh, empty=empty, init=init, measure=search)

@@ -145,7 +145,9 @@ def _strategies(spec: RunSpec, hw: Hardware) -> Iterator[SpecError]:
             "quantized weights and shard only what trains), `parallel=fsdp` with nf4, or `quantization=lora`.",
         )
     elif (
-        q.method == "nf4" and nf4_backend(q, p.strategy) == "torchao" and p.strategy not in TORCHAO_STRATEGIES
+        q.method == "nf4"
+        and nf4_backend(q, p.strategy) == "torchao"
+        and p.data_parallel not in TORCHAO_STRATEGIES
     ):
         yield SpecError(
             ("quantization.nf4_backend", "parallel.strategy"),

@@ -14,13 +14,8 @@ from launcher.components.data.formats import encode_record
 from launcher.components.data.layouts import find_registry
 from launcher.components.data.saved import saved_folder
 from launcher.components.data.sources import BUILDERS, RecordError, matching_files, sample_records
-from launcher.components.data.tokenizer import (
-    is_byte_export,
-    is_tiktoken_file,
-    load_problem,
-    load_tokenizer,
-    tokenizer_size,
-)
+from launcher.components.data.tokenizer import load_problem, load_tokenizer, tokenizer_size
+from launcher.components.data.tokenizer_folder import is_byte_export, is_tiktoken_file
 from launcher.components.model.hf_files import local_dir, local_vocab_size
 from launcher.config.tokenizer import TOKENIZER_KINDS
 from launcher.rules.hardware import Hardware

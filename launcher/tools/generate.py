@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from launcher.components.data.tokenizer import refuse_custom_tokenizer
+from launcher.components.data.tokenizer_folder import refuse_custom_tokenizer
 from launcher.components.files.safe_load import RefusedFile, refusing_folder
 from launcher.components.files.tokenizer_file import load_failure
 from launcher.components.model.hf_files import refuse_custom_code

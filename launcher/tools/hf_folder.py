@@ -15,7 +15,9 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from launcher.components.data.tokenizer import ByteTokenizer, folder_problem, open_folder
+from launcher.components.data.byte_tokenizer import ByteTokenizer
+from launcher.components.data.hf_tokenizer import open_folder
+from launcher.components.data.tokenizer_folder import folder_problem
 from launcher.components.files.safe_load import RefusedFile
 from launcher.components.files.tokenizer_file import load_failure
 from launcher.config.tokenizer import TokenizerConfig

@@ -15,7 +15,7 @@ import torch
 
 from conftest import TINY, run_inline, run_ranks
 from launcher.components import checkpoint
-from launcher.components.data.tokenizer import ByteTokenizer
+from launcher.components.data.byte_tokenizer import ByteTokenizer
 from launcher.components.model.build import build_model
 from launcher.parallel.registry import strategy_module
 from launcher.spec import load_spec

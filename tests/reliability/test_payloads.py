@@ -20,7 +20,7 @@ import torch
 from payloads import Payload, poisoned_metadata, poisoned_torch_file, replant
 
 from conftest import TINY, run_cli, run_inline, run_ranks, write_spec
-from launcher.components.data.tokenizer import open_folder
+from launcher.components.data.hf_tokenizer import open_folder
 from launcher.components.files.safe_load import RefusedFile
 from launcher.components.model.hf import build_hf_model
 from launcher.config.model import ModelConfig

@@ -18,6 +18,7 @@ import pytest
 import launcher
 from launcher import rules
 from launcher.components.objective import Objective
+from launcher.config.parallel import ALIASES, METHODS
 from launcher.parallel.pipeline import PipelineRunner
 from launcher.parallel.registry import STRATEGIES, strategy_module
 from launcher.parallel.runner import ModelRunner, Runner
@@ -219,8 +220,8 @@ def test_runners_ask_the_objective_and_strategies_know_none(runner: type) -> Non
 
 
 def test_strategy_names_are_compared_only_in_the_rules() -> None:
-    """Elsewhere code asks a registry entry's capabilities, the config's data_parallel, or the mesh degrees."""
-    pattern = re.compile(r"strategy *(==|!=|in|not in) ")
+    """Elsewhere code asks a registry entry's capabilities, the config's data-parallel method, or the mesh degrees."""
+    pattern = re.compile(r"(strategy|data_parallel) *(==|!=|in|not in) ")
     offenders = [
         f"{path.relative_to(ROOT.parent)}:{number}"
         for path in sorted(ROOT.rglob("*.py"))
@@ -229,6 +230,11 @@ def test_strategy_names_are_compared_only_in_the_rules() -> None:
         if pattern.search(line)
     ]
     assert not offenders, "strategy-name comparisons outside launcher/rules/:\n" + "\n".join(offenders)
+
+
+def test_every_strategy_names_a_data_parallel_method() -> None:
+    """The methods' capabilities (what code outside the rules asks) cover every strategy, aliases resolved."""
+    assert {ALIASES.get(name, name) for name in STRATEGIES} == set(METHODS)
 
 
 def _folder(module: str) -> str:
@@ -293,7 +299,7 @@ def test_config_modules_define_a_schema_each() -> None:
     missing = [
         p.stem
         for p in (ROOT / "config").glob("*.py")
-        if p.stem not in ("__init__", "aliases") and "Config" not in p.read_text()
+        if p.stem not in ("__init__", "aliases", "redact") and "Config" not in p.read_text()
     ]
     assert not missing, f"config modules without a schema: {missing}"
     heavy = [p.stem for p in (ROOT / "config").glob("*.py") if "import torch" in p.read_text()]

@@ -8,6 +8,8 @@ import sys
 
 import pytest
 
+from launcher.components.quantization import nf4_backend
+from launcher.config.quantization import QuantizationConfig
 from launcher.front.cli import precheck
 
 
@@ -104,6 +106,19 @@ def test_adapters_and_low_bits_per_strategy(
 def test_adapters_and_nf4_are_accepted_under_fsdp2() -> None:
     assert _errors("quantization=lora", *FSDP2) == {}
     assert _errors("quantization=nf4_lora", *FSDP2, *WIDE) == {}  # auto: torchao's NF4 under FSDP2
+
+
+def test_nf4_auto_backend_follows_the_data_parallel_method() -> None:
+    """auto stores nf4 as torchao's shardable tensors wherever FSDP2 shards (the pp alias too), else bitsandbytes."""
+    auto = QuantizationConfig(method="nf4")
+    chosen = {name: nf4_backend(auto, name) for name in ("single", "ddp", "fsdp", "pp", "deepspeed", "tp")}
+    assert {name for name, backend in chosen.items() if backend == "torchao"} == {"fsdp", "pp"}
+    assert set(chosen.values()) == {"torchao", "bitsandbytes"}
+    under_pp = _errors("quantization=nf4_lora", "parallel=pp", "launcher=local", "launcher.nproc=2")
+    assert set(under_pp) == {  # the pipeline's refusals alone
+        ("quantization.method", "parallel.strategy"),
+        ("quantization.lora.rank", "parallel.strategy"),
+    }
 
 
 def test_optimizer_rules() -> None:

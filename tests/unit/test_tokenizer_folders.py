@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 
 from conftest import run_cli
-from launcher.components.data.tokenizer import folder_problem, load_problem, load_tokenizer, resolve_auto
+from launcher.components.data.tokenizer import load_problem, load_tokenizer, resolve_auto
+from launcher.components.data.tokenizer_folder import folder_problem
 from launcher.config.tokenizer import TokenizerConfig
 from launcher.front import cli, compose
 

@@ -93,7 +93,7 @@ def uses_cache(cfg: DataConfig, tok: TokenizerConfig) -> bool:
     (1.5 s on a busy machine) against 0.05-0.12 s to memory-map from the cache, the same tokens;
     one plain text file (data.kind=text) is read again each run.
     """
-    return tok.kind == "hf" or cfg.kind in ("jsonl", "files", "stdlib") or cfg.cache_dir is not None
+    return tok.reads_folder or cfg.kind in ("jsonl", "files", "stdlib") or cfg.cache_dir is not None
 
 
 def cache_root(cfg: DataConfig) -> Path:

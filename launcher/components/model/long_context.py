@@ -80,6 +80,6 @@ def loss_chunking_bypass(parallel: ParallelConfig, model: ModelConfig) -> str | 
         return "tensor parallel splits the head over the vocabulary (each rank scores its 1 / tp_size slice of the logits)"
     if parallel.pp_size > 1:
         return "a pipeline's last stage returns logits to torch's schedule, which calls the loss"
-    if parallel.data_parallel == "deepspeed":
+    if parallel.method.owns_engine:
         return "DeepSpeed's engine gathers and frees parameters around its own module calls"
     return None
