@@ -330,3 +330,33 @@ def test_each_narrow_allowance_is_still_used() -> None:
     ]
     assert not unused, f"NARROW_ALLOWED names imports that no longer exist: {unused}"
 
+
+def test_sweeps_and_the_closing_lines_name_no_backend() -> None:
+    """Sweeps, their table and the closing lines ask the Backend protocols (launch.submitter, launch.job_state):
+    no backend's name, no backend module, so a second scheduler forks none of them."""
+    from launcher.launch import BACKENDS
+
+    offenders = []
+    for name in ("sweep", "sweep_status", "closing"):
+        path = ROOT / "front" / f"{name}.py"
+        text = path.read_text().lower()
+        offenders += [f"{path.name} says {b!r}" for b in ("slurm", "sbatch", "squeue") if b in text]
+        offenders += [
+            f"{path.name} imports {m}" for m in _imports(path, _modules()) if m in BACKENDS.values()
+        ]
+        offenders += [
+            f"{path.name} compares with {node.value!r}"
+            for node in ast.walk(ast.parse(path.read_text()))
+            if isinstance(node, ast.Constant) and node.value in BACKENDS
+        ]
+    assert not offenders, "\n".join(offenders)
+
+
+def test_every_backend_that_submits_offers_every_submit_verb() -> None:
+    """A backend with any of the Submitter's verbs has them all (a half submitter would be launched, never collected)."""
+    from launcher.launch import BACKENDS, SUBMITTER_NAMES, backend
+
+    for name in BACKENDS:
+        module = backend(name)
+        found = [part for part in SUBMITTER_NAMES if hasattr(module, part)]
+        assert found in ([], list(SUBMITTER_NAMES)), f"{name}: has {found} of {SUBMITTER_NAMES}"
