@@ -31,7 +31,7 @@ from launcher.exits import ExitStatus
 from launcher.front import compose, dryrun, rundir, sweep_status
 from launcher.front.command_line import CommandLine
 from launcher.front.config_values import with_values
-from launcher.launch import BACKENDS, job_state, submitter
+from launcher.launch import BACKENDS, Submitter, job_state, submitter
 from launcher.spec import RunSpec, SpecError, redacted_container
 
 _IGNORED_KEYS = ("run_dir", "resume", "dry_run")
@@ -54,8 +54,8 @@ class Point:
     """The point's config with run_dir and resume set and its decided values filled in, and its validated spec."""
     skip: str | None = None
     """Why the point does not run again (completed, or its job is queued), None to run it."""
-    submits: bool = False
-    """Its backend submits to a scheduler: the point is queued and the sweep goes on to the next."""
+    submitter: Submitter | None = None
+    """Its backend, when it submits to a scheduler: the point is queued and the sweep goes on to the next."""
     wait: bool = False
     """A submitted point whose spec asks to wait: the sweep collects its job at the end."""
 
@@ -140,9 +140,9 @@ def _prepare(point: Point) -> list[SpecError]:
     if runs and cfg.get("resume") is None and checkpoint.good_checkpoints(point.run_dir, warn=False):
         values["resume"] = "auto"
     point.built = compose.build(with_values(cfg, values))
-    chosen = submitter(point.spec.launcher.backend) if runs and point.spec is not None else None
-    if chosen is not None:  # the sweep submits every point, then collects those that wait
-        point.submits, point.wait = True, chosen.waits(point.spec)
+    point.submitter = submitter(point.spec.launcher.backend) if runs and point.spec is not None else None
+    if point.submitter is not None:  # the sweep submits every point, then collects those that wait
+        point.wait = point.submitter.waits(point.spec)
     written = point.run_dir / "spec.yaml"
     changed = _changed_keys(written, point.built) if written.is_file() and (point.skip or point.spec) else []
     if changed:
@@ -192,7 +192,7 @@ def _start(point: Point, console: Console) -> int:
     (point.run_dir / sweep_status.POINT_FILE).write_text(json.dumps(record, indent=1) + "\n")
     if point.spec.resume == "auto":
         console.print(f"sweep point {point.num}: resuming from its newest checkpoint in {point.run_dir}")
-    return rundir.start(point.built, point.run_dir, submit_only=point.submits)
+    return rundir.start(point.built, point.run_dir, submit_only=point.submitter is not None)
 
 
 def run(line: CommandLine) -> int:
@@ -216,12 +216,14 @@ def run(line: CommandLine) -> int:
             continue
         console.print(f"sweep point {point.num}: {escape(' '.join(point.overrides))} -> {point.run_dir}")
         codes.append(_start(point, console))
-        if point.wait and codes[-1] == ExitStatus.OK:  # queued: its job is collected below
-            waiting.append(point)
+        if point.submitter is not None and point.wait and codes[-1] == ExitStatus.OK:  # collected below
+            waiting.append((point, point.submitter))
     if waiting:
-        console.print(f"waiting for the sweep's {len(waiting)} submitted job(s) to end")
-    for point in waiting:
-        codes.append(submitter(point.spec.launcher.backend).collect(point.run_dir))
+        key = waiting[0][1].WAIT_KEY
+        console.print(
+            f"waiting for the sweep's {len(waiting)} submitted job(s) to end ({key}=false returns at once)"
+        )
+    codes.extend(chosen.collect(point.run_dir) for point, chosen in waiting)
     result = sweep_status.report(sweep_dir)
     worst = max(codes, default=0)
     return worst or (ExitStatus.FAILED if sweep_status.failed(result) else ExitStatus.OK)

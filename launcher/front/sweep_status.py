@@ -2,7 +2,8 @@
 
 `train --multirun` prints it at the end; `train-sweep-status SWEEP_DIR [--wait]`
 (`python -m launcher.front.sweep_status SWEEP_DIR`) prints it later, waiting for the points' queued
-jobs if asked (their state comes from each point's backend: launch.job_state). The winner is the completed point with the lowest eval loss (else the lowest final loss).
+jobs if asked (each job's state comes from its point's backend: launch.job_state). The winner is the
+completed point with the lowest eval loss (else the lowest final loss).
 """
 
 from __future__ import annotations
