@@ -64,7 +64,7 @@ class Submitter(Backend, Protocol):
     """The config key behind `waits` (a sweep collects its jobs itself, so a re-run may change it)."""
 
     def submit(self, spec: RunSpec, run_dir: Path) -> int:
-        """Queue the run and return at once: 0 (the job's id left in `run_dir`), else why not, printed, and its status."""
+        """Queue the run and return at once: 0, the job's id left in `run_dir`; else SUBMIT_FAILED, the reason printed."""
         ...
 
     def status(self, run_dir: Path) -> JobState | None:
