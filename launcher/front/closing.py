@@ -11,6 +11,7 @@ from pathlib import Path
 
 from rich.console import Console
 
+from launcher.launch import returns_at_once
 from launcher.spec import RunSpec
 
 
@@ -37,7 +38,7 @@ def closing_lines(run_dir: Path, status: int) -> list[str]:
 
 def announce(status: int, spec: RunSpec, run_dir: Path) -> int:
     """Print the closing lines of a run that ended here (not of a batch job left to run); the status."""
-    if spec.launcher.backend == "slurm" and not spec.launcher.slurm.wait:
+    if returns_at_once(spec):
         return status  # submitted only: the backend said where the job's files will be
     console = Console(highlight=False, soft_wrap=True)
     for line in closing_lines(run_dir, status):

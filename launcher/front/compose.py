@@ -254,8 +254,22 @@ def build(cfg: DictConfig) -> Built:
         spec = to_spec(strip_hydra(cfg))
     except InvalidSpec as err:
         return Built(config=cfg, spec=None, errors=tuple(conflicts + err.errors))
-    errors = conflicts + check(spec, detect_hardware(spec))
+    errors = conflicts + check(spec, detect_hardware(spec)) + run_dir_held(spec)
     return Built(config=cfg, spec=None if errors else spec, errors=tuple(errors))
+
+
+def run_dir_held(spec: RunSpec) -> list[SpecError]:
+    """A live run holding the spec's run directory (its lock file, launch.run_lock), refused with the rules' problems.
+
+    It reads the filesystem (and may ask the holder's scheduler), so it is judged here and not in the pure rules;
+    another node of a multi-node job joins node 0's run, which holds the directory.
+    """
+    from launcher.launch import run_lock
+
+    if spec.launcher.node_rank > 0 or spec.run_dir is None or not spec.run_dir.strip():
+        return []
+    reason = run_lock.conflict(Path(spec.run_dir))
+    return [SpecError(("run_dir",), reason)] if reason is not None else []
 
 
 def validate(cfg: DictConfig) -> tuple[RunSpec | None, list[SpecError]]:

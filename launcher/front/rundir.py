@@ -20,7 +20,7 @@ from launcher.exits import ExitStatus
 from launcher.front import closing, compose, join
 from launcher.front.config_values import with_values
 from launcher.front.tokenize import prepare_data
-from launcher.launch import backend, run_lock
+from launcher.launch import backend, run_lock, submitter
 from launcher.spec import InvalidSpec, RunSpec, SpecError, write_atomically
 
 err_console = Console(stderr=True, highlight=False)
@@ -68,16 +68,25 @@ def write(built: compose.Built, run_dir: Path) -> RunSpec:
     return spec
 
 
-def launch(spec: RunSpec, run_dir: Path) -> int:
-    """Hand a written run to its launch backend; the run's exit status."""
+def launch(spec: RunSpec, run_dir: Path, *, submit_only: bool = False) -> int:
+    """Hand a written run to its launch backend; the run's exit status.
+
+    `submit_only` (a sweep's points on a backend that submits): queue the job and return at once with
+    the submission's status; the sweep collects the job later (launch.Submitter).
+    """
     Console().print(f"run directory: {run_dir}")
+    if submit_only:
+        chosen = submitter(spec.launcher.backend)
+        assert chosen is not None, f"{spec.launcher.backend} does not submit"
+        return chosen.submit(spec, run_dir)
     return closing.announce(backend(spec.launcher.backend).launch(spec, run_dir), spec, run_dir)
 
 
-def start(built: compose.Built, run_dir: Path) -> int:
+def start(built: compose.Built, run_dir: Path, *, submit_only: bool = False) -> int:
     """Write the run directory of a validated spec and launch it, holding the directory's lock meanwhile.
 
     Another node of a multi-node local job neither writes nor locks: it joins node 0's run (front.join).
+    `submit_only`: see `launch`.
     """
     spec = built.spec
     if spec.launcher.node_rank > 0:
@@ -100,7 +109,7 @@ def start(built: compose.Built, run_dir: Path) -> int:
         return ExitStatus.INVALID_SPEC
     try:
         with run_lock.holding(run_dir):
-            return launch(write(built, run_dir), run_dir)
+            return launch(write(built, run_dir), run_dir, submit_only=submit_only)
     except run_lock.RunLockError as err:  # another run took the directory since the rules looked
         report([SpecError(("run_dir",), str(err))])
         return ExitStatus.INVALID_SPEC

@@ -29,7 +29,7 @@ from launcher.plan.roofline import HARDWARE, Hardware, Prediction, Traffic, coll
 from launcher.spec import RunSpec, SpecError
 
 if TYPE_CHECKING:
-    from launcher.launch.simulate import RoleResult
+    from launcher.rank.simulate import RoleResult
 
 PLANNER_ROWS = (
     ("parameters", "parameters"),
@@ -46,7 +46,7 @@ def run(built: Built) -> int:
     if built.errors:
         rundir.report(list(built.errors))
         return ExitStatus.INVALID_SPEC
-    from launcher.launch import simulate
+    from launcher.rank import simulate
 
     spec = built.spec
     rundir.err_console.print(
@@ -58,7 +58,7 @@ def run(built: Built) -> int:
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            results = simulate.run(spec)
+            results = simulate.simulate(spec)
     except simulate.SimulationRefused as refused:
         rundir.report([SpecError(("parallel", "model", "launcher.nproc", "launcher.nnodes"), str(refused))])
         return ExitStatus.INVALID_SPEC

@@ -5,10 +5,11 @@ The sweep's points are the combinations of its sweep overrides (`key=a,b`, `rang
 once and validated with its run directory and resume setting, so every problem of every point is
 reported before anything starts (exit status 2). A point's run directory is `SWEEP_DIR/N`
 (`hydra.sweep.dir`, `hydra.sweep.subdir`). Re-running the same sweep skips points whose
-summary.json says completed, leaves points whose SLURM job is still queued or running alone,
+summary.json says completed, leaves points whose submitted job is still queued or running alone,
 resumes the others from their newest checkpoint, and refuses a point directory that holds a run
 of other settings. The points then run one after another through the one launch sequence
-(launcher.front.rundir); SLURM points are submitted without waiting. The table comes last
+(launcher.front.rundir); on a backend that submits to a scheduler (launch.Submitter) every point is
+submitted first, then the jobs of those whose spec asks to wait are collected. The table comes last
 (launcher.front.sweep_status).
 """
 
@@ -31,10 +32,11 @@ from launcher.exits import ExitStatus
 from launcher.front import compose, dryrun, rundir, sweep_status
 from launcher.front.command_line import CommandLine
 from launcher.front.config_values import with_values
+from launcher.launch import BACKENDS, Submitter, job_state, submitter
 from launcher.spec import RunSpec, SpecError
 
-_IGNORED_KEYS = ("run_dir", "resume", "dry_run", "launcher.slurm.wait")
-"""Keys that may differ between a point's earlier run and its re-run."""
+_IGNORED_KEYS = ("run_dir", "resume", "dry_run")
+"""Keys that may differ between a point's earlier run and its re-run (and whether its backend waits)."""
 
 
 @dataclass(kw_only=True)
@@ -52,9 +54,11 @@ class Point:
     built: compose.Built | None = None
     """The point's config with run_dir and resume set and its decided values filled in, and its validated spec."""
     skip: str | None = None
-    """Why the point does not run again (completed, or its SLURM job is queued), None to run it."""
+    """Why the point does not run again (completed, or its job is queued), None to run it."""
+    submitter: Submitter | None = None
+    """Its backend, when it submits to a scheduler: the point is queued and the sweep goes on to the next."""
     wait: bool = False
-    """A SLURM point whose spec asks to wait: the sweep waits for all of its jobs at the end."""
+    """A submitted point whose spec asks to wait: the sweep collects its job at the end."""
 
     @property
     def spec(self) -> RunSpec | None:
@@ -107,22 +111,21 @@ def _changed_keys(spec_path: Path, built: compose.Built) -> list[str]:
     else:
         new = dryrun.flatten(redacted_container(compose.strip_hydra(built.config)))
     keys = sorted(set(old) | set(new))
-    return [k for k in keys if not k.startswith(_IGNORED_KEYS) and old.get(k) != new.get(k)]
+    ignored = _IGNORED_KEYS + _wait_key(built)
+    return [k for k in keys if not k.startswith(ignored) and old.get(k) != new.get(k)]
+
+
+def _wait_key(built: compose.Built) -> tuple[str, ...]:
+    """The key that says whether the point's backend waits for its job, if it submits: the sweep collects it itself."""
+    name = OmegaConf.select(built.config, "launcher.backend", default=None)
+    chosen = submitter(name) if name in BACKENDS else None
+    return (chosen.WAIT_KEY,) if chosen is not None else ()
 
 
 def _active_job(point_dir: Path) -> str | None:
-    """The id and state of this point's SLURM job while it is queued or running, else None."""
-    from launcher.launch import slurm_jobs
-
-    job_file = point_dir / "slurm" / "job_id"
-    if not job_file.is_file():
-        return None
-    job_id = job_file.read_text().strip()
-    try:
-        state = slurm_jobs.job_state(job_id)
-    except (ValueError, slurm_jobs.SlurmError):
-        return None
-    return f"{job_id} ({state.state})" if state is not None and state.active else None
+    """The id and state of this point's submitted job while it is queued or running, else None."""
+    state = job_state(point_dir)
+    return f"{state.job_id} ({state.state})" if state is not None and state.active else None
 
 
 def _prepare(point: Point) -> list[SpecError]:
@@ -132,15 +135,15 @@ def _prepare(point: Point) -> list[SpecError]:
     if summary.get("exit_reason") == "completed":
         point.skip = f"already completed in {point.run_dir}, skipped"
     elif job is not None:
-        point.skip = f"SLURM job {job} is still queued or running, not submitted again"
+        point.skip = f"job {job} is still queued or running, not submitted again"
     cfg, values = point.cfg, {"run_dir": str(point.run_dir)}
     runs = point.skip is None
     if runs and cfg.get("resume") is None and checkpoint.good_checkpoints(point.run_dir, warn=False):
         values["resume"] = "auto"
-    if runs and cfg.launcher.backend == "slurm":  # the sweep submits every point, then waits for all
-        point.wait = bool(cfg.launcher.slurm.wait)
-        values["launcher.slurm.wait"] = False
     point.built = compose.build(with_values(cfg, values))
+    point.submitter = submitter(point.spec.launcher.backend) if runs and point.spec is not None else None
+    if point.submitter is not None:  # the sweep submits every point, then collects those that wait
+        point.wait = point.submitter.waits(point.spec)
     written = point.run_dir / "spec.yaml"
     changed = _changed_keys(written, point.built) if written.is_file() and (point.skip or point.spec) else []
     if changed:
@@ -190,7 +193,7 @@ def _start(point: Point, console: Console) -> int:
     (point.run_dir / sweep_status.POINT_FILE).write_text(json.dumps(record, indent=1) + "\n")
     if point.spec.resume == "auto":
         console.print(f"sweep point {point.num}: resuming from its newest checkpoint in {point.run_dir}")
-    return rundir.start(point.built, point.run_dir)
+    return rundir.start(point.built, point.run_dir, submit_only=point.submitter is not None)
 
 
 def run(line: CommandLine) -> int:
@@ -207,16 +210,21 @@ def run(line: CommandLine) -> int:
             shown.append(dryrun.show(point.built, point.run_dir))
         return max(shown, default=ExitStatus.OK)  # 2 where a point's run would be refused
     console.print(f"sweep: {len(points)} point(s) in {sweep_dir}")
-    codes = []
+    codes, waiting = [], []
     for point in points:
         if point.skip:
             console.print(f"sweep point {point.num}: {point.skip}")
             continue
         console.print(f"sweep point {point.num}: {escape(' '.join(point.overrides))} -> {point.run_dir}")
         codes.append(_start(point, console))
-    wait = any(point.wait for point in points)
-    if wait:
-        console.print("waiting for the sweep's SLURM jobs (launcher.slurm.wait=false returns at once)")
-    result = sweep_status.report(sweep_dir, wait=wait)
+        if point.submitter is not None and point.wait and codes[-1] == ExitStatus.OK:  # collected below
+            waiting.append((point, point.submitter))
+    if waiting:
+        key = waiting[0][1].WAIT_KEY
+        console.print(
+            f"waiting for the sweep's {len(waiting)} submitted job(s) to end ({key}=false returns at once)"
+        )
+    codes.extend(chosen.collect(point.run_dir) for point, chosen in waiting)
+    result = sweep_status.report(sweep_dir)
     worst = max(codes, default=0)
     return worst or (ExitStatus.FAILED if sweep_status.failed(result) else ExitStatus.OK)

@@ -1,8 +1,9 @@
 """The table of a sweep: every point's status and losses, the winner, sweep_summary.json.
 
 `train --multirun` prints it at the end; `train-sweep-status SWEEP_DIR [--wait]`
-(`python -m launcher.front.sweep_status SWEEP_DIR`) prints it later, waiting for queued SLURM jobs
-if asked. The winner is the completed point with the lowest eval loss (else the lowest final loss).
+(`python -m launcher.front.sweep_status SWEEP_DIR`) prints it later, waiting for the points' queued
+jobs if asked (each job's state comes from its point's backend: launch.job_state). The winner is the
+completed point with the lowest eval loss (else the lowest final loss).
 """
 
 from __future__ import annotations
@@ -17,11 +18,14 @@ from typing import Any
 
 from launcher.components.files import records
 from launcher.components.files.safe_load import RefusedFile
+from launcher.launch import job_state
 
 POINT_FILE = "sweep_point.json"
 """Written into each point's run directory: its index and overrides."""
 SUMMARY_FILE = "sweep_summary.json"
 """Written into the sweep directory: every point and the winner."""
+ACTIVE = "active"
+"""A row's key: its job is queued or running (not written to SUMMARY_FILE, whose rows say it in `status`)."""
 
 
 def _read_json(path: Path) -> dict[str, Any] | None:
@@ -49,28 +53,22 @@ def _point_row(point_dir: Path) -> dict[str, Any]:
     problems: list[str] = []
     record = _checked(records.read_sweep_point, point_dir / POINT_FILE, problems)
     summary = _checked(records.read_summary, point_dir / "summary.json", problems)
-    job_file = point_dir / "slurm" / "job_id"
-    job_id = job_file.read_text().strip() if job_file.is_file() else None
     status = "unreadable" if problems else summary.get("exit_reason") or "no summary"  # never a winner
-    if job_id is not None and status != "completed":
-        from launcher.launch import slurm_jobs
-
-        try:
-            state = slurm_jobs.job_state(job_id)
-        except (ValueError, slurm_jobs.SlurmError):
-            state = None
-        if state is not None and (state.active or not summary):
-            status = state.state.lower()
+    state = job_state(point_dir)
+    known = state is not None and state.state is not None and status != "completed"
+    if known and (state.active or not summary):
+        status = state.state.lower()
     return {
         "point": record.get("num", point_dir.name),
         "run_dir": str(point_dir),
         "overrides": record.get("overrides", []),
         "status": status,
-        "job_id": job_id,
+        "job_id": state.job_id if state is not None else None,
         "steps": summary.get("steps"),
         "final_loss": summary.get("final_loss"),
         "eval_loss": summary.get("eval_loss"),
         "problems": problems,
+        ACTIVE: known and state.active,
     }
 
 
@@ -99,9 +97,8 @@ def collect(sweep_dir: Path) -> dict[str, Any]:
 
 
 def _active(result: dict[str, Any]) -> list[dict[str, Any]]:
-    from launcher.launch.slurm_jobs import ACTIVE_STATES
-
-    return [r for r in result["points"] if r["status"].upper() in ACTIVE_STATES]
+    """Points whose job is still queued or running."""
+    return [r for r in result["points"] if r[ACTIVE]]
 
 
 def report(sweep_dir: Path, *, wait: bool = False, poll_s: float = 2.0) -> dict[str, Any]:
@@ -136,7 +133,8 @@ def report(sweep_dir: Path, *, wait: bool = False, poll_s: float = 2.0) -> dict[
         for problem in row["problems"]:
             console.print(f"point {row['point']}: {problem}", markup=False, soft_wrap=True)
     tmp = Path(sweep_dir) / f"{SUMMARY_FILE}.tmp"
-    tmp.write_text(json.dumps(result, indent=2) + "\n")
+    rows = [{key: value for key, value in row.items() if key != ACTIVE} for row in result["points"]]
+    tmp.write_text(json.dumps({**result, "points": rows}, indent=2) + "\n")
     tmp.replace(Path(sweep_dir) / SUMMARY_FILE)
     return result
 

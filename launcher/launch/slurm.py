@@ -15,12 +15,15 @@ from typing import TYPE_CHECKING
 
 from launcher.config.launcher import time_limit_min
 from launcher.exits import ExitStatus
+from launcher.launch import JobState
 
 if TYPE_CHECKING:
     from launcher.spec import RunSpec
 
 SCRIPT_NAME = "job.sbatch"
 JOB_ID_FILE = "job_id"
+WAIT_KEY = "launcher.slurm.wait"
+"""The key behind `waits`."""
 
 
 def _sbatch_lines(spec: RunSpec, run_dir: Path) -> list[str]:
@@ -98,8 +101,8 @@ def write_script(spec: RunSpec, run_dir: Path) -> Path:
     return path
 
 
-def launch(spec: RunSpec, run_dir: Path) -> int:
-    """Submit the job; print its id and logs; wait for it unless launcher.slurm.wait=false (sweeps set it)."""
+def submit(spec: RunSpec, run_dir: Path) -> int:
+    """Save the script and `sbatch` it; print the job id and logs and return at once (5 when SLURM refuses it)."""
     from rich.console import Console
 
     from launcher.launch import run_lock, slurm_jobs
@@ -121,10 +124,56 @@ def launch(spec: RunSpec, run_dir: Path) -> int:
     console.print(f"submitted job {job_id} ({spec.launcher.nnodes} node(s) x {spec.launcher.nproc} rank(s))")
     console.print(f"  logs:   {log}")
     console.print(f"  follow: tail -f {shlex.quote(str(log))}   |   squeue -j {job_id}")
-    if not spec.launcher.slurm.wait:
-        return 0
+    return 0
+
+
+def _job_id(run_dir: Path) -> str | None:
+    """The id `submit` left in RUN_DIR/slurm/job_id; None when the run was not submitted."""
+    path = Path(run_dir) / "slurm" / JOB_ID_FILE
+    return path.read_text().strip() if path.is_file() else None
+
+
+def status(run_dir: Path) -> JobState | None:
+    """The run's job and its state as SLURM reports it (state None: SLURM does not know it); None when not submitted."""
+    from launcher.launch import slurm_jobs
+
+    job_id = _job_id(run_dir)
+    if job_id is None:
+        return None
+    try:
+        state = slurm_jobs.job_state(job_id)
+    except (ValueError, slurm_jobs.SlurmError):
+        state = None
+    if state is None:
+        return JobState(job_id=job_id, state=None, active=False, exit_code=0)
+    return JobState(job_id=job_id, state=state.state, active=state.active, exit_code=state.exit_code)
+
+
+def collect(run_dir: Path) -> int:
+    """Wait for the run's job to leave the queue for good, printing its state changes; the run's exit status."""
+    from rich.console import Console
+
+    from launcher.launch import slurm_jobs
+
+    job_id = _job_id(run_dir)
+    if job_id is None:
+        return ExitStatus.FAILED
+    console = Console(highlight=False, soft_wrap=True)
     state = slurm_jobs.wait(job_id, poll_s=2.0, on_change=lambda s: console.print(f"job {job_id}: {s.state}"))
     return _final_status(run_dir, state)
+
+
+def waits(spec: RunSpec) -> bool:
+    """launcher.slurm.wait: whether `launch` waits for the job (a sweep submits every point, then collects)."""
+    return spec.launcher.slurm.wait
+
+
+def launch(spec: RunSpec, run_dir: Path) -> int:
+    """Submit the job; wait for it unless launcher.slurm.wait=false; the job's exit status (0 once queued)."""
+    submitted = submit(spec, run_dir)
+    if submitted or not waits(spec):
+        return submitted
+    return collect(run_dir)
 
 
 def _final_status(run_dir: Path, state: object) -> int:

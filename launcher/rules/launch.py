@@ -1,4 +1,7 @@
-"""Rules of the launcher group: devices, ranks against strategy and GPUs, restarts, rendezvous settings."""
+"""Rules of the launcher group: devices, ranks against strategy and GPUs, restarts, rendezvous settings.
+
+Whether a live run holds the run directory is its lock's to say, read before launch: launcher.front.compose.
+"""
 
 from __future__ import annotations
 
@@ -6,7 +9,6 @@ import os
 from collections.abc import Iterator
 from pathlib import Path
 
-from launcher.launch import run_lock
 from launcher.rules.hardware import Hardware
 from launcher.rules.values import Rule, positive
 from launcher.spec import RunSpec, SpecError
@@ -216,16 +218,6 @@ def _run_dir_writable(spec: RunSpec, hw: Hardware) -> Iterator[SpecError]:
             yield SpecError(("run_dir",), problem)
 
 
-def _run_dir_free(spec: RunSpec, hw: Hardware) -> Iterator[SpecError]:
-    """One run at a time in a run directory (launcher.launch.run_lock); node 0 of a multi-node job holds it."""
-    if spec.launcher.node_rank > 0:
-        return  # another node of this job: node 0 holds the directory, this node joins its run
-    if spec.run_dir is not None and spec.run_dir.strip():
-        reason = run_lock.conflict(Path(spec.run_dir))
-        if reason is not None:
-            yield SpecError(("run_dir",), reason)
-
-
 RULES: tuple[Rule, ...] = (
     _names_of_the_run,
     _hardware,
@@ -235,6 +227,5 @@ RULES: tuple[Rule, ...] = (
     _restarts_need_checkpoints,
     _ranks_fit_devices,
     _run_dir_writable,
-    _run_dir_free,
 )
 """This module's rules, in the order they report."""

@@ -65,9 +65,12 @@ def _assert_close(got: dict[int, float], want: dict[int, float], rel: float) -> 
 # three hold the parity here.
 @pytest.mark.parametrize(
     ("option", "extra"),
-    [pytest.param("zero0", [], id="zero0", marks=pytest.mark.extended),
-     pytest.param("zero1", ACCUM, id="zero1-accum2"), pytest.param("zero2", [], id="zero2"),
-     pytest.param("zero3", [], id="zero3")],
+    [
+        pytest.param("zero0", [], id="zero0", marks=pytest.mark.extended),
+        pytest.param("zero1", ACCUM, id="zero1-accum2"),
+        pytest.param("zero2", [], id="zero2"),
+        pytest.param("zero3", [], id="zero3"),
+    ],
 )
 def test_fp32_losses_match_one_process(cached_run, option: str, extra: list[str]) -> None:
     """Same global batch, same init and data: equal up to fp32 summation order."""

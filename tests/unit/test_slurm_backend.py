@@ -182,3 +182,25 @@ def test_gpu_job_that_asks_for_no_gpus_gets_the_slurm_fix_not_nproc_0() -> None:
     errors = _errors(["launcher.device=cuda", "launcher.nproc=4", "parallel=ddp"])
     assert any(e.startswith("launcher.device, launcher.slurm.gpus_per_node:") for e in errors), errors
     assert not any("nproc=0" in e or "no CUDA GPU is visible" in e for e in errors), errors
+
+
+def test_slurm_is_a_submitter_whose_job_is_read_back_from_the_run_dir(tmp_path) -> None:
+    """The verbs sweeps and the closing lines ask (launch.submitter, job_state, returns_at_once), without a cluster:
+    a written run that was not submitted has no job; an id SLURM does not know reads back with no state."""
+    from conftest import write_spec
+    from launcher import launch
+
+    assert launch.submitter("slurm") is slurm
+    assert all(launch.submitter(name) is None for name in ("inline", "local", "torchrun"))
+    assert launch.returns_at_once(_spec(["launcher.slurm.wait=false"])) and not launch.returns_at_once(
+        _spec([])
+    )
+    run_dir, plain = tmp_path / "run", tmp_path / "plain"
+    write_spec(["launcher=slurm", *TINY], run_dir)
+    write_spec(list(TINY), plain)
+    assert launch.job_state(run_dir) is None and launch.job_state(plain) is None
+    (run_dir / "slurm").mkdir()
+    (run_dir / "slurm" / "job_id").write_text("not-a-job\n")
+    assert launch.job_state(run_dir) == launch.JobState(
+        job_id="not-a-job", state=None, active=False, exit_code=0
+    )
