@@ -22,8 +22,9 @@ The order, and why:
    parameters it finally owns (under ZeRO-3 the micro-batch search runs here, on the engine's
    partitioned model); the LR schedule wraps that optimizer; the runner the loop calls for a step:
    the whole model, or the pipeline's schedule;
-7. data, last, sharded by data-parallel rank with the chosen batch split (tokenized once, cached);
-   the ranks of a context-parallel group read the same batches and each keeps its chunks of them.
+7. data, last, sharded by data-parallel rank with the chosen batch split (tokenized once, cached),
+   as the loop's step-input source (launcher.rank.sources.TokenSource); the ranks of a
+   context-parallel group read the same batches and each keeps its chunks of them.
 """
 
 from __future__ import annotations
@@ -42,8 +43,8 @@ from torch.distributed.device_mesh import DeviceMesh
 from launcher.components import device as devices
 from launcher.components import memory, prune, qat, quantization
 from launcher.components.batch_split import BatchSplit
-from launcher.components.data.batching import Batches, build_stream
-from launcher.components.data.interleave import HeldOut, MixtureStream
+from launcher.components.data.batching import build_stream
+from launcher.components.data.interleave import HeldOut
 from launcher.components.data.loader import BackgroundBatches, PrefetchedBatches
 from launcher.components.data.sequences import PackedSequences, check_held_out
 from launcher.components.data.tokens import Corpus, build_cache, load_corpus, uses_cache
@@ -65,8 +66,9 @@ from launcher.parallel.runner import ModelRunner, Runner
 from launcher.parallel.strategy import Setup, Strategy
 from launcher.rank.engine import Components
 from launcher.rank.micro_batch import fit_micro_batch
-from launcher.rank.mixture_data import build_mixture, epochs_extra
+from launcher.rank.mixture_data import build_mixture
 from launcher.rank.reference import bind_policy, preference_objective
+from launcher.rank.sources import TokenSource
 from launcher.rank.teacher import build_objective
 from launcher.spec import RunSpec
 
@@ -89,13 +91,14 @@ def _corpus(spec: RunSpec, dist: DistContext) -> Corpus:
 
 def _data(
     spec: RunSpec, dist: DistContext, batch: BatchSplit, ref_logps: torch.Tensor | None = None
-) -> tuple[Batches, PackedSequences, tuple[HeldOut, ...], MixtureStream | None]:
-    """Step 7: this rank's training stream, held-out sequences (per source for a mixture) and the mixture
-    (`ref_logps`: a preference corpus's precomputed reference log-probs)."""
+) -> TokenSource:
+    """Step 7: this rank's step-input source, the data group's stream with its held-out sequences (per source
+    for a mixture; `ref_logps`: a preference corpus's precomputed reference log-probs)."""
     d, device = spec.data, dist.device
+    lengths: dict[str, int] = {}
     if d.sources:  # a mixture: each source's cached corpus, interleaved by weight
-        mixed, held_out = build_mixture(spec, dist, batch)
-        stream, val = mixed, held_out[0].sequences
+        stream, held_out = build_mixture(spec, dist, batch)
+        lengths = dict(zip(stream.names, stream.lengths, strict=True))  # its epoch/<name> record keys
     else:
         corpus = _corpus(spec, dist)
         stream = build_stream(
@@ -113,15 +116,15 @@ def _data(
             pairs=d.format if d.format in ("preference", "kto") else None,
             ref_logps=ref_logps,
         )
-        mixed, held_out = None, ()
         val = PackedSequences(corpus.val, d.seq_len, document_mask=d.packing and d.document_mask)
         if spec.train.evaluates():  # fail here, not at the first evaluation (the launching process first)
             check_held_out(val, dist.dp_size)
+        held_out = (HeldOut(name="", sequences=val, weight=1.0),)
     if d.num_workers > 0:
         stream = PrefetchedBatches(stream, num_workers=d.num_workers, pin_memory=device.type == "cuda")
     elif device.type == "cuda":  # pinned batches built ahead by a thread; on CPU it would compete for cores
         stream = BackgroundBatches(stream, pin_memory=True)
-    return stream, val, held_out, mixed
+    return TokenSource(stream, held_out=held_out, source_lengths=lengths)
 
 
 def _precomputed(
@@ -255,7 +258,7 @@ def build(spec: RunSpec, dist: DistContext, run_dir: Path | None = None) -> Comp
     pruner, qat_switch, device = trainable.pruner, trainable.qat_switch, dist.device
     scheduler = build_scheduler(strategy.optimizer, spec.scheduler, spec.train.max_steps)
     ref_logps = _precomputed(spec, dist, strategy.model, objective)  # objective.reference=precompute
-    stream, val, held_out, mixed = _data(spec, dist, batch, ref_logps)
+    source = _data(spec, dist, batch, ref_logps)
     return Components(
         spec=spec,
         batch=batch,
@@ -263,9 +266,7 @@ def build(spec: RunSpec, dist: DistContext, run_dir: Path | None = None) -> Comp
         runner=runner,
         objective=objective,
         scheduler=scheduler,
-        stream=stream,
-        val=val,
-        held_out=held_out,
+        source=source,
         dist=dist,
         flops_per_token=flops_per_token(spec.model, spec.data.seq_len),
         peak_flops=devices.peak_flops(device.type),
@@ -279,7 +280,6 @@ def build(spec: RunSpec, dist: DistContext, run_dir: Path | None = None) -> Comp
             for extra in [
                 pruner and pruner.record,
                 partial(objective.metrics, dist.data_sum),
-                mixed and epochs_extra(stream, mixed),
             ]
             if extra
         ],

@@ -1,15 +1,15 @@
 """The one training loop: forward under the precision policy, accumulate, guarded step, log, eval, save.
 
-It takes built components and never reads raw config. The runner (the whole model, or a pipeline's
-schedule) runs each micro batch's forward and backward and asks the objective for its loss; the
-strategy adapts the other verbs (no_sync, step, save, load) to its backend; the loop itself is the
-same for every spec.
+It takes built components and never reads raw config. Each step's micro batches come from the
+step-input source (launcher.rank.sources), whose position every checkpoint keeps; the runner (the
+whole model, or a pipeline's schedule) runs each micro batch's forward and backward and asks the
+objective for its loss; the strategy adapts the other verbs (no_sync, step, save, load) to its
+backend; the loop itself is the same for every spec.
 """
 
 from __future__ import annotations
 
 import contextlib
-import math
 import re
 import signal
 import statistics
@@ -25,16 +25,15 @@ from rich.console import Console
 from launcher.components import checkpoint, metrics, profiling
 from launcher.components.checkpoint_async import AsyncSaver, StagedFiles, background_saves
 from launcher.components.checkpoint_files import CheckpointFiles
-from launcher.components.data.interleave import HeldOut
-from launcher.components.data.sequences import PackedSequences, val_batches
 from launcher.components.loggers import observers
-from launcher.components.precision import eval_dtype, train_dtype
+from launcher.components.precision import train_dtype
 from launcher.parallel.state_bytes import is_dtensor
-from launcher.rank import collection, host_memory
+from launcher.rank import collection, evaluation, host_memory
 from launcher.rank.loop_parts import Components
 from launcher.rank.nonfinite import ADVICE, NonFiniteGuard, NonFiniteStop
 from launcher.rank.preemption import StopSignal
 from launcher.rank.rng import restore_rng, rng_state
+from launcher.rank.sources import SourceContext
 from launcher.rank.step_inputs import StepInputs, draw
 from launcher.rank.watchers import build_observers
 
@@ -60,6 +59,9 @@ class Engine:
         self._interval = self._new_interval()
         self._last_result = None
         self._next: StepInputs | None = None  # the next step's inputs, drawn and agreed on after a step
+        self._source_context = SourceContext(
+            dist=parts.dist, batch=parts.batch, strategy=parts.strategy, objective=parts.objective
+        )
         self._schedule_started = False  # torch checks the schedule's order at its first step only
         self._history: dict[str, list] = {"tokens_per_s": [], "loss": []}
         self._eval: dict[str, float] = {}
@@ -75,13 +77,13 @@ class Engine:
 
     # ----- state -----------------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
-        """Loop state shared by all ranks (the data position is rank-independent)."""
+        """Loop state shared by all ranks (the source's position is rank-independent)."""
         return {
             "step": self.step,
             "session": self.session,
             "scheduler": self.parts.scheduler.state_dict(),
-            # the position before the next step's batches, which the loop has drawn already
-            "data": self._next.data_state if self._next is not None else self.parts.stream.state_dict(),
+            # the source's position before the next step's batches, which the loop has drawn already
+            "data": self._next.data_state if self._next is not None else self.parts.source.state_dict(),
             **self.guard.state_dict(),
         }
 
@@ -107,7 +109,7 @@ class Engine:
         self.parts.strategy.load(directory)
         state = checkpoint.load_tensor_file(directory / "trainer.pt")
         self.parts.scheduler.load_state_dict(state["scheduler"])
-        self.parts.stream.load_state_dict(state["data"])
+        self.parts.source.load_state_dict(state["data"])
         self._next = None
         self.step = state["step"]
         self.session = int(state.get("session", 0)) + 1
@@ -225,8 +227,9 @@ class Engine:
             collection.collect()
             self.guard.check_loss_scale(record["loss_scale"], self.step)
             show(loss=f"{record['loss']:.4f}", tps=f"{record['tokens_per_s']:,.0f}")
-        if (t.eval_every and self.step % t.eval_every == 0) or (last and t.evaluates_at_end()):
-            records.append({"step": self.step, "session": self.session, **self.evaluate()})
+        evaluates = (t.eval_every and self.step % t.eval_every == 0) or (last and t.evaluates_at_end())
+        if evaluates and (scores := self.evaluate()):  # a source without held-out sequences makes none
+            records.append({"step": self.step, "session": self.session, **scores})
             collection.collect(full=True)
         stopping = self.step == t.stop_after
         # A stop signal on any rank stops every rank after this same step: agreed on with the next step's
@@ -255,11 +258,10 @@ class Engine:
         )  # fmt: skip
 
     def _draw(self, stop: StopSignal | None) -> tuple[StepInputs, int | None]:
-        """The next step's inputs and, with `stop`, the signal every rank stops on (one collective)."""
-        parts = self.parts
+        """Step self.step's inputs from the source and, with `stop`, the signal every rank stops on (one collective)."""
         return draw(
-            parts.stream, grad_accum_steps=parts.batch.grad_accum_steps, objective=parts.objective, dist=parts.dist,
-            stop=stop, timer=self.timer, counts_samples=self._counts_samples, local_batch=parts.local_batch,
+            self.parts.source, self.step, self._source_context, stop=stop, timer=self.timer,
+            counts_samples=self._counts_samples, local_batch=self.parts.local_batch,
         )  # fmt: skip
 
     def _prepare_next_step(self) -> int | None:
@@ -326,7 +328,7 @@ class Engine:
             "tokens_per_s": tokens_per_s,
             "trained_tokens_per_s": tokens / elapsed if elapsed > 0 else 0.0,
             "trained_tokens_per_step": tokens / max(self.step - self._mark[1], 1),
-            "epoch": self.parts.stream.epoch,
+            **self.parts.source.record(),  # its epoch
             "samples_per_s": samples / elapsed if elapsed > 0 else 0.0,
             "mfu": (self.parts.flops_per_token * tokens_per_s / dist.world_size / peak) if peak else None,
             "mem_peak_bytes": metrics.peak_memory_bytes(self.device.type),
@@ -355,51 +357,12 @@ class Engine:
         sums = dict.fromkeys(("tokens", "processed", "samples", "terms"), 0)
         return {"loss": torch.zeros((), device=self.device), **sums}
 
-    @torch.no_grad()
-    def _held_out_sums(self, sequences: PackedSequences) -> tuple[torch.Tensor, torch.Tensor]:
-        """This rank's summed token loss and token count over up to train.eval_batches held-out micro batches."""
-        dist = self.parts.dist
-        total = torch.zeros((), device=self.device)
-        count = torch.zeros((), device=self.device)
-        batches = val_batches(
-            sequences,
-            micro_batch_size=self.parts.batch.micro_batch_size,
-            max_batches=self.spec.train.eval_batches,
-            rank=dist.dp_rank,
-            world_size=dist.dp_size,
-        )
-        for batch in batches:
-            if self.parts.local_batch is not None:
-                batch = self.parts.local_batch(batch)
-            batch = {k: v.to(self.device, non_blocking=True) for k, v in batch.items()}
-            loss_sum, n = self.parts.runner.eval_loss(batch, eval_dtype(self.spec.precision))
-            total += loss_sum
-            count += n
-        return total, count
-
-    @torch.no_grad()
     def evaluate(self) -> dict[str, float]:
-        """Token-mean loss and perplexity on held-out data, under the eval precision.
-
-        A mixture evaluates each source's held-out sequences on their own (`eval_loss/<name>`);
-        its `eval_loss` is their mean weighted by the sources' weights.
-        """
-        model = self.parts.strategy.model
-        model.eval()
-        parts = self.parts.held_out or (HeldOut(name="", sequences=self.parts.val, weight=1.0),)
-        sums = [float(value) for part in parts for value in self._held_out_sums(part.sequences)]
-        model.train()
-        totals = self.parts.dist.data_sum(sums)
-        losses = {part.name: totals[2 * i] / max(totals[2 * i + 1], 1.0) for i, part in enumerate(parts)}
-        if self.parts.held_out:
-            weight = sum(part.weight for part in parts)
-            loss = sum(part.weight * losses[part.name] for part in parts) / weight
-            per_source = {f"eval_loss/{name}": value for name, value in losses.items()}
-        else:
-            loss, per_source = losses[""], {}
-        self._eval = {"eval_loss": loss, "eval_ppl": math.exp(min(loss, 50.0)), "eval_step": self.step}
-        self._eval.update(per_source)
-        return self._eval
+        """Held-out loss and perplexity at this step (launcher.rank.evaluation; every rank calls it), {} without held-out sequences."""
+        scores = evaluation.evaluate(self.parts, self.step)
+        if scores:
+            self._eval = scores
+        return scores
 
     def summary(self, exit_reason: str, wall_time_s: float) -> dict[str, Any]:
         """The end-of-run record written to summary.json."""

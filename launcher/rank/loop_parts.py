@@ -8,13 +8,11 @@ from dataclasses import dataclass, field
 import torch
 
 from launcher.components.batch_split import BatchSplit
-from launcher.components.data.batching import Batches
-from launcher.components.data.interleave import HeldOut
-from launcher.components.data.sequences import PackedSequences
 from launcher.components.objective import CrossEntropy, Objective
 from launcher.parallel.dims import DistContext
 from launcher.parallel.runner import Runner
 from launcher.parallel.strategy import Strategy
+from launcher.rank.sources import StepSource
 from launcher.spec import RunSpec
 
 __all__ = ["Components"]
@@ -34,12 +32,8 @@ class Components:
     """Forward and backward of a micro batch (the whole model, or the pipeline's schedule) with the objective's loss."""
     scheduler: torch.optim.lr_scheduler.LRScheduler
     """The learning-rate schedule over the strategy's optimizer."""
-    stream: Batches
-    """Training micro batches for this rank."""
-    val: PackedSequences
-    """Held-out sequences for evaluation."""
-    held_out: tuple[HeldOut, ...] = ()
-    """A mixture's held-out sequences per source (evaluated instead of `val`: `eval_loss/<name>`)."""
+    source: StepSource
+    """Each step's micro batches for this rank and the held-out sequences (launcher.rank.sources)."""
     dist: DistContext
     """This rank's place in the job."""
     flops_per_token: float

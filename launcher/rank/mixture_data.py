@@ -2,12 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 from launcher.components.batch_split import BatchSplit
 from launcher.components.data import mixture
-from launcher.components.data.batching import Batches
-from launcher.components.data.interleave import HeldOut, MixtureStream, source_epochs
+from launcher.components.data.interleave import HeldOut, MixtureStream
 from launcher.components.data.sequences import PackedSequences
 from launcher.components.data.tokens import build_cache, load_corpus, uses_cache
 from launcher.parallel.dims import DistContext
@@ -52,9 +49,3 @@ def build_mixture(
         for source in sources
     )
     return stream, held_out
-
-
-def epochs_extra(loop_stream: Batches, mix: MixtureStream) -> Callable[[], dict[str, float]]:
-    """The metrics extra `epoch/<name>`, read at the loop's position (`loop_stream` may wrap `mix`)."""
-    lengths = dict(zip(mix.names, mix.lengths, strict=True))
-    return lambda: dict(source_epochs(loop_stream.state_dict(), lengths))

@@ -7,9 +7,9 @@ installed, every rank agrees after the step whether any of them received a stop 
 point where a rank waits for a descheduled peer, which a plain DDP script (one gradient all-reduce
 per step) does not have. So after a step the loop draws the next step's micro batches, counts them,
 and agrees on their terms and the stop flag in one all-reduce where both travel on the same CPU
-group (gloo, every CPU run). The step's checkpoint keeps the data position from before that draw, so
-a resume draws the same batches again; drawing uses the streams' own seeded generators, never the
-global RNG the checkpoint keeps. On CUDA the terms stay on the device (NCCL) and the flag on its CPU
+group (gloo, every CPU run). The batches come from the run's step-input source (launcher.rank.sources);
+the step's checkpoint keeps the source's position from before that draw, so a resume draws the same
+batches again; drawing uses the source's own seeded state, never the global RNG the checkpoint keeps. On CUDA the terms stay on the device (NCCL) and the flag on its CPU
 group, as before: two collectives.
 """
 
@@ -21,15 +21,13 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from launcher.components.data.batching import Batches
-from launcher.components.objective import Objective, trained_tokens
+from launcher.components.objective import trained_tokens
+from launcher.rank.sources import Batch, SourceContext, StepSource
 
 if TYPE_CHECKING:
     from launcher.components.metrics import PhaseTimer
     from launcher.parallel.dims import DistContext
     from launcher.rank.preemption import StopSignal
-
-Batch = dict[str, torch.Tensor]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -49,24 +47,30 @@ class StepInputs:
     terms_per_rank: int | torch.Tensor
     """The mean of num_terms over the data-parallel ranks (a float32 tensor where there are several)."""
     data_state: dict[str, Any]
-    """The stream's position before these batches were drawn: what a checkpoint of the previous step keeps."""
+    """The source's position before these batches were drawn: what a checkpoint of the previous step keeps."""
 
 
 def draw(
-    stream: Batches,
+    source: StepSource,
+    step: int,
+    ctx: SourceContext,
     *,
-    grad_accum_steps: int,
-    objective: Objective,
-    dist: DistContext,
     stop: StopSignal | None,
     timer: PhaseTimer,
     counts_samples: bool,
     local_batch: Callable[[Batch], Batch] | None,
 ) -> tuple[StepInputs, int | None]:
-    """The next step's inputs and, with `stop`, the signal every rank stops on (see `agree`)."""
+    """Step `step`'s inputs (0-based) from `source` and, with `stop`, the signal every rank stops on (see `agree`)."""
     timer.start("data")
-    data_state = stream.state_dict()
-    batches = [stream.next_batch() for _ in range(grad_accum_steps)]
+    data_state = source.state_dict()
+    batches = source.micro_batches(step, ctx)
+    # ranks that drew different counts would wait on each other in a collective: stop here instead
+    if len(batches) != ctx.batch.grad_accum_steps:
+        raise RuntimeError(
+            f"{type(source).__name__} gave {len(batches)} micro batches for step {step}; a step takes "
+            f"train.grad_accum_steps={ctx.batch.grad_accum_steps} on every rank"
+        )
+    objective, dist = ctx.objective, ctx.dist
     samples = sum(len(b["input_ids"]) for b in batches) if counts_samples else 0
     if local_batch is not None:
         batches = [local_batch(b) for b in batches]
