@@ -1,4 +1,4 @@
-"""What a preference objective (launcher.components.preference) adds to a rank's memory, beside its doubled batch.
+"""What a preference objective (launcher.components.objectives.preference) adds to a rank's memory, beside its doubled batch.
 
 The planner counts a paired objective's micro batch as 2 x train.micro_batch_size rows (chosen and
 rejected: launcher.plan.planner.activation_shape). This term adds the frozen reference's weights

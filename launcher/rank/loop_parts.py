@@ -11,7 +11,8 @@ from launcher.components.batch_split import BatchSplit
 from launcher.components.data.batching import Batches
 from launcher.components.data.interleave import HeldOut
 from launcher.components.data.sequences import PackedSequences
-from launcher.components.objective import CrossEntropy, Objective
+from launcher.components.objectives import Objective
+from launcher.components.objectives.cross_entropy import CrossEntropy
 from launcher.parallel.dims import DistContext
 from launcher.parallel.runner import Runner
 from launcher.parallel.strategy import Strategy

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from launcher.components.data.batching import Batches
-from launcher.components.objective import Objective, trained_tokens
+from launcher.components.objectives import Objective, trained_tokens
 
 if TYPE_CHECKING:
     from launcher.components.metrics import PhaseTimer

@@ -17,7 +17,7 @@ import pytest
 
 import launcher
 from launcher import rules
-from launcher.components.objective import Objective
+from launcher.components.objectives import Objective
 from launcher.parallel.pipeline import PipelineRunner
 from launcher.parallel.registry import STRATEGIES, strategy_module
 from launcher.parallel.runner import ModelRunner, Runner
@@ -248,6 +248,7 @@ INNER_ALLOWED: dict[str, dict[str, set[str]]] = {
         "": {"data", "model", "loggers", "files"},
         "data": {"model", "files"},
         "model": {"files"},
+        "objectives": {"model"},
         "loggers": set(),
         "files": set(),
     },
