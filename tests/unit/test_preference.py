@@ -21,7 +21,7 @@ from launcher.components.data import pairs as pair_format
 from launcher.components.data.batching import PairDocuments
 from launcher.components.data.pairs import REJECTED, UNDESIRABLE, encode_pair
 from launcher.components.data.tokenizer import load_tokenizer
-from launcher.components.data.tokens import START, TRAINED, TokenStore
+from launcher.components.data.tokens import START, TRAINED, TokenStore, load_corpus
 from launcher.config.tokenizer import TokenizerConfig
 from launcher.front.cli import precheck
 
@@ -136,7 +136,18 @@ def test_rules_refuse_what_cannot_run_with_the_fix() -> None:
     assert not [keys for keys in errors if "objective.name" in keys]  # no reference: DeepSpeed runs it
 
 
-def test_dpo_run_with_a_frozen_reference_starts_at_ln2_logs_rewards_and_precomputes_alike(tmp_path) -> None:
+def test_dpo_run_with_a_frozen_reference_starts_at_ln2_logs_rewards_and_precomputes_alike(
+    tmp_path, monkeypatch
+) -> None:
+    from launcher.rank import build
+
+    loads = []  # the corpus a rank reads: once, though the precomputed reference reads its pairs first
+
+    def counted(*args):
+        loads.append(args)
+        return load_corpus(*args)
+
+    monkeypatch.setattr(build, "load_corpus", counted)
     data = write_jsonl(tmp_path / "pairs.jsonl", pair_records(48))
     common = [
         "objective=dpo", "data=jsonl", "data.format=preference", f"data.path={data}", "data.seq_len=32",
@@ -147,7 +158,9 @@ def test_dpo_run_with_a_frozen_reference_starts_at_ln2_logs_rewards_and_precompu
     records = {}
     for reference in ("model", "precompute"):
         run_dir = tmp_path / reference
+        loads.clear()
         assert run_inline([*common, f"objective.reference={reference}", f"run_dir={run_dir}"], run_dir) == 0
+        assert len(loads) == 1, reference
         records[reference] = [
             json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()
         ]
@@ -160,7 +173,7 @@ def test_dpo_run_with_a_frozen_reference_starts_at_ln2_logs_rewards_and_precompu
     for a, b in zip(steps, once, strict=True):
         assert b["loss"] == pytest.approx(a["loss"], abs=1e-5)
         assert b["rewards/margins"] == pytest.approx(a["rewards/margins"], abs=1e-4)
-    from launcher.rank.reference_logps import cache_file
+    from launcher.rank.objective import cache_file
     from launcher.spec import load_spec
 
     assert cache_file(load_spec(tmp_path / "precompute" / "spec.yaml")).is_file()
