@@ -14,7 +14,7 @@ import math
 import pytest
 import torch
 from data_assets import write_jsonl
-from preference_assets import pair_records
+from preference_assets import kto_records, pair_records
 
 from conftest import run_inline
 from launcher.components.data import pairs as pair_format
@@ -177,6 +177,37 @@ def test_dpo_run_with_a_frozen_reference_starts_at_ln2_logs_rewards_and_precompu
     from launcher.spec import load_spec
 
     assert cache_file(load_spec(tmp_path / "precompute" / "spec.yaml")).is_file()
+
+
+def _lora_run(tmp_path, name: str, reference: str, max_steps: int) -> list[dict]:
+    """The logged steps of a LoRA run of objective `name` on gpt_tiny (24 pairs or kto examples)."""
+    records = pair_records(24) if name == "dpo" else kto_records(24)
+    data = write_jsonl(tmp_path / "data.jsonl", records)
+    run_dir = tmp_path / "run"
+    overrides = [
+        f"objective={name}", f"objective.reference={reference}", "data=jsonl", f"data.path={data}",
+        f"data.format={'preference' if name == 'dpo' else 'kto'}", "data.seq_len=32", "model=gpt_tiny",
+        "quantization=lora", f"train.max_steps={max_steps}", "train.micro_batch_size=4", "train.log_every=1",
+        "optimizer.lr=3e-3", "scheduler.warmup_steps=0", "log.progress=false", "log.summary_table=false",
+        f"run_dir={run_dir}",
+    ]  # fmt: skip
+    assert run_inline(overrides, run_dir) == 0
+    return [
+        json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if '"loss"' in line
+    ]
+
+
+def test_a_lora_run_precomputes_its_reference_with_the_adapters_off(tmp_path) -> None:
+    """LoRA starts as the identity, so the base's precomputed log-probs equal the policy's: DPO starts at ln 2."""
+    (step,) = _lora_run(tmp_path, "dpo", "precompute", max_steps=1)
+    assert step["loss"] == pytest.approx(math.log(2), abs=1e-6)
+
+
+def test_a_lora_run_reads_its_base_with_the_adapters_off_each_step(tmp_path) -> None:
+    """KTO against the base: 0.5 while the policy is its base, rewards away from 0 once the adapters trained."""
+    first, second = _lora_run(tmp_path, "kto", "model", max_steps=2)
+    assert first["loss"] == pytest.approx(0.5, abs=1e-6) and first["rewards/chosen"] == 0.0
+    assert second["rewards/chosen"] != 0.0 and second["rewards/rejected"] != 0.0
 
 
 def test_the_advisor_speaks_on_stuck_rewards_and_on_falling_chosen_logps() -> None:
