@@ -210,6 +210,42 @@ def test_a_lora_run_reads_its_base_with_the_adapters_off_each_step(tmp_path) -> 
     assert second["rewards/chosen"] != 0.0 and second["rewards/rejected"] != 0.0
 
 
+@pytest.mark.parametrize(
+    ("name", "reference", "lora_rank", "note", "each_step", "copy"),
+    [
+        ("dpo", "model", 0, "reference copy: ", True, True),
+        ("dpo", "model", 8, "(the base, adapters off)", True, False),
+        ("dpo", "precompute", 0, "(log-probs precomputed once)", False, False),
+        ("kto", "model", 0, "reference copy: ", True, True),
+        ("simpo", "model", 0, "(none needed)", False, False),
+    ],
+)
+def test_the_plan_counts_the_reference_the_objective_declares(
+    name, reference, lora_rank, note, each_step, copy
+):
+    """Beside the rows' float32 log-probs: the declared reference's logits each step, and a copy's weights."""
+    import dataclasses
+
+    from launcher.components.model.shape import model_shape
+    from launcher.config.model import vocab_size
+    from launcher.config.objective import ObjectiveConfig
+    from launcher.plan.preference import preference_reference
+    from launcher.spec import RunSpec
+
+    spec = RunSpec()
+    lora = dataclasses.replace(spec.quantization.lora, rank=lora_rank)
+    spec = dataclasses.replace(
+        spec,
+        objective=ObjectiveConfig(name=name, reference=reference),
+        quantization=dataclasses.replace(spec.quantization, lora=lora),
+    )
+    total, text = preference_reference(spec)
+    rows = 2 * spec.train.micro_batch_size  # a pair (or a kto example and its KL row) is two rows
+    cells = rows * spec.data.seq_len * vocab_size(spec.model)  # float32 under the default precision
+    weights = 4 * model_shape(spec.model).num_params if copy else 0
+    assert note in text and total == 4 * cells * (2 if each_step else 1) + weights
+
+
 def test_the_advisor_speaks_on_stuck_rewards_and_on_falling_chosen_logps() -> None:
     from launcher.components.advice_rules import ChosenFalling, PreferenceStuck
 
