@@ -1,6 +1,6 @@
 """Schema of the distill group: knowledge distillation from a frozen teacher, and the chunked KL term of the loss.
 
-What the group builds at run time lives in launcher.components.distill.
+What the group builds at run time lives in launcher.components.objectives.distillation.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Schema of the objective group: what the loop minimises, cross-entropy (sft) or a preference loss.
 
-What the group builds at run time lives in launcher.components.preference (and objective.py for sft).
+What the group builds at run time lives in launcher.components.objectives (OBJECTIVES: a module per option).
 """
 
 from __future__ import annotations

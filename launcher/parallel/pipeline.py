@@ -28,7 +28,7 @@ from torch import nn
 
 from launcher.components.metrics import PhaseTimer
 from launcher.components.model.shape import model_shape
-from launcher.components.objective import Objective
+from launcher.components.objectives import Objective
 from launcher.components.precision import autocast, train_dtype
 from launcher.parallel.parts import PartsStrategy
 from launcher.parallel.pipeline_split import rank_of_stage

@@ -19,7 +19,7 @@ Batch = dict[str, torch.Tensor]
 
 if TYPE_CHECKING:
     from launcher.components.metrics import PhaseTimer
-    from launcher.components.objective import Objective
+    from launcher.components.objectives import Objective
     from launcher.parallel.strategy import Strategy
 
 

@@ -63,7 +63,7 @@ def teacher_model(path: str) -> ModelConfig | None:
 
 def distill_teacher(spec: RunSpec) -> tuple[int, str] | None:
     """The frozen teacher's weights (training dtype; sharded under FSDP2), its logits of a micro batch, and one
-    float32 chunk of logits per model with their softmax intermediates (launcher.components.distill)."""
+    float32 chunk of logits per model with their softmax intermediates (launcher.components.objectives.distillation)."""
     if not spec.distill.teacher or (teacher := teacher_model(spec.distill.teacher)) is None:
         return None
     dtype_bytes = 2 if spec.precision.bf16 or spec.precision.fp16 else 4

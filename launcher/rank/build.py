@@ -12,8 +12,9 @@ The order, and why:
    in the module tree before TP splits, compile traces and DDP/FSDP2 wrap it;
 3. the model parts: the whole model, or with parallel.pp_size > 1 this rank's pipeline stages (the
    one stage plan, launcher.parallel.dims);
-4. the objective (cross-entropy, distillation with its frozen teacher, or a preference loss with its
-   reference, placed like the student);
+4. the objective (launcher.components.objectives: cross-entropy, distillation, or a preference loss)
+   with the frozen model it declares, a teacher or a reference, placed like the student
+   (launcher.rank.objective);
 5. launcher.parallel.parallelize on each part, in its fixed order: tensor parallelism ->
    activation checkpointing/offload -> the micro-batch search (memory.auto_micro_batch, a hook that
    measures the part as a step holds it: eager, split by TP, or after the FSDP2 wrap, sharded; refused
@@ -22,9 +23,10 @@ The order, and why:
    parameters it finally owns (under ZeRO-3 the micro-batch search runs here, on the engine's
    partitioned model); the LR schedule wraps that optimizer; the runner the loop calls for a step:
    the whole model, or the pipeline's schedule;
-7. data, last, sharded by data-parallel rank with the chosen batch split (tokenized once, cached),
-   as the loop's step-input source (launcher.rank.sources.TokenSource); the ranks of a
-   context-parallel group read the same batches and each keeps its chunks of them.
+7. data, last, sharded by data-parallel rank with the chosen batch split (tokenized once, cached, and
+   loaded once: a precomputed reference reads the same corpus first), as the loop's step-input source
+   (launcher.rank.sources.TokenSource); the ranks of a context-parallel group read the same batches
+   and each keeps its chunks of them.
 """
 
 from __future__ import annotations
@@ -38,7 +40,6 @@ from pathlib import Path
 import numpy as np
 import torch
 from torch import nn
-from torch.distributed.device_mesh import DeviceMesh
 
 from launcher.components import device as devices
 from launcher.components import memory, prune, qat, quantization
@@ -53,10 +54,9 @@ from launcher.components.model.context_parallel import shard_batch
 from launcher.components.model.long_context import loss_chunking_bypass
 from launcher.components.model.meta_init import build_on_meta
 from launcher.components.model.on_meta import builds_on_meta
-from launcher.components.objective import Objective
+from launcher.components.objectives import Objective
 from launcher.components.precision import apply_backend_flags, apply_fp8
 from launcher.components.scheduler import build_scheduler
-from launcher.config.objective import NEEDS_REFERENCE
 from launcher.parallel import pretrained
 from launcher.parallel.dims import DistContext
 from launcher.parallel.parallelize import data_parallel_wrap, parallelize, run_mesh
@@ -67,9 +67,8 @@ from launcher.parallel.strategy import Setup, Strategy
 from launcher.rank.engine import Components
 from launcher.rank.micro_batch import fit_micro_batch
 from launcher.rank.mixture_data import build_mixture
-from launcher.rank.reference import bind_policy, preference_objective
+from launcher.rank.objective import RankObjective, build_objective
 from launcher.rank.sources import TokenSource
-from launcher.rank.teacher import build_objective
 from launcher.spec import RunSpec
 
 
@@ -90,17 +89,21 @@ def _corpus(spec: RunSpec, dist: DistContext) -> Corpus:
 
 
 def _data(
-    spec: RunSpec, dist: DistContext, batch: BatchSplit, ref_logps: torch.Tensor | None = None
+    spec: RunSpec,
+    dist: DistContext,
+    batch: BatchSplit,
+    corpus: Corpus | None,
+    ref_logps: torch.Tensor | None = None,
 ) -> TokenSource:
     """Step 7: this rank's step-input source, the data group's stream with its held-out sequences (per source
-    for a mixture; `ref_logps`: a preference corpus's precomputed reference log-probs)."""
+    for a mixture; `corpus`: the one source's, None for a mixture; `ref_logps`: its precomputed reference
+    log-probs)."""
     d, device = spec.data, dist.device
     lengths: dict[str, int] = {}
-    if d.sources:  # a mixture: each source's cached corpus, interleaved by weight
+    if corpus is None:  # a mixture: each source's cached corpus, interleaved by weight
         stream, held_out = build_mixture(spec, dist, batch)
         lengths = dict(zip(stream.names, stream.lengths, strict=True))  # its epoch/<name> record keys
     else:
-        corpus = _corpus(spec, dist)
         stream = build_stream(
             corpus,
             seq_len=d.seq_len,
@@ -125,29 +128,6 @@ def _data(
     elif device.type == "cuda":  # pinned batches built ahead by a thread; on CPU it would compete for cores
         stream = BackgroundBatches(stream, pin_memory=True)
     return TokenSource(stream, held_out=held_out, source_lengths=lengths)
-
-
-def _precomputed(
-    spec: RunSpec, dist: DistContext, policy: nn.Module, objective: Objective
-) -> torch.Tensor | None:
-    """objective.reference=precompute: every training pair's reference log-probs, before the first step
-    (by the policy with adapters off, or the objective's temporary frozen copy, dropped after)."""
-    o = spec.objective
-    if o.reference != "precompute" or o.name not in NEEDS_REFERENCE:
-        return None
-    from launcher.components.data.batching import PairDocuments
-    from launcher.rank.reference_logps import reference_logps
-
-    pairs = PairDocuments(_corpus(spec, dist).train, spec.data.seq_len, kto=o.name == "kto")
-    copy, objective.reference_copy = objective.reference_copy, None
-    return reference_logps(spec, dist, policy, pairs, copy)
-
-
-def _objective(spec: RunSpec, dist: DistContext, mesh: DeviceMesh | None, model: nn.Module) -> Objective:
-    """Cross-entropy or distillation (rank/teacher), or a preference loss with its reference (rank/reference)."""
-    if spec.objective.name != "sft":
-        return preference_objective(spec, dist, mesh, model)
-    return build_objective(spec, dist, mesh)
 
 
 def _runner(strategy: Strategy, setup: Setup, objective: Objective, plan: StagePlan | None) -> Runner:
@@ -182,6 +162,8 @@ class Trainable:
     strategy: Strategy
     runner: Runner
     objective: Objective
+    rank_objective: RankObjective
+    """The objective with the frozen model it declared, as this rank holds it (a precomputed reference until read)."""
     batch: BatchSplit
     pruner: prune.Pruner | None
     qat_switch: Callable[[int], None] | None
@@ -208,7 +190,9 @@ def build_trainable(spec: RunSpec, dist: DistContext, run_dir: Path | None = Non
     # the whole model, or this rank's pipeline stages (the stage plan, asked once)
     plan = dist.dims.stage_plan(spec.parallel, spec.model, spec.data.seq_len, dist.rank)
     parts = [model] if plan is None else split_model(model, plan)
-    objective = _objective(spec, dist, mesh, model)  # a teacher or a reference is placed like the student
+    # the objective, with a teacher or a reference placed like the student
+    rank_objective = build_objective(spec, dist, mesh, model)
+    objective = rank_objective.objective
     batch = BatchSplit(
         micro_batch_size=spec.train.micro_batch_size, grad_accum_steps=spec.train.grad_accum_steps
     )
@@ -234,12 +218,13 @@ def build_trainable(spec: RunSpec, dist: DistContext, run_dir: Path | None = Non
         )  # fmt: skip
         strategy.use_batch(batch)
         setup = Setup(spec=spec, dist=dist, batch=batch, mesh=mesh)
-    bind_policy(objective, strategy.model)  # a LoRA run's reference: the policy with adapters off
+    rank_objective.bind(strategy.model)  # a LoRA run's reference: the policy with adapters off
     runner = _runner(strategy, setup, objective, plan)
     return Trainable(
         strategy=strategy,
         runner=runner,
         objective=objective,
+        rank_objective=rank_objective,
         batch=batch,
         pruner=pruner,
         qat_switch=qat_switch,
@@ -257,8 +242,9 @@ def build(spec: RunSpec, dist: DistContext, run_dir: Path | None = None) -> Comp
     )
     pruner, qat_switch, device = trainable.pruner, trainable.qat_switch, dist.device
     scheduler = build_scheduler(strategy.optimizer, spec.scheduler, spec.train.max_steps)
-    ref_logps = _precomputed(spec, dist, strategy.model, objective)  # objective.reference=precompute
-    source = _data(spec, dist, batch, ref_logps)
+    corpus = None if spec.data.sources else _corpus(spec, dist)  # loaded once: the reference reads it first
+    ref_logps = trainable.rank_objective.precompute(spec, dist, corpus)  # objective.reference=precompute
+    source = _data(spec, dist, batch, corpus, ref_logps)
     return Components(
         spec=spec,
         batch=batch,

@@ -8,7 +8,8 @@ from dataclasses import dataclass, field
 import torch
 
 from launcher.components.batch_split import BatchSplit
-from launcher.components.objective import CrossEntropy, Objective
+from launcher.components.objectives import Objective
+from launcher.components.objectives.cross_entropy import CrossEntropy
 from launcher.parallel.dims import DistContext
 from launcher.parallel.runner import Runner
 from launcher.parallel.strategy import Strategy

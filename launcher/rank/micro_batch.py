@@ -47,7 +47,8 @@ from launcher.components.files.records import read_micro_batch
 from launcher.components.files.safe_load import RefusedFile
 from launcher.components.model.context_parallel import shard_batch
 from launcher.components.model.loss import model_inputs
-from launcher.components.objective import CrossEntropy, Objective
+from launcher.components.objectives import Objective
+from launcher.components.objectives.cross_entropy import CrossEntropy
 from launcher.components.precision import autocast, train_dtype
 from launcher.config.model import vocab_size
 from launcher.rank import host_memory

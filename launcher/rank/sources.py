@@ -27,7 +27,7 @@ from launcher.components.data.interleave import HeldOut, source_epochs
 if TYPE_CHECKING:
     from launcher.components.batch_split import BatchSplit
     from launcher.components.data.batching import Batches
-    from launcher.components.objective import Objective
+    from launcher.components.objectives import Objective
     from launcher.parallel.dims import DistContext
     from launcher.parallel.strategy import Strategy
 

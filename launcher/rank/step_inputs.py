@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from launcher.components.objective import trained_tokens
+from launcher.components.objectives import trained_tokens
 from launcher.rank.sources import Batch, SourceContext, StepSource
 
 if TYPE_CHECKING:

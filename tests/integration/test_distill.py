@@ -110,10 +110,10 @@ def test_micro_batch_search_counts_the_teacher(runs) -> None:
 
     import torch
 
-    from launcher.components.distill import Distiller
     from launcher.components.model.build import build_model
+    from launcher.components.objectives.distillation import Distiller
     from launcher.rank.micro_batch import _try_size
-    from launcher.rank.teacher import load_teacher
+    from launcher.rank.objective import load_teacher
     from launcher.spec import load_spec
 
     spec = load_spec(runs["kd"] / "spec.yaml")

@@ -297,7 +297,7 @@ def test_train_on_a_damaged_token_cache_exits_2_naming_the_file(tmp_path) -> Non
 
 def test_a_rank_reading_damaged_reference_logps_exits_1_naming_the_file(tmp_path, capsys) -> None:
     from launcher.rank import worker
-    from launcher.rank.reference_logps import cache_file
+    from launcher.rank.objective import cache_file
     from launcher.spec import load_spec
 
     data = write_jsonl(tmp_path / "pairs.jsonl", pair_records(16))

@@ -25,7 +25,7 @@ from launcher.components.files.safe_load import RefusedFile
 from launcher.components.model.hf import build_hf_model
 from launcher.config.model import ModelConfig
 from launcher.rank import worker
-from launcher.rank.teacher import load_teacher
+from launcher.rank.objective import load_teacher
 from launcher.spec import InvalidSpec
 from launcher.tools import export, generate, merge, quantize
 

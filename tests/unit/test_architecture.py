@@ -17,7 +17,7 @@ import pytest
 
 import launcher
 from launcher import rules
-from launcher.components.objective import Objective
+from launcher.components.objectives import Objective
 from launcher.config.parallel import ALIASES, METHODS
 from launcher.parallel.pipeline import PipelineRunner
 from launcher.parallel.registry import STRATEGIES, strategy_module
@@ -259,6 +259,7 @@ INNER_ALLOWED: dict[str, dict[str, set[str]]] = {
         "": {"data", "model", "loggers", "files"},
         "data": {"model", "files"},
         "model": {"files"},
+        "objectives": {"model"},
         "loggers": set(),
         "files": set(),
     },

@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 
 from conftest import write_spec
-from launcher.components.distill import kd_loss_sum
+from launcher.components.objectives.distillation import kd_loss_sum
 from launcher.front.cli import precheck
 
 

@@ -9,10 +9,10 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from launcher.components import memory
-from launcher.components.distill import kd_loss_sum
 from launcher.components.model.build import build_model
 from launcher.components.model.long_context import loss_chunk_count
 from launcher.components.model.loss import HeadOutputs, lm_loss
+from launcher.components.objectives.distillation import kd_loss_sum
 from launcher.config.memory import MemoryConfig
 from launcher.config.model import ModelConfig
 

@@ -14,14 +14,14 @@ import math
 import pytest
 import torch
 from data_assets import write_jsonl
-from preference_assets import pair_records
+from preference_assets import kto_records, pair_records
 
 from conftest import run_inline
 from launcher.components.data import pairs as pair_format
 from launcher.components.data.batching import PairDocuments
 from launcher.components.data.pairs import REJECTED, UNDESIRABLE, encode_pair
 from launcher.components.data.tokenizer import load_tokenizer
-from launcher.components.data.tokens import START, TRAINED, TokenStore
+from launcher.components.data.tokens import START, TRAINED, TokenStore, load_corpus
 from launcher.config.tokenizer import TokenizerConfig
 from launcher.front.cli import precheck
 
@@ -136,7 +136,18 @@ def test_rules_refuse_what_cannot_run_with_the_fix() -> None:
     assert not [keys for keys in errors if "objective.name" in keys]  # no reference: DeepSpeed runs it
 
 
-def test_dpo_run_with_a_frozen_reference_starts_at_ln2_logs_rewards_and_precomputes_alike(tmp_path) -> None:
+def test_dpo_run_with_a_frozen_reference_starts_at_ln2_logs_rewards_and_precomputes_alike(
+    tmp_path, monkeypatch
+) -> None:
+    from launcher.rank import build
+
+    loads = []  # the corpus a rank reads: once, though the precomputed reference reads its pairs first
+
+    def counted(*args):
+        loads.append(args)
+        return load_corpus(*args)
+
+    monkeypatch.setattr(build, "load_corpus", counted)
     data = write_jsonl(tmp_path / "pairs.jsonl", pair_records(48))
     common = [
         "objective=dpo", "data=jsonl", "data.format=preference", f"data.path={data}", "data.seq_len=32",
@@ -147,7 +158,9 @@ def test_dpo_run_with_a_frozen_reference_starts_at_ln2_logs_rewards_and_precompu
     records = {}
     for reference in ("model", "precompute"):
         run_dir = tmp_path / reference
+        loads.clear()
         assert run_inline([*common, f"objective.reference={reference}", f"run_dir={run_dir}"], run_dir) == 0
+        assert len(loads) == 1, reference
         records[reference] = [
             json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()
         ]
@@ -160,10 +173,77 @@ def test_dpo_run_with_a_frozen_reference_starts_at_ln2_logs_rewards_and_precompu
     for a, b in zip(steps, once, strict=True):
         assert b["loss"] == pytest.approx(a["loss"], abs=1e-5)
         assert b["rewards/margins"] == pytest.approx(a["rewards/margins"], abs=1e-4)
-    from launcher.rank.reference_logps import cache_file
+    from launcher.rank.objective import cache_file
     from launcher.spec import load_spec
 
     assert cache_file(load_spec(tmp_path / "precompute" / "spec.yaml")).is_file()
+
+
+def _lora_run(tmp_path, name: str, reference: str, max_steps: int) -> list[dict]:
+    """The logged steps of a LoRA run of objective `name` on gpt_tiny (24 pairs or kto examples)."""
+    records = pair_records(24) if name == "dpo" else kto_records(24)
+    data = write_jsonl(tmp_path / "data.jsonl", records)
+    run_dir = tmp_path / "run"
+    overrides = [
+        f"objective={name}", f"objective.reference={reference}", "data=jsonl", f"data.path={data}",
+        f"data.format={'preference' if name == 'dpo' else 'kto'}", "data.seq_len=32", "model=gpt_tiny",
+        "quantization=lora", f"train.max_steps={max_steps}", "train.micro_batch_size=4", "train.log_every=1",
+        "optimizer.lr=3e-3", "scheduler.warmup_steps=0", "log.progress=false", "log.summary_table=false",
+        f"run_dir={run_dir}",
+    ]  # fmt: skip
+    assert run_inline(overrides, run_dir) == 0
+    return [
+        json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if '"loss"' in line
+    ]
+
+
+def test_a_lora_run_precomputes_its_reference_with_the_adapters_off(tmp_path) -> None:
+    """LoRA starts as the identity, so the base's precomputed log-probs equal the policy's: DPO starts at ln 2."""
+    (step,) = _lora_run(tmp_path, "dpo", "precompute", max_steps=1)
+    assert step["loss"] == pytest.approx(math.log(2), abs=1e-6)
+
+
+def test_a_lora_run_reads_its_base_with_the_adapters_off_each_step(tmp_path) -> None:
+    """KTO against the base: 0.5 while the policy is its base, rewards away from 0 once the adapters trained."""
+    first, second = _lora_run(tmp_path, "kto", "model", max_steps=2)
+    assert first["loss"] == pytest.approx(0.5, abs=1e-6) and first["rewards/chosen"] == 0.0
+    assert second["rewards/chosen"] != 0.0 and second["rewards/rejected"] != 0.0
+
+
+@pytest.mark.parametrize(
+    ("name", "reference", "lora_rank", "note", "each_step", "copy"),
+    [
+        ("dpo", "model", 0, "reference copy: ", True, True),
+        ("dpo", "model", 8, "(the base, adapters off)", True, False),
+        ("dpo", "precompute", 0, "(log-probs precomputed once)", False, False),
+        ("kto", "model", 0, "reference copy: ", True, True),
+        ("simpo", "model", 0, "(none needed)", False, False),
+    ],
+)
+def test_the_plan_counts_the_reference_the_objective_declares(
+    name, reference, lora_rank, note, each_step, copy
+):
+    """Beside the rows' float32 log-probs: the declared reference's logits each step, and a copy's weights."""
+    import dataclasses
+
+    from launcher.components.model.shape import model_shape
+    from launcher.config.model import vocab_size
+    from launcher.config.objective import ObjectiveConfig
+    from launcher.plan.preference import preference_reference
+    from launcher.spec import RunSpec
+
+    spec = RunSpec()
+    lora = dataclasses.replace(spec.quantization.lora, rank=lora_rank)
+    spec = dataclasses.replace(
+        spec,
+        objective=ObjectiveConfig(name=name, reference=reference),
+        quantization=dataclasses.replace(spec.quantization, lora=lora),
+    )
+    total, text = preference_reference(spec)
+    rows = 2 * spec.train.micro_batch_size  # a pair (or a kto example and its KL row) is two rows
+    cells = rows * spec.data.seq_len * vocab_size(spec.model)  # float32 under the default precision
+    weights = 4 * model_shape(spec.model).num_params if copy else 0
+    assert note in text and total == 4 * cells * (2 if each_step else 1) + weights
 
 
 def test_the_advisor_speaks_on_stuck_rewards_and_on_falling_chosen_logps() -> None:

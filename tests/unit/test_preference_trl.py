@@ -16,7 +16,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from launcher.components.preference import Preference, paired_losses, sequence_logps
+from launcher.components.objectives.preference import Preference, paired_losses, sequence_logps
 from launcher.config.objective import ObjectiveConfig
 
 trl = pytest.importorskip("trl", reason="trl is not installed (pip install -e '.[test]')")

@@ -1,4 +1,4 @@
-"""The distill group: knowledge distillation from a frozen teacher, and the chunked KL term of the loss.
+"""objective=sft with distill.teacher: knowledge distillation from a frozen teacher, and the chunked KL term.
 
 With `distill.teacher` set, each micro batch's loss is (1 - kd_ratio) * CE + kd_ratio * KD, both summed
 over the trained tokens (labels != -100), so the loop's division by the step's trained tokens keeps
@@ -9,8 +9,9 @@ mode-covering form; reverse_kl is KL(student || teacher), mode-seeking (MiniLLM,
 
 The KL is computed over chunks of KD_CHUNK_ROWS token positions: only one chunk of each model's logits
 is upcast to float32 at a time, and each chunk is recomputed in backward (activation checkpointing) so
-autograd keeps no float32 copy of the whole vocabulary either. The teacher (launcher.rank.teacher
-builds it) is frozen, in eval mode, and runs under torch.no_grad; it is never saved in checkpoints.
+autograd keeps no float32 copy of the whole vocabulary either. The teacher, declared by `frozen_model`
+and read and placed by launcher.rank.objective, is frozen, in eval mode, and runs under torch.no_grad;
+it is never saved in checkpoints.
 """
 
 from __future__ import annotations
@@ -18,11 +19,12 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
+from launcher.components.objectives import Frozen, FrozenModel, trained_tokens
 from launcher.config.distill import KD_CHUNK_ROWS, DistillConfig
+from launcher.config.objective import ObjectiveConfig
 
 if TYPE_CHECKING:  # torch only on a rank: the launching process never needs it
     import torch
-    from torch import nn
 
     from launcher.components.model.loss import HeadOutputs
 
@@ -91,7 +93,7 @@ class Distiller:
 
     counts_processed_tokens = True  # student and teacher compute every token, prompts included
 
-    def __init__(self, teacher: nn.Module, cfg: DistillConfig) -> None:
+    def __init__(self, teacher: Frozen, cfg: DistillConfig) -> None:
         self.teacher, self.cfg = teacher, cfg
         self._sums: list[torch.Tensor] | None = None
 
@@ -123,8 +125,6 @@ class Distiller:
 
     def count(self, batch: dict[str, torch.Tensor]) -> int:
         """Trained tokens (labels != -100): both terms are sums over them."""
-        from launcher.components.objective import trained_tokens
-
         return trained_tokens(batch)
 
     def metrics(self, data_sum: Callable[[list[float]], list[float]]) -> dict[str, float]:
@@ -135,3 +135,15 @@ class Distiller:
         sums, self._sums = self._sums, None
         ce_sum, kd_sum, tokens = data_sum([0.0, 0.0, 0.0] if sums is None else [float(x) for x in sums])
         return {"ce_loss": ce_sum / max(tokens, 1.0), "kd_loss": kd_sum / max(tokens, 1.0)}
+
+
+def frozen_model(objective: ObjectiveConfig, distill: DistillConfig, *, adapters: bool) -> FrozenModel | None:
+    """The teacher: a run directory or Hugging Face folder, read and placed like the student."""
+    return FrozenModel(source="teacher", path=distill.teacher)
+
+
+def build(objective: ObjectiveConfig, distill: DistillConfig, frozen: Frozen | None) -> Distiller:
+    """The distillation objective over the placed teacher."""
+    if frozen is None:
+        raise ValueError("distillation needs its teacher placed (launcher.rank.objective places it)")
+    return Distiller(frozen, distill)

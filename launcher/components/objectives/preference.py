@@ -16,10 +16,12 @@ ranks share them. The formulas follow TRL (tests/unit/test_preference_trl.py che
   per undesirable one, z0 KTO's KL estimate: the mean log-ratio of the batch's KL rows (each prompt with
   the previous example's completion, as TRL builds them), clamped at 0 and detached.
 
-The reference (dpo, kto) is a callable batch -> logits under no_grad (launcher.rank.reference
-builds it: a frozen copy of the initial policy placed like the distillation teacher, or the policy
-itself with its LoRA adapters switched off), or, with objective.reference=precompute, the rows'
-`ref_logps` in the batch. Held-out batches (`train` False) report the responses' cross-entropy.
+The reference (dpo, kto) is declared by `frozen_model`: with LoRA adapters the policy itself with
+its adapters switched off, without them a frozen copy of the initial policy (launcher.rank.objective
+places it like the distillation teacher); with objective.reference=precompute it reads every pair
+once before training and the batches carry the rows' `ref_logps`. The objective calls it as a
+callable batch -> logits under no_grad. Held-out batches (`train` False) report the responses'
+cross-entropy.
 """
 
 from __future__ import annotations
@@ -28,7 +30,9 @@ import math
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from launcher.config.objective import ObjectiveConfig
+from launcher.components.objectives import Frozen, FrozenModel
+from launcher.config.distill import DistillConfig
+from launcher.config.objective import NEEDS_REFERENCE, ObjectiveConfig
 
 if TYPE_CHECKING:  # torch only on a rank
     import torch
@@ -125,8 +129,6 @@ class Preference:
 
     def __init__(self, cfg: ObjectiveConfig, reference: Reference | None = None) -> None:
         self.cfg, self.reference = cfg, reference
-        self.reference_copy: torch.nn.Module | None = None
-        """objective.reference=precompute without adapters: the frozen copy that computes the log-probs once."""
         self._sums: torch.Tensor | None = None
 
     def count(self, batch: dict[str, torch.Tensor]) -> int:
@@ -190,3 +192,25 @@ class Preference:
         if self.cfg.name != "kto":
             record["rewards/accuracy"] = correct / max(pairs, 1.0)
         return record
+
+
+def frozen_model(objective: ObjectiveConfig, distill: DistillConfig, *, adapters: bool) -> FrozenModel | None:
+    """dpo and kto: the reference, the policy's base with adapters off (LoRA) or else a frozen copy; simpo, orpo: none."""
+    if objective.name not in NEEDS_REFERENCE:
+        return None
+    return FrozenModel(
+        source="adapters_off" if adapters else "copy", precomputed=objective.reference == "precompute"
+    )
+
+
+def build(objective: ObjectiveConfig, distill: DistillConfig, frozen: Frozen | None) -> Preference:
+    """The preference objective, reading its placed reference each step (None: none, or precomputed log-probs)."""
+    if frozen is None:
+        return Preference(objective)
+
+    def reference(batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        from launcher.components.model.loss import model_inputs
+
+        return frozen(**model_inputs(batch))
+
+    return Preference(objective, reference)
