@@ -135,6 +135,8 @@ from torch.distributed.device_mesh import init_device_mesh
 sys.path[:0] = [sys.argv[2], os.path.dirname(sys.argv[2])]  # this file, and tests/ for its helpers
 from test_generation import CONTEXT, PROMPTS, SAMPLING, tiny_gpt
 from launcher.components.model.generation import generate
+from launcher.components.model.hf import build_hf_model
+from launcher.config.model import ModelConfig
 from launcher.config.parallel import ParallelConfig
 from launcher.config.precision import PrecisionConfig
 from launcher.parallel.dims import init_process_group
@@ -144,35 +146,54 @@ from launcher.parallel.tensor_parallel import apply_tensor_parallel
 dist = init_process_group("cpu")
 mesh = init_device_mesh("cpu", (2,))
 mine = [i for i in range(len(PROMPTS)) if i % 2 == dist.rank]  # rank 0: prompts 0 and 2, rank 1: 1 and 3
-fsdp = apply_fsdp(tiny_gpt(), mesh, parallel=ParallelConfig(), precision=PrecisionConfig(), pin_memory=False)
-# rank 1 asks for no stop, rank 0 stops its rows early: the ranks still take the same number of steps
-stops = (3,) if dist.rank == 0 else ()
-sharded = generate(fsdp, [PROMPTS[i] for i in mine], max_new_tokens=12, context=CONTEXT, sampling=SAMPLING,
-                   indices=mine, stop_ids=stops)
-tp = apply_tensor_parallel(tiny_gpt(), mesh, sequence_parallel=False)  # every rank decodes every prompt
-split = generate(tp, PROMPTS, max_new_tokens=12, context=CONTEXT, sampling=SAMPLING)
-row = {"fsdp": {i: c.ids for i, c in zip(mine, sharded)}, "tp": [c.ids for c in split],
-       "dtensor": type(tp.lm_head.weight).__name__}
+llama = lambda: build_hf_model(ModelConfig(kind="hf", path=sys.argv[3]), announce=False)
+shard = lambda model: apply_fsdp(model, mesh, parallel=ParallelConfig(), precision=PrecisionConfig(), pin_memory=False)
+# rank 0 stops its first row early and rank 1 never: the ranks still take the same number of steps
+stops = (int(sys.argv[4]),) if dist.rank == 0 else ()
+row = {}
+for name, build, context in (("gpt", tiny_gpt, CONTEXT), ("llama", llama, 128)):
+    sharded = generate(shard(build()), [PROMPTS[i] for i in mine], max_new_tokens=12, context=context,
+                       sampling=SAMPLING, indices=mine, stop_ids=stops if name == "gpt" else ())
+    tp = apply_tensor_parallel(build(), mesh, sequence_parallel=False)  # every rank decodes every prompt
+    split = generate(tp, PROMPTS, max_new_tokens=12, context=context, sampling=SAMPLING)
+    row[name] = {"fsdp": {i: c.ids for i, c in zip(mine, sharded)}, "tp": [c.ids for c in split],
+                 "dtensor": type(next(tp.parameters())).__name__}
 with open(os.path.join(sys.argv[1], f"rank{dist.rank}.json"), "w") as out:
     json.dump(row, out)
 torch.distributed.barrier()
 """
 
 
-def test_seeded_sampling_gives_the_same_tokens_on_two_ranks_under_fsdp2_and_tensor_parallel(tmp_path) -> None:
+def test_seeded_sampling_gives_the_same_tokens_on_two_ranks_under_fsdp2_and_tensor_parallel(
+    tmp_path, hf_folders
+) -> None:
+    from launcher.components.model.hf import build_hf_model
+
+    llama = build_hf_model(ModelConfig(kind="hf", path=str(hf_folders["llama"])), announce=False)
+    one_rank = {
+        "gpt": [
+            c.ids
+            for c in generate(tiny_gpt(), PROMPTS, max_new_tokens=12, context=CONTEXT, sampling=SAMPLING)
+        ],
+        "llama": [c.ids for c in generate(llama, PROMPTS, max_new_tokens=12, context=128, sampling=SAMPLING)],
+    }
+    stop = one_rank["gpt"][0][1]  # prompt 0 (rank 0's) stops after one token
+    stopped = generate(
+        tiny_gpt(), PROMPTS, max_new_tokens=12, context=CONTEXT, sampling=SAMPLING, stop_ids=(stop,)
+    )
+    assert stopped[0].stop == "eos" and len(stopped[0].ids) <= 1
     script = tmp_path / "ranks.py"
     script.write_text(RANKS)
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node=2", "--master-addr=127.0.0.1",
-           f"--master-port={free_port()}", str(script), str(tmp_path), str(Path(__file__).parent)]  # fmt: skip
+           f"--master-port={free_port()}", str(script), str(tmp_path), str(Path(__file__).parent),
+           str(hf_folders["llama"]), str(stop)]  # fmt: skip
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
-    model = tiny_gpt()
-    one_rank = [
-        c.ids for c in generate(model, PROMPTS, max_new_tokens=12, context=CONTEXT, sampling=SAMPLING)
-    ]
-    stopped = generate(model, PROMPTS, max_new_tokens=12, context=CONTEXT, sampling=SAMPLING, stop_ids=(3,))
     rows = [json.loads((tmp_path / f"rank{rank}.json").read_text()) for rank in (0, 1)]
     for rank, row in enumerate(rows):
-        assert row["dtensor"] == "DTensor" and row["tp"] == one_rank
-        for index, ids in row["fsdp"].items():
-            assert ids == (stopped[int(index)].ids if rank == 0 else one_rank[int(index)]), (rank, index)
+        for name in ("gpt", "llama"):
+            assert row[name]["dtensor"] == "DTensor" and row[name]["tp"] == one_rank[name], (rank, name)
+            for index, ids in row[name]["fsdp"].items():
+                stops = rank == 0 and name == "gpt"
+                want = stopped[int(index)].ids if stops else one_rank[name][int(index)]
+                assert ids == want, (rank, name, index)
