@@ -102,7 +102,9 @@ def _whole(logits: torch.Tensor) -> torch.Tensor:
 class _Decoder:
     """The running batch: ids and mask so far, the cache, and one forward per step."""
 
-    def __init__(self, model: Model, ids: torch.Tensor, mask: torch.Tensor, *, context: int, use_cache: bool):
+    def __init__(
+        self, model: Model, ids: torch.Tensor, mask: torch.Tensor, *, context: int, use_cache: bool
+    ) -> None:
         self.model, self.ids, self.mask = model, ids, mask
         self.context, self.use_cache = context, use_cache
         self.cache = None
@@ -155,6 +157,27 @@ def _padded(
     return ids.to(device), mask.to(device)
 
 
+def _choose(
+    logits: torch.Tensor,
+    generators: list[torch.Generator],
+    sampling: Sampling,
+    stop_ids: Sequence[int],
+    new: list[list[int]],
+    ended: list[int | None],
+) -> list[int]:
+    """Each running row's next token, kept in `new` or ending the row in `ended` (a stop id); the column to feed."""
+    tokens = []
+    for row, generator in enumerate(generators):
+        if ended[row] is None:
+            token = next_token(logits[row], sampling, generator)
+            if token in stop_ids:
+                ended[row] = token
+            else:
+                new[row].append(token)
+        tokens.append(ended[row] if ended[row] is not None else new[row][-1])
+    return tokens
+
+
 @torch.no_grad()
 def generate(
     model: Model,
@@ -200,15 +223,7 @@ def generate(
                 note = None
             if vocab_limit is not None:
                 logits[:, vocab_limit:] = float("-inf")
-            tokens = []
-            for row, generator in enumerate(generators):
-                if ended[row] is None:
-                    token = next_token(logits[row], sampling, generator)
-                    if token in stop_ids:
-                        ended[row] = token
-                    else:
-                        new[row].append(token)
-                tokens.append(ended[row] if ended[row] is not None else new[row][-1])
+            tokens = _choose(logits, generators, sampling, stop_ids, new, ended)
             if _all_done(all(end is not None for end in ended), group, device):
                 break
             decoder.append(tokens)
