@@ -5,7 +5,7 @@ then one token per row and step through the model's own `forward(ids, positions,
 attention_mask=...)` (the cache comes from `model.new_cache()`, which each model family defines),
 so FSDP2's hooks gather the parameters, tensor parallel's styles apply and injected adapters take
 part, exactly as in a training step. Logits sharded over the vocabulary (tensor parallel) are
-gathered whole. Greedy when the temperature is 0, else sampling from softmax(logits / temperature)
+gathered whole. Sequence parallelism (blocks fed a split sequence) does not decode yet. Greedy when the temperature is 0, else sampling from softmax(logits / temperature)
 kept to the top-k tokens and the top-p nucleus, on the CPU in float32, each prompt with its own
 torch.Generator seeded from (seed, the prompt's global index): the same prompts and seed give the
 same tokens however the prompts are spread over ranks and batches. A row stops at one of its stop
