@@ -5,13 +5,14 @@ with the checkpoint's weights and adapters, `launcher.tools.merge.load_adapted`;
 the run's own, as `launcher.tools.hf_folder.load_tokenizer` gives it), or a folder holding a
 Hugging Face causal LM (config.json and weights, e.g. one written by `train-export --format hf`).
 
-Both kinds of source go through one decoding loop, so a run and its exported folder give the same
-tokens: each step runs the whole window (no key-value cache: this is a check of a model, not a
-server), picks the most likely token (greedy, the default) or samples with `--temperature` /
-`--top-p`, and stops at eos or after `--max-new-tokens` (stderr then says how many tokens came and
-which of the two stopped them, so an empty completion is explained). Token ids the tokenizer cannot spell (rows
+Both kinds of source go through one decoder (launcher.components.model.generation: a key-value
+cache, left-padded batches), so a run and its exported folder give the same tokens: each step picks
+the most likely token (greedy, the default) or samples with `--temperature` / `--top-k` / `--top-p`,
+and stops at eos or after `--max-new-tokens` (stderr then says how many tokens came and which of the
+two stopped them, so an empty completion is explained). Token ids the tokenizer cannot spell (rows
 a model pads its vocabulary with) are never chosen. When the text outgrows the model's context, the
-oldest tokens are dropped from the window, and a note on stderr says so. `--chat` is refused before
+oldest tokens are dropped from the window, and a note on stderr says so. `--prompts FILE` (JSONL)
+completes many prompts, `--batch-size` at a time, and writes JSONL (launcher.tools.prompt_file). `--chat` is refused before
 the model loads when the tokenizer's folder holds no chat template. argparse answers `--help` and
 argument errors before torch or transformers is imported.
 """
@@ -33,23 +34,19 @@ from launcher.components.model.hf_weights import folder_problems
 from launcher.exits import ExitStatus
 from launcher.spec import load_spec
 from launcher.tools.hf_folder import ExportError, load_tokenizer
-from launcher.tools.lazy_torch import no_grad
-from launcher.tools.tool_args import tool_parser
+from launcher.tools.prompt_file import read_prompts, record, write_lines
+from launcher.tools.tool_args import output_file_problem, tool_parser
 
 if TYPE_CHECKING:  # torch is imported where it is used, after the arguments are parsed
-    import torch
-
-
-Logits = Callable[["torch.Tensor"], "torch.Tensor"]
-"""Token ids [1, T] -> next-token logits [1, T, rows]."""
+    from launcher.components.model.generation import Completion, Model
 
 
 @dataclass(frozen=True, kw_only=True)
 class Source:
     """What generation needs of a model source."""
 
-    logits: Logits
-    """The model's forward pass."""
+    model: Model
+    """The model (decoded with its key-value cache), or a function from token ids [B, T] to logits."""
     tokenizer: Any
     """A transformers tokenizer."""
     context: int
@@ -87,7 +84,7 @@ def run_source(path: Path) -> Source:
     else:
         eos, bos = tokenizer.eos_token_id, tokenizer.bos_token_id if spec.tokenizer.add_bos else None
     return Source(
-        logits=lambda ids: model(ids), tokenizer=tokenizer, context=spec.model.max_seq_len,
+        model=model, tokenizer=tokenizer, context=spec.model.max_seq_len,
         eos_ids=_ids(eos), add_special_tokens=False, bos_id=bos,
     )  # fmt: skip
 
@@ -96,6 +93,8 @@ def folder_source(path: Path) -> Source:
     """A Hugging Face folder: AutoModelForCausalLM and AutoTokenizer, local files only, no remote code."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from launcher.components.model.hf import HFCausalLM
 
     local = {"local_files_only": True, "trust_remote_code": False}
     refuse_custom_code(str(path))
@@ -113,7 +112,7 @@ def folder_source(path: Path) -> Source:
     context = getattr(config, "n_positions", None) or getattr(config, "max_position_embeddings", None)
     eos = _ids(model.generation_config.eos_token_id) or _ids(tokenizer.eos_token_id)
     return Source(
-        logits=lambda ids: model(input_ids=ids, use_cache=False).logits, tokenizer=tokenizer,
+        model=HFCausalLM(model), tokenizer=tokenizer,
         context=int(context or tokenizer.model_max_length), eos_ids=eos, add_special_tokens=True, bos_id=None,
     )  # fmt: skip
 
@@ -211,32 +210,6 @@ def prompt_ids(source: Source, prompt: str, *, chat: bool) -> list[int]:
     return ids
 
 
-def next_token(logits: torch.Tensor, *, temperature: float, top_p: float, generator: torch.Generator) -> int:
-    """Greedy when temperature is 0, else a sample from the top-p nucleus of softmax(logits / temperature)."""
-    import torch
-
-    if temperature <= 0:
-        return int(logits.argmax())
-    probs = torch.softmax(logits.float() / temperature, dim=-1)
-    sorted_probs, order = probs.sort(descending=True)
-    keep = sorted_probs.cumsum(-1) - sorted_probs < top_p  # the smallest prefix reaching top_p
-    sorted_probs = sorted_probs * keep
-    choice = torch.multinomial(sorted_probs / sorted_probs.sum(), 1, generator=generator)
-    return int(order[choice])
-
-
-@dataclass(frozen=True, kw_only=True)
-class Completion:
-    """New token ids after a prompt, and why generation stopped."""
-
-    ids: list[int]
-    """The new token ids (the eos that ended them not included)."""
-    stop: str
-    """Why it stopped: "eos" (the model chose an end token) or "max_new_tokens"."""
-    eos_id: int | None = None
-    """The end token chosen, when stop is "eos"."""
-
-
 def stop_line(completion: Completion, source: Source, max_new_tokens: int) -> str:
     """What train-generate says on stderr after the completion: the token count and why it stopped."""
     count = len(completion.ids)
@@ -253,55 +226,76 @@ def stop_line(completion: Completion, source: Source, max_new_tokens: int) -> st
     return f"generated {count} {noun}; stopped at the {end}."
 
 
-@no_grad
+def generate_all(
+    source: Source, prompts: list[list[int]], *, max_new_tokens: int, temperature: float = 0.0, top_k: int = 0,
+    top_p: float = 1.0, seed: int = 0, batch_size: int = 8, note: Callable[[str], None] = print,
+) -> list[Completion]:  # fmt: skip
+    """New token ids after each prompt (eos not included), `batch_size` prompts at a time; each prompt's
+    sampling is seeded by its index in `prompts`, so the batch size does not change the tokens."""
+    from launcher.components.model import generation
+
+    sampling = generation.Sampling(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed)
+    said: list[str] = []
+
+    def once(text: str) -> None:  # the context note once per command, not once per batch
+        if not said:
+            said.append(text)
+            note(text)
+
+    completions: list[Completion] = []
+    for start in range(0, len(prompts), batch_size):
+        batch = prompts[start : start + batch_size]
+        completions += generation.generate(
+            source.model, batch, max_new_tokens=max_new_tokens, sampling=sampling, stop_ids=source.eos_ids,
+            context=source.context, indices=range(start, start + len(batch)), vocab_limit=len(source.tokenizer),
+            use_cache=hasattr(source.model, "new_cache"), note=once,
+        )  # fmt: skip
+    return completions
+
+
 def generate(
-    source: Source, ids: list[int], *, max_new_tokens: int, temperature: float = 0.0, top_p: float = 1.0,
-    seed: int = 0, note: Callable[[str], None] = print,
+    source: Source, ids: list[int], *, max_new_tokens: int, temperature: float = 0.0, top_k: int = 0,
+    top_p: float = 1.0, seed: int = 0, note: Callable[[str], None] = print,
 ) -> Completion:  # fmt: skip
     """New token ids after `ids` (eos not included), at most `max_new_tokens`, and why they stopped."""
-    import torch
+    return generate_all(
+        source, [ids], max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
+        seed=seed, note=note,
+    )[0]  # fmt: skip
 
-    generator = torch.Generator().manual_seed(seed)
-    spellable = len(source.tokenizer)
-    tokens, new = list(ids), []
-    dropped = False
-    for _ in range(max_new_tokens):
-        if len(tokens) > source.context and not dropped:
-            note(
-                f"note: the text outgrew the model's context of {source.context} tokens; the oldest are dropped."
-            )
-            dropped = True
-        window = torch.tensor([tokens[-source.context :]])
-        logits = source.logits(window)[0, -1]
-        logits[spellable:] = float("-inf")
-        token = next_token(logits, temperature=temperature, top_p=top_p, generator=generator)
-        if token in source.eos_ids:
-            return Completion(ids=new, stop="eos", eos_id=token)
-        tokens.append(token)
-        new.append(token)
-    return Completion(ids=new, stop="max_new_tokens")
+
+def _parser() -> Any:
+    """train-generate's arguments."""
+    parser = tool_parser("train-generate", DESCRIPTION, folders=True)
+    which = parser.add_mutually_exclusive_group(required=True)
+    which.add_argument("--prompt", help="the text to complete")
+    which.add_argument("--prompts", type=Path, help='a JSONL file, one {"prompt": TEXT} per line; JSONL out')
+    parser.add_argument("--out", type=Path, help="with --prompts: write the JSONL here, not on stdout")
+    parser.add_argument("--force", action="store_true", help="replace an existing --out file")
+    parser.add_argument("--chat", action="store_true", help="render the prompt through the chat template")
+    parser.add_argument("--max-new-tokens", type=int, default=64, help="tokens to add at most (default 64)")
+    parser.add_argument("--temperature", type=float, default=None, help="sample at this temperature")
+    parser.add_argument("--top-k", type=int, default=None, help="sample among this many most likely tokens")
+    parser.add_argument("--top-p", type=float, default=None, help="sample from this probability nucleus")
+    parser.add_argument("--seed", type=int, default=0, help="the sampling generator's seed (default 0)")
+    parser.add_argument("--batch-size", type=int, default=8, help="prompts decoded together (default 8)")
+    return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     """Console entry point of `train-generate`."""
-    parser = tool_parser("train-generate", DESCRIPTION, folders=True)
-    parser.add_argument("--prompt", required=True, help="the text to complete")
-    parser.add_argument("--chat", action="store_true", help="render the prompt through the chat template")
-    parser.add_argument("--max-new-tokens", type=int, default=64, help="tokens to add at most (default 64)")
-    parser.add_argument("--temperature", type=float, default=None, help="sample at this temperature")
-    parser.add_argument("--top-p", type=float, default=None, help="sample from this probability nucleus")
-    parser.add_argument("--seed", type=int, default=0, help="the sampling generator's seed (default 0)")
-    args = parser.parse_args(argv)
-    sampling = args.temperature is not None or args.top_p is not None
+    args = _parser().parse_args(argv)
+    sampling = any(value is not None for value in (args.temperature, args.top_k, args.top_p))
     temperature = (args.temperature if args.temperature is not None else 1.0) if sampling else 0.0
-    top_p = args.top_p if args.top_p is not None else 1.0
-    problem = _option_problem(args.max_new_tokens, temperature, top_p)
+    top_k, top_p = args.top_k or 0, args.top_p if args.top_p is not None else 1.0
+    problem = _option_problem(args.max_new_tokens, temperature, top_p) or _batch_problem(args, top_k)
     try:
         problem = problem or (chat_problem(args.source) if args.chat else None)
         if problem:
             raise ExportError(problem)
+        texts = [args.prompt] if args.prompts is None else read_prompts(args.prompts)
         source = open_source(args.source)
-        ids = prompt_ids(source, args.prompt, chat=args.chat)
+        prompts = [prompt_ids(source, text, chat=args.chat) for text in texts]
     except (
         ExportError,
         KeyError,
@@ -309,13 +303,39 @@ def main(argv: list[str] | None = None) -> int:
     ) as err:  # ValueError: a refused file (RefusedFile, SpecFileError)
         print(f"error: {err}", file=sys.stderr)
         return ExitStatus.INVALID_SPEC
-    completion = generate(
-        source, ids, max_new_tokens=args.max_new_tokens, temperature=temperature, top_p=top_p,
-        seed=args.seed, note=lambda text: print(text, file=sys.stderr),
+    completions = generate_all(
+        source, prompts, max_new_tokens=args.max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
+        seed=args.seed, batch_size=args.batch_size, note=lambda text: print(text, file=sys.stderr),
     )  # fmt: skip
-    print(source.tokenizer.decode(completion.ids))
-    print(stop_line(completion, source, args.max_new_tokens), file=sys.stderr)
+    if args.prompts is None:
+        print(source.tokenizer.decode(completions[0].ids))
+        print(stop_line(completions[0], source, args.max_new_tokens), file=sys.stderr)
+        return ExitStatus.OK
+    records = [
+        record(text, source.tokenizer.decode(done.ids), done.ids, done.stop)
+        for text, done in zip(texts, completions, strict=True)
+    ]
+    write_lines(records, args.out)
+    ended = sum(done.stop == "eos" for done in completions)
+    print(
+        f"generated {sum(len(done.ids) for done in completions)} tokens for {len(completions)} prompts; "
+        f"{ended} stopped at an end token, {len(completions) - ended} at --max-new-tokens {args.max_new_tokens}.",
+        file=sys.stderr,
+    )
     return ExitStatus.OK
+
+
+def _batch_problem(args: Any, top_k: int) -> str | None:
+    """What is wrong with --top-k, --batch-size or --out, or None."""
+    if top_k < 0:
+        return f"--top-k must be 0 (no limit) or more, got {top_k}."
+    if args.batch_size < 1:
+        return f"--batch-size must be 1 or more, got {args.batch_size}."
+    if args.out is not None and args.prompts is None:
+        return "--out writes the JSONL of --prompts; with one --prompt the completion goes to stdout. Drop --out."
+    if args.out is not None:
+        return output_file_problem(args.out, force=args.force)
+    return None
 
 
 def _option_problem(max_new_tokens: int, temperature: float, top_p: float) -> str | None:

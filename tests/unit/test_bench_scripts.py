@@ -173,6 +173,15 @@ def test_bench_tokenize_times_the_launcher_against_datasets_on_the_same_tokens(t
     assert numbers["tokens"] > 0 and numbers["ratio"] > 0 and numbers["cpu_ratio"] > 0
 
 
+def test_bench_generate_times_the_cache_against_recomputing_on_the_same_tokens(tmp_path) -> None:
+    out = tmp_path / "generate.json"
+    args = ["--batch", "2", "--prompt-len", "4", "--new-tokens", "8", "--repeats", "1", "--out", str(out)]
+    result = _run("bench_generate", *args, cwd=tmp_path)  # it exits non-zero when the tokens differ
+    assert "speed-up" in result.stdout
+    numbers = json.loads(out.read_text())
+    assert numbers["same_tokens"] and numbers["cache_tokens_per_s"] > 0 and numbers["recompute_cpu_s"] > 0
+
+
 def test_bench_long_context_measures_each_path_and_writes_its_table(tmp_path) -> None:
     out, numbers = tmp_path / "table.md", tmp_path / "numbers.json"
     tiny = ["model.n_layer=1", "model.d_model=32", "model.n_head=2"]

@@ -63,7 +63,7 @@ def _source(prefer: int) -> generate.Source:
         return out
 
     return generate.Source(
-        logits=logits,
+        model=logits,
         tokenizer=byte_tokenizer(),
         context=64,
         eos_ids=(0,),

@@ -7,6 +7,12 @@ document the logits it gets alone. Without them attention is plain causal (the f
 With a chunked loss (`loss_chunks`, set from train.loss_chunks) the model returns its final hidden
 states and head (HeadOutputs) instead of logits, and the loss projects them chunk by chunk.
 
+Decoding goes through the same `forward` with a key-value cache (`new_cache()`, then
+`model(ids, positions, cache=cache, attention_mask=mask)`; launcher.components.model.generation):
+each block keeps the keys and values of the tokens seen so far, so a step runs only the new tokens,
+and FSDP2's hooks and tensor parallel's styles apply as in training. Without a cache the training
+path runs exactly as before.
+
 The module layout is kept stable and tensor-parallel friendly (separate q/k/v/o and up/down
 projections, head count derived from the local projection width) because parallel strategies
 refer to these names when they shard the model.
@@ -17,6 +23,7 @@ from __future__ import annotations
 import math
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from launcher.components.model.attention import Documents, attend, documents
@@ -24,6 +31,55 @@ from launcher.components.model.context_parallel import ContextGroup, shard_seque
 from launcher.components.model.long_context import loss_chunk_count
 from launcher.components.model.loss import HeadOutputs
 from launcher.config.model import ModelConfig, ff_width, vocab_size
+
+
+class KVCache:
+    """The keys and values each block has seen so far, and which of those tokens are real (not left padding)."""
+
+    def __init__(self, num_layers: int) -> None:
+        self.keys: list[torch.Tensor | None] = [None] * num_layers
+        """Per block: the cached keys [B, H, T_seen, D] (local heads under tensor parallel)."""
+        self.values: list[torch.Tensor | None] = [None] * num_layers
+        """Per block: the cached values, laid out as the keys."""
+        self.length = 0
+        """Tokens seen so far (the cached columns, padding included)."""
+        self.mask: torch.Tensor | None = None
+        """This call's [B, 1, T_new, T_seen] boolean mask: causal, padding hidden, each token sees itself."""
+
+    def begin(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None) -> None:
+        """Take in a call's new tokens: `attention_mask` [B, T_seen] marks the real ones (None: all are)."""
+        new, device = input_ids.shape[1], input_ids.device
+        total = self.length + new
+        if attention_mask is None:
+            attention_mask = torch.ones(input_ids.shape[0], total, dtype=torch.bool, device=device)
+        query_at = torch.arange(self.length, total, device=device)[:, None]
+        key_at = torch.arange(total, device=device)[None, :]
+        real = attention_mask.to(device=device, dtype=torch.bool)[:, None, None, :]
+        # a padding query sees itself, so no row is all masked (SDPA would give NaN and spread it)
+        self.mask = (real & (key_at <= query_at)) | (key_at == query_at)
+        self.length = total
+
+    def layer(self, index: int) -> LayerCache:
+        """The view block `index` attends through."""
+        return LayerCache(self, index)
+
+
+class LayerCache:
+    """One block's part of a KVCache: appends the new keys and values, then attends over all of them."""
+
+    def __init__(self, cache: KVCache, index: int) -> None:
+        self.cache = cache
+        self.index = index
+
+    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        """Sequence-major q/k/v [B, T_new, H, D] -> [B, T_new, H, D], keys and values cached first."""
+        q, k, v = (t.transpose(1, 2) for t in (q, k, v))
+        cache, index = self.cache, self.index
+        if cache.keys[index] is not None:
+            k = torch.cat([cache.keys[index], k], dim=2)
+            v = torch.cat([cache.values[index], v], dim=2)
+        cache.keys[index], cache.values[index] = k, v
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=cache.mask).transpose(1, 2)
 
 
 class CausalSelfAttention(nn.Module):
@@ -41,17 +97,23 @@ class CausalSelfAttention(nn.Module):
         self.attn_dropout = cfg.dropout
         self.resid_dropout = nn.Dropout(cfg.dropout)
 
-    def forward(self, x: torch.Tensor, attn_mask: Documents | None = None) -> torch.Tensor:
+    def forward(
+        self, x: torch.Tensor, attn_mask: Documents | None = None, cache: LayerCache | None = None
+    ) -> torch.Tensor:
         """[B, T, d_model] -> [B, T, d_model]; heads counted from q's width so sharded q/k/v work.
 
-        `attn_mask` says how packed documents are kept apart (None: plain causal attention).
+        `attn_mask` says how packed documents are kept apart (None: plain causal attention); with a
+        `cache` the new tokens attend to the cached ones as well, and their keys and values join it.
         """
         batch, seq, _ = x.shape
         q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
         num_local_heads = q.shape[-1] // self.head_dim
         q, k, v = (t.reshape(batch, seq, num_local_heads, self.head_dim) for t in (q, k, v))
-        dropout_p = self.attn_dropout if self.training else 0.0
-        y = attend(q, k, v, attn_mask or Documents(path="sdpa"), dropout_p=dropout_p)
+        if cache is not None:
+            y = cache.attend(q, k, v)
+        else:
+            dropout_p = self.attn_dropout if self.training else 0.0
+            y = attend(q, k, v, attn_mask or Documents(path="sdpa"), dropout_p=dropout_p)
         y = y.reshape(batch, seq, num_local_heads * self.head_dim)
         return self.resid_dropout(self.o_proj(y))
 
@@ -81,9 +143,11 @@ class Block(nn.Module):
         self.norm_mlp = nn.LayerNorm(cfg.d_model, bias=cfg.bias)
         self.mlp = MLP(cfg)
 
-    def forward(self, x: torch.Tensor, attn_mask: Documents | None = None) -> torch.Tensor:
-        """Apply both residual branches (the mask is a keyword, so tensor-parallel input hooks pass it on)."""
-        x = x + self.attn(self.norm_attn(x), attn_mask=attn_mask)
+    def forward(
+        self, x: torch.Tensor, attn_mask: Documents | None = None, cache: LayerCache | None = None
+    ) -> torch.Tensor:
+        """Apply both residual branches (mask and cache are keywords, so tensor-parallel input hooks pass them on)."""
+        x = x + self.attn(self.norm_attn(x), attn_mask=attn_mask, cache=cache)
         return x + self.mlp(self.norm_mlp(x))
 
 
@@ -121,16 +185,25 @@ class GPT(nn.Module):
             nn.init.normal_(block.mlp.down.weight, mean=0.0, std=residual_std)
 
     def forward(
-        self, input_ids: torch.Tensor, position_ids: torch.Tensor | None = None
+        self,
+        input_ids: torch.Tensor,
+        position_ids: torch.Tensor | None = None,
+        *,
+        cache: KVCache | None = None,
+        attention_mask: torch.Tensor | None = None,
     ) -> torch.Tensor | HeadOutputs:
         """Token ids [B, T] (and positions [B, T] restarting at packed documents) -> logits [B, T, vocab_size].
 
-        With a chunked loss it returns HeadOutputs (normed hidden states and the head) instead.
+        With a chunked loss it returns HeadOutputs (normed hidden states and the head) instead. With a
+        `cache` (new_cache) it decodes: the tokens' positions, and `attention_mask` [B, T_seen] marking
+        the real tokens among all seen so far (left padding), go with them; it returns logits.
 
         A pipeline stage (launcher.parallel.pipeline_stage) lacks the parts other stages hold: without
         embeddings it takes the previous stage's hidden states [B, T, d_model] instead of token ids,
         and without the head it returns its hidden states.
         """
+        if cache is not None:
+            return self._decode(input_ids, position_ids, cache, attention_mask)
         seq = input_ids.shape[1]
         if seq > self.cfg.max_seq_len:
             raise ValueError(f"sequence of {seq} tokens exceeds the context of {self.cfg.max_seq_len}.")
@@ -155,6 +228,32 @@ class GPT(nn.Module):
         )
         if chunks > 1:
             return HeadOutputs(self.norm_f(x), self.lm_head, chunks)
+        return self.lm_head(self.norm_f(x))
+
+    def new_cache(self) -> KVCache:
+        """An empty key-value cache for decoding through forward (one slot per block)."""
+        return KVCache(len(self.blocks))
+
+    def _decode(
+        self,
+        input_ids: torch.Tensor,
+        position_ids: torch.Tensor | None,
+        cache: KVCache,
+        attention_mask: torch.Tensor | None,
+    ) -> torch.Tensor:
+        """The new tokens through every block with the cache: logits [B, T_new, vocab_size]."""
+        if self.tok_emb is None or self.lm_head is None or self.context_parallel is not None:
+            raise ValueError(
+                "decoding with a key-value cache needs the whole model: not a pipeline stage, no context parallel."
+            )
+        if position_ids is None:
+            position_ids = torch.arange(
+                cache.length, cache.length + input_ids.shape[1], device=input_ids.device
+            )
+        cache.begin(input_ids, attention_mask)
+        x = self.emb_dropout(self.tok_emb(input_ids) + self.pos_emb(position_ids))
+        for index, block in enumerate(self.blocks):
+            x = block(x, cache=cache.layer(index))
         return self.lm_head(self.norm_f(x))
 
     def _context_layout(

@@ -72,15 +72,24 @@ class HFCausalLM(nn.Module):
         """How this family attends (which of the launcher's attention paths reproduce it)."""
 
     def forward(
-        self, input_ids: torch.Tensor, position_ids: torch.Tensor | None = None
+        self,
+        input_ids: torch.Tensor,
+        position_ids: torch.Tensor | None = None,
+        *,
+        cache: Any = None,
+        attention_mask: torch.Tensor | None = None,
     ) -> torch.Tensor | HeadOutputs:
-        """Token ids [B, T] -> next-token logits [B, T, vocab_size], without a key-value cache.
+        """Token ids [B, T] -> next-token logits [B, T, vocab_size]; a key-value cache only when given one.
 
         Position ids that restart inside a row mark packed documents: sdpa has transformers build its
         own block-diagonal masks (sliding windows included; eager where the family has no SDPA), varlen
         runs attention per document through a registered function, flex uses transformers' FlexAttention.
-        With a chunked loss it returns HeadOutputs (final hidden states and the head) instead.
+        With a chunked loss it returns HeadOutputs (final hidden states and the head) instead. With a
+        `cache` (new_cache) it decodes through transformers' own cache: `position_ids` are the new
+        tokens' positions and `attention_mask` [B, T_seen] marks the real tokens (left padding).
         """
+        if cache is not None:
+            return self._decode(input_ids, position_ids, cache, attention_mask)
         impl = hf_implementation(
             self.attention,
             self.family,
@@ -97,6 +106,30 @@ class HFCausalLM(nn.Module):
             hidden = self.hf.base_model(input_ids=input_ids, position_ids=position_ids, use_cache=False)
             return HeadOutputs(hidden.last_hidden_state, self.hf.get_output_embeddings(), chunks)
         return self.hf(input_ids=input_ids, position_ids=position_ids, use_cache=False).logits
+
+    def new_cache(self) -> Any:
+        """An empty transformers DynamicCache for this model (sliding-window layers as its config says)."""
+        from transformers import DynamicCache
+
+        return DynamicCache(config=self.hf.config)
+
+    def _decode(
+        self,
+        input_ids: torch.Tensor,
+        position_ids: torch.Tensor | None,
+        cache: Any,
+        mask: torch.Tensor | None,
+    ) -> torch.Tensor:
+        """The new tokens through the wrapped model with its cache (dense attention): logits [B, T_new, vocab]."""
+        if self.pipeline_stage:
+            raise ValueError("decoding with a key-value cache needs the whole model, not a pipeline stage.")
+        if self.hf.config._attn_implementation != self.family.dense:
+            self.hf.set_attn_implementation(self.family.dense)
+        out = self.hf(
+            input_ids=input_ids, attention_mask=mask, position_ids=position_ids, cache=cache,
+            use_cache=True,
+        )  # fmt: skip
+        return out.logits
 
     def _stage_forward(self, inputs: torch.Tensor, position_ids: torch.Tensor | None) -> torch.Tensor:
         """A stage: token ids or the previous stage's hidden states in, hidden states or logits out.
