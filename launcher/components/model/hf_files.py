@@ -55,12 +55,13 @@ def is_preset(name: str | None) -> bool:
 
 
 def local_dir(cfg: ModelConfig) -> str | None:
-    """The local folder whose config.json shapes the model (model.path, else a directory hf_config); None for presets."""
-    if cfg.kind != "hf":
-        return None
-    if cfg.path is not None:
-        return cfg.path
-    return None if cfg.hf_config is None or is_preset(cfg.hf_config) else cfg.hf_config
+    """The local folder whose config.json shapes the model (model.path, else a directory hf_config); None for presets.
+
+    The model's family says (launcher.components.model.family): a family without folders has none.
+    """
+    from launcher.components.model.family import family
+
+    return family(cfg).folder(cfg)
 
 
 def read_local_config(path: str) -> dict[str, Any]:
