@@ -2,9 +2,9 @@
 
 The model's family gives the plan (launcher.components.model.family.TensorParallelPlan: the styles of one
 decoder layer, where its head and embedding are, what sequence parallelism adds); this module applies it.
-For the built-in GPT and Llama-style models: per block, q/k/v and the MLP up projection are split column-wise (each rank holds whole heads and
-a slice of the hidden width) and o_proj and the MLP down projection row-wise, so one all-reduce
-ends each branch. The attention derives its local head count from q_proj's output width, which
+For the built-in GPT and Llama-style models: per block, q/k/v and the MLP up projection are split
+column-wise (each rank holds whole heads and a slice of the hidden width) and o_proj and the MLP
+down projection row-wise, so one all-reduce ends each branch. The attention derives its local head count from q_proj's output width, which
 is what makes the column split work without touching the model. With sequence parallelism the
 norms run on a sequence shard, the residual stream between branches is split along the sequence
 (all-gather before a branch, reduce-scatter after it instead of an all-reduce).

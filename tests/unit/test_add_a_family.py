@@ -95,6 +95,10 @@ def build(cfg: ModelConfig, *, empty: bool = False, announce: bool = True) -> nn
     return ToyLM(cfg)
 
 
+def init_on_meta(cfg: ModelConfig) -> bool:
+    return False
+
+
 def from_folder(cfg: ModelConfig) -> bool:
     return False
 

@@ -9,8 +9,8 @@ the family and never which family they hold. Code with a built model and no conf
 each family's model class names its family in the class attribute `model_family` (kept by FSDP2's
 wrapper class, by peft's in-place injection and by `torch.compile` of its layers).
 
-A family's `decode` step (one forward over new tokens with a key-value cache) is the next verb: the
-built-in GPT and HFCausalLM answer it as `forward(..., cache=...)`, and generation asks the family for it.
+A family's `decode` step (one forward over the new tokens with a key-value cache) is the place for
+generation to ask: it joins these verbs together with the cache, which no family's forward takes yet.
 """
 
 from __future__ import annotations
@@ -49,6 +49,11 @@ class Family(Protocol):
         """The model `cfg` describes, float32 on the CPU, init from torch's global seed; `empty`: parameters on
         the meta device, for weights loaded after sharding (only where `from_folder`); `announce`: rank 0 says
         where the weights came from."""
+        ...
+
+    def init_on_meta(self, cfg: ModelConfig) -> bool:
+        """Whether a build on the meta device can regenerate its initial values into the shards
+        (launcher.components.model.meta_init; on_meta decides which runs take it)."""
         ...
 
     def from_folder(self, cfg: ModelConfig) -> bool:

@@ -28,6 +28,11 @@ def build(cfg: ModelConfig, *, empty: bool = False, announce: bool = True) -> nn
     return GPT(cfg)
 
 
+def init_on_meta(cfg: ModelConfig) -> bool:
+    """Yes: its init (normal draws, scaled residual projections) replays into the shards."""
+    return True
+
+
 def from_folder(cfg: ModelConfig) -> bool:
     """Never: the GPT's weights start from the seed."""
     return False

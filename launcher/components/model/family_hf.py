@@ -34,6 +34,11 @@ def build(cfg: ModelConfig, *, empty: bool = False, announce: bool = True) -> nn
     return build_hf_model(cfg, empty=empty, announce=announce)
 
 
+def init_on_meta(cfg: ModelConfig) -> bool:
+    """No: transformers' init goes through `.data` aliases and in-place arithmetic the replay cannot follow."""
+    return False
+
+
 def from_folder(cfg: ModelConfig) -> bool:
     """Whether model.path names a pretrained folder to start from."""
     return cfg.path is not None
