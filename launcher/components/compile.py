@@ -22,7 +22,7 @@ if TYPE_CHECKING:  # torch only where a model is compiled: the launching process
 
 def compiled_modules(model: nn.Module) -> list[nn.Module]:
     """The modules compiled one by one: the decoder layers (GPT blocks, a transformers model's layers), else the whole model."""
-    from launcher.components.model.hf import decoder_layers
+    from launcher.components.model.family import decoder_layers
 
     layers = decoder_layers(model)
     return list(layers) if layers is not None else [model]

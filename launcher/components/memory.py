@@ -127,10 +127,12 @@ def checkpoint_kwargs(cfg: MemoryConfig) -> dict:
 
 
 def checkpointed_modules(model: nn.Module, cfg: MemoryConfig) -> list[nn.Module]:
-    """The modules of the built-in GPT whose activations `cfg` recomputes (blocks or their attention)."""
+    """The modules whose activations `cfg` recomputes: decoder layers (the GPT's blocks) or their attention."""
     if cfg.activation_checkpointing == "none":
         return []
-    chosen = [block for i, block in enumerate(model.blocks) if i % cfg.checkpoint_every == 0]
+    from launcher.components.model.family import decoder_layers
+
+    chosen = [block for i, block in enumerate(decoder_layers(model) or []) if i % cfg.checkpoint_every == 0]
     return [block.attn for block in chosen] if cfg.activation_checkpointing == "attention" else chosen
 
 
@@ -148,23 +150,24 @@ def _checkpoint_forward(module: nn.Module, options: dict) -> None:
 
 
 def apply_checkpointing(model: nn.Module, cfg: MemoryConfig) -> nn.Module:
-    """Checkpoint the activations `cfg` asks for, in place; returns the model."""
+    """Checkpoint the activations `cfg` asks for, in place; returns the model.
+
+    A family with its own switch (a Hugging Face model; rules refuse `attention` for it) turns it on;
+    otherwise the launcher wraps the decoder layers (or their attention) itself.
+    """
     if cfg.activation_checkpointing == "none":
         return model
-    from torch import nn
+    from launcher.components.model.family import decoder_layers, family_of
 
-    if isinstance(getattr(model, "blocks", None), nn.ModuleList):
-        for module in checkpointed_modules(model, cfg):
-            _checkpoint_forward(module, checkpoint_kwargs(cfg))
+    if family_of(model).checkpointing(model, cfg.checkpoint_every, checkpoint_kwargs(cfg)):
         return model
-    from launcher.components.model.hf import enable_checkpointing
-
-    # A Hugging Face model checkpoints its layers through its own switch (rules refuse `attention`).
-    if not enable_checkpointing(model, every_n_layers=cfg.checkpoint_every, options=checkpoint_kwargs(cfg)):
+    if decoder_layers(model) is None:
         raise ValueError(
             f"memory.activation_checkpointing={cfg.activation_checkpointing}: {type(model).__name__} has no "
-            "`blocks` list and no checkpointing switch is known for it."
+            "decoder layers and its family no checkpointing switch."
         )
+    for module in checkpointed_modules(model, cfg):
+        _checkpoint_forward(module, checkpoint_kwargs(cfg))
     return model
 
 

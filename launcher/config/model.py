@@ -8,13 +8,20 @@ ATTENTION = ("auto", "sdpa", "varlen", "flex", "flash_attention_2")
 """model.attention's options (launcher.components.model.attention); flash_attention_2: a Hugging Face model's
 flash_attn kernels, where the rules accept it (launcher.rules.flash)."""
 
+FAMILIES: dict[str, str] = {
+    "gpt": "launcher.components.model.family_gpt",
+    "hf": "launcher.components.model.family_hf",
+}
+"""model.kind -> the module implementing that model family (launcher.components.model.family.Family), imported
+when chosen; its keys are model.kind's options."""
+
 
 @dataclass(frozen=True, kw_only=True)
 class ModelConfig:
     """Which model to train and its shape."""
 
     kind: str = "gpt"
-    """Model family: `gpt` (the built-in decoder of this module) or `hf` (a Hugging Face causal LM)."""
+    """Model family, a key of FAMILIES: `gpt` (the built-in decoder) or `hf` (a Hugging Face causal LM)."""
     path: str | None = None
     """kind=hf: a local Hugging Face model folder (config.json + safetensors weights) to start from; nothing is downloaded."""
     hf_config: str | None = None

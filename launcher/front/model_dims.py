@@ -17,6 +17,7 @@ from typing import Any
 
 from omegaconf import DictConfig
 
+from launcher.components.model.family import family
 from launcher.components.model.hf_files import hf_config, local_dir
 from launcher.components.model.shape import model_shape
 from launcher.config.model import ModelConfig, ff_width, vocab_size
@@ -57,20 +58,14 @@ def describe_model(cfg: ModelConfig) -> str:
     """One line for the dry run: where the model comes from, its real dimensions and parameter count."""
     shape = model_shape(cfg)
     folder = local_dir(cfg)
-    if cfg.kind != "hf":
-        source = "built-in GPT"
-    elif folder is None:
-        source = f"Hugging Face preset {cfg.hf_config} (shape from the model keys, random weights)"
-    else:
-        weights = "its weights" if cfg.path is not None else "random weights"
-        source = f"Hugging Face folder {folder} (shape from its config.json, {weights})"
+    source = family(cfg).source(cfg)
     dims = folder_dims(cfg) or {}
     real = dataclasses.replace(cfg, **dims)
     heads = f"{real.n_head} heads"
     if folder is not None:
         kv = getattr(hf_config(cfg), "num_key_value_heads", None)
         heads += f" ({kv} key-value)" if kv and kv != real.n_head else ""
-    rows = shape.equivalent.vocab_size if cfg.kind == "hf" else vocab_size(real)
+    rows = vocab_size(shape.equivalent)  # a folder's embedding rows, as its family measured them
     return (
         f"model: {source}: {real.n_layer} layers, d_model {real.d_model}, {heads}, d_ff {ff_width(real)}, "
         f"vocab_size {rows}, max_seq_len {real.max_seq_len}; {shape.num_params:,} parameters "

@@ -35,7 +35,7 @@ from torch.distributed.fsdp import (
     fully_shard,
 )
 
-from launcher.components.model.hf import decoder_layers
+from launcher.components.model.family import decoder_layers
 from launcher.config.parallel import ParallelConfig
 from launcher.config.precision import PrecisionConfig
 

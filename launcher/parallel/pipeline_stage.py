@@ -18,6 +18,7 @@ import copy
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from launcher.components.model.family import family, family_of
 from launcher.components.model.shape import model_shape
 from launcher.config.model import ModelConfig
 from launcher.parallel.pipeline_split import part_costs, stage_ranges, stages_of_rank
@@ -53,31 +54,10 @@ def plan_stages(model_cfg: ModelConfig, parallel: ParallelConfig, seq_len: int, 
     return StagePlan(ranges=ranges, local=local)
 
 
-def _gpt_stage(model: nn.Module, layers: range, *, first: bool, last: bool) -> nn.Module:
-    from launcher.components.model.stage_layers import StageLayers
-
-    model.blocks = StageLayers({i: model.blocks[i] for i in layers})
-    if not first:
-        model.tok_emb = None
-        model.pos_emb = None
-    if not last:
-        model.norm_f = None
-        model.lm_head = None
-    return model
-
-
 def make_stage(model: nn.Module, layers: range, *, first: bool, last: bool, copy_model: bool) -> nn.Module:
-    """The stage of `model` holding `layers` (a copy when the rank holds several stages)."""
-    from torch import nn
-
+    """The stage of `model` holding `layers` (a copy when the rank holds several stages), cut by its family."""
     stage = copy.deepcopy(model) if copy_model else model
-    if isinstance(getattr(stage, "blocks", None), nn.ModuleList):
-        return _gpt_stage(stage, layers, first=first, last=last)
-    from launcher.components.model.hf import HFCausalLM, hf_stage
-
-    if isinstance(stage, HFCausalLM):
-        return hf_stage(stage, layers, first=first, last=last)
-    raise ValueError(f"{type(model).__name__}: no decoder layers found to cut into pipeline stages.")
+    return family_of(stage).stage(stage, layers, first=first, last=last)
 
 
 def split_model(model: nn.Module, plan: StagePlan) -> list[nn.Module]:
@@ -96,10 +76,7 @@ def split_model(model: nn.Module, plan: StagePlan) -> list[nn.Module]:
 
 def tied_pair(model_cfg: ModelConfig) -> tuple[str, str] | None:
     """Names of the tied embedding and head weights the first and last stage each hold a copy of, or None."""
-    if model_cfg.kind == "gpt":
-        return ("tok_emb.weight", "lm_head.weight") if model_cfg.tie_embeddings else None
-    cfg = model_shape(model_cfg).equivalent
-    return ("hf.model.embed_tokens.weight", "hf.lm_head.weight") if cfg.tie_embeddings else None
+    return family(model_cfg).tied_names(model_cfg)
 
 
 def local_tensor(tensor: torch.Tensor) -> torch.Tensor:

@@ -1,6 +1,6 @@
 """Pretrained weights into a sharded model: built empty, sharded, then filled from rank 0.
 
-With `model.path` under the DTensor strategies (fsdp, tp, both), every rank builds the model with
+With a pretrained folder (the model family's `from_folder`: `model.path`) under the DTensor strategies (fsdp, tp, both), every rank builds the model with
 its parameters on the meta device, the strategy splits it, and only then are the weights read:
 rank 0 loads the folder (transformers' `from_pretrained`, float32) and torch's
 `set_model_state_dict(..., broadcast_from_rank0=True)` sends each tensor in turn, every rank
@@ -18,6 +18,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from launcher.components.model.family import family
 from launcher.config.model import ModelConfig
 from launcher.parallel.dims import DistContext
 from launcher.parallel.registry import STRATEGIES
@@ -28,8 +29,7 @@ def deferred(spec: RunSpec) -> bool:
     """Whether this run builds its pretrained model empty and fills the shards after wrapping."""
     m, q = spec.model, spec.quantization
     return (
-        m.kind == "hf"
-        and m.path is not None
+        family(m).from_folder(m)
         and STRATEGIES[spec.parallel.strategy].device_mesh
         and spec.parallel.pp_size == 1  # each stage rank reads the folder and keeps its layers
         and q.method == "none"
@@ -69,10 +69,8 @@ def load_into_shards(model: nn.Module, cfg: ModelConfig, dist: DistContext) -> N
     """Materialize `model` (already split by TP/FSDP) and fill it with the folder's weights, read once on rank 0."""
     from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
 
-    from launcher.components.model.hf import build_hf_model
-
     materialize(model, dist.device)
-    full = build_hf_model(cfg, announce=False).state_dict() if dist.is_main else {}
+    full = family(cfg).build(cfg, announce=False).state_dict() if dist.is_main else {}
     set_model_state_dict(
         model, full, options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True, strict=True)
     )

@@ -12,7 +12,7 @@ def long_context_terms(spec: RunSpec, micro_batch: int, device_type: str) -> dic
     """ActivationShape's loss_chunks, dense_mask and selective_matmuls for `micro_batch` sequences on `device_type`."""
     chunks = 1
     if loss_chunking_bypass(spec.parallel, spec.model) is None:
-        model = spec.model if spec.model.kind == "gpt" else model_shape(spec.model).equivalent
+        model = model_shape(spec.model).equivalent
         vocab = vocab_size(model)
         tokens = micro_batch * spec.data.seq_len // max(spec.parallel.cp_size, 1)  # this rank's share
         chunks = loss_chunk_count(spec.train.loss_chunks, tokens=tokens, vocab=vocab)

@@ -79,7 +79,7 @@ def activation_shape(
         act_bytes=2 if autocasts_16bit(spec) else 4,
         tp_size=max(p.tp_size, 1),
         sequence_parallel=p.sequence_parallel,
-        llama=model_shape(spec.model).llama_layer if spec.model.kind == "hf" else None,
+        llama=model_shape(spec.model).llama_layer,  # None for a family without Llama-style layers
         residual_bytes=2 if fsdp_computes_16bit(spec) else 4,
         **long_context_terms(spec, batch, device_type),
     )

@@ -51,9 +51,8 @@ class ParamCounts:
 
 def gpt_view(spec: RunSpec) -> RunSpec:
     """`spec` with a Hugging Face model replaced by the GPT of the same width, depth and heads (for the formulas)."""
-    if spec.model.kind == "gpt":
-        return spec
-    return dataclasses.replace(spec, model=model_shape(spec.model).equivalent)
+    equivalent = model_shape(spec.model).equivalent  # the built-in GPT's is its own config
+    return spec if equivalent is spec.model else dataclasses.replace(spec, model=equivalent)
 
 
 def lora_targets(spec: RunSpec) -> tuple[str, ...]:

@@ -46,6 +46,7 @@ from launcher.components.data.batching import PairDocuments
 from launcher.components.data.tokens import Corpus, cached_path, uses_cache
 from launcher.components.files.token_cache import read_ref_logps
 from launcher.components.model.build import build_model
+from launcher.components.model.family import decoder_layers, family
 from launcher.components.model.loss import model_inputs
 from launcher.components.objectives import Frozen, FrozenModel, Objective, objective_module
 from launcher.components.objectives.preference import logits_of, sequence_logps
@@ -104,7 +105,6 @@ def _place(frozen: nn.Module, spec: RunSpec, dist: DistContext, mesh: DeviceMesh
         return frozen
     from torch.distributed.fsdp import fully_shard
 
-    from launcher.components.model.hf import decoder_layers
     from launcher.parallel.fsdp import data_mesh
 
     shard_mesh = data_mesh(mesh, dist.dims.dp_replicate)
@@ -119,8 +119,8 @@ def _read(declared: FrozenModel, spec: RunSpec, model: nn.Module) -> nn.Module:
     with torch.random.fork_rng(devices=[]):
         if declared.source == "teacher":
             return load_teacher(str(declared.path))
-        if (
-            spec.model.kind == "hf" and spec.model.path
+        if family(spec.model).from_folder(
+            spec.model
         ):  # as the policy was built: same vocabulary, same weights
             return build_model(spec.model)
         return copy.deepcopy(model)

@@ -8,7 +8,7 @@ from launcher.components.optimizer import OPTIMIZERS
 from launcher.config.data import DATA_KINDS
 from launcher.config.launcher import BACKENDS
 from launcher.config.memory import ACTIVATION_CHECKPOINTING, SELECTIVE_MATMULS
-from launcher.config.model import ATTENTION
+from launcher.config.model import ATTENTION, FAMILIES
 from launcher.config.quantization import METHODS
 from launcher.config.scheduler import SCHEDULES
 from launcher.parallel.pipeline_split import SCHEDULES as PP_SCHEDULES
@@ -19,7 +19,7 @@ from launcher.rules.hardware import Hardware
 from launcher.rules.values import Rule, choice
 from launcher.spec import RunSpec, SpecError
 
-MODEL_KINDS = ("gpt", "hf")
+MODEL_KINDS = tuple(FAMILIES)
 SIMULATED_STRATEGIES = ("single", "fsdp", "tp", "ddp", "pp")
 """Strategies dry_run=simulate builds on fake tensors (DeepSpeed's engine decides its step by reading tensor values)."""
 SIMULATED_PP_SCHEDULES = ("gpipe", "1f1b")

@@ -153,7 +153,7 @@ KEYS: dict[str, Domain] = {
     "model.d_model": COUNT,
     "model.dropout": SHARE,
     "model.hf_config": text("a preset name or a directory: launcher.rules.hf_model judges it"),
-    "model.kind": one_of(("gpt", "hf")),
+    "model.kind": one_of(tuple(model.FAMILIES)),
     "model.max_seq_len": COUNT,
     "model.n_head": COUNT,
     "model.n_layer": COUNT,

@@ -18,7 +18,7 @@ import torch
 from torch import nn
 
 from launcher.components.adapters import adapter_layers, peft_config
-from launcher.components.model.hf import HFCausalLM
+from launcher.components.model.family import family_of
 from launcher.components.model.hf_files import hf_config
 from launcher.spec import RunSpec
 from launcher.tools.merge import checkpoint_dir, load_adapted
@@ -26,8 +26,10 @@ from launcher.tools.merge import checkpoint_dir, load_adapted
 if TYPE_CHECKING:
     from peft import LoraConfig
 
-HF_PREFIX = "hf."
-"""Where HFCausalLM keeps the transformers model: stripped from module names and keys."""
+
+def _prefix(model: nn.Module) -> str | None:
+    """Where the transformers model sits inside `model` (stripped from module names and keys); None: not one."""
+    return family_of(model).transformers_prefix()
 
 
 def _uses_conv1d(spec: RunSpec, layers: list[str]) -> bool:
@@ -42,7 +44,7 @@ def _uses_conv1d(spec: RunSpec, layers: list[str]) -> bool:
 
 def _adapter_config(spec: RunSpec, model: nn.Module, layers: list[str]) -> LoraConfig:
     """The peft LoraConfig for the base model the folder is loaded onto."""
-    is_hf = isinstance(model, HFCausalLM)
+    is_hf = _prefix(model) is not None
     config = peft_config(spec.quantization.lora, layers, fan_in_fan_out=is_hf and _uses_conv1d(spec, layers))
     if is_hf:
         config.task_type = "CAUSAL_LM"
@@ -54,7 +56,7 @@ def adapter_tensors(model: nn.Module) -> dict[str, torch.Tensor]:
     """The adapter weights of an adapted model under the keys peft saves for its base model."""
     from peft import get_peft_model_state_dict
 
-    prefix = HF_PREFIX if isinstance(model, HFCausalLM) else ""
+    prefix = _prefix(model) or ""
     state = get_peft_model_state_dict(model)
     return {
         "base_model.model." + key.removeprefix(prefix): value.detach().float().cpu().contiguous()
@@ -67,7 +69,7 @@ def write_adapter_folder(source: Path, out: Path) -> Path:
     from safetensors.torch import save_file
 
     spec, model = load_adapted(checkpoint_dir(Path(source)))
-    prefix = HF_PREFIX if isinstance(model, HFCausalLM) else ""
+    prefix = _prefix(model) or ""
     layers = [name.removeprefix(prefix) for name in adapter_layers(model)]
     if not layers:
         raise ValueError(f"{source} holds no adapters (quantization.lora.rank=0): nothing to write.")

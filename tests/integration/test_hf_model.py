@@ -12,7 +12,8 @@ from conftest import TINY, losses, run_cli, run_inline
 pytest.importorskip("transformers")
 
 from launcher.components.model.build import build_model  # noqa: E402
-from launcher.components.model.hf import HFCausalLM, enable_checkpointing  # noqa: E402
+from launcher.components.model.family import decoder_layers, family_of  # noqa: E402
+from launcher.components.model.hf import HFCausalLM  # noqa: E402
 from launcher.config.model import ModelConfig
 
 RUN = [*TINY, "train.eval_every=null", "checkpoint.every=null", "train.max_steps=10"]
@@ -48,18 +49,18 @@ def test_preset_checkpointing_gives_the_same_gradients(preset: str) -> None:
         model = build_model(cfg)
         assert isinstance(model, HFCausalLM) and model(tokens).shape == (2, 16, 256)
         if checkpointed:
-            assert enable_checkpointing(model)
+            assert family_of(model).checkpointing(model, 1, None)
         model(tokens).float().logsumexp(-1).mean().backward()
         grads.append(torch.cat([p.grad.flatten() for p in model.parameters()]))
     torch.testing.assert_close(grads[1], grads[0], rtol=1e-5, atol=1e-6)
-    assert not enable_checkpointing(build_model(ModelConfig(n_layer=1, d_model=32, n_head=2)))
+    gpt = build_model(ModelConfig(n_layer=1, d_model=32, n_head=2))
+    assert not family_of(gpt).checkpointing(gpt, 1, None)
 
 
 @pytest.mark.parametrize(("preset", "layer_class"), [("llama", "LlamaDecoderLayer"), ("gpt2", "GPT2Block")])
 def test_decoder_layers_are_what_fsdp_shards_and_compile_traces(preset: str, layer_class: str) -> None:
     """FSDP2 and compile take a transformers model layer by layer (the class of `_no_split_modules`)."""
     from launcher.components.compile import compiled_modules
-    from launcher.components.model.hf import decoder_layers
 
     model = build_model(ModelConfig(kind="hf", hf_config=preset, n_layer=3, d_model=32, n_head=2))
     layers = decoder_layers(model)

@@ -4,29 +4,18 @@ from __future__ import annotations
 
 from torch import nn
 
+from launcher.components.model.family import family
 from launcher.components.model.shape import model_shape
 from launcher.config.model import ModelConfig
 
 
 def build_model(cfg: ModelConfig, *, empty: bool = False) -> nn.Module:
-    """The model the config describes, on the CPU in float32; init depends only on torch's global seed.
+    """The model the config describes (its family builds it), on the CPU in float32; init depends only on torch's seed.
 
-    `empty` (a pretrained HF folder only): parameters on the meta device, for a strategy that shards
+    `empty` (a family's pretrained folder only): parameters on the meta device, for a strategy that shards
     the model and then loads the weights into the shards (launcher.parallel.pretrained).
     """
-    if cfg.kind == "hf":
-        from launcher.components.model.hf import build_hf_model
-
-        return build_hf_model(cfg, empty=empty)
-    if empty:
-        raise ValueError("only a pretrained Hugging Face model (model.path) is built empty.")
-    if cfg.kind != "gpt":
-        raise ValueError(
-            f"model.kind={cfg.kind!r} is not a model kind: use gpt (the built-in decoder) or hf."
-        )
-    from launcher.components.model.gpt import GPT
-
-    return GPT(cfg)
+    return family(cfg).build(cfg, empty=empty)
 
 
 def num_params(model: nn.Module) -> int:

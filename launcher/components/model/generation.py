@@ -2,7 +2,7 @@
 
 `generate(model, prompts, ...)` continues token-id prompts: left-padded into one batch, one prefill,
 then one token per row and step through the model's own `forward(ids, positions, cache=...,
-attention_mask=...)` (the cache comes from `model.new_cache()`, which each model family defines),
+attention_mask=...)` (the cache comes from its family's `new_cache` verb, launcher.components.model.family),
 so FSDP2's hooks gather the parameters, tensor parallel's styles apply and injected adapters take
 part, exactly as in a training step. Logits sharded over the vocabulary (tensor parallel) are
 gathered whole. Sequence parallelism (blocks fed a split sequence) does not decode yet. Greedy when the temperature is 0, else sampling from softmax(logits / temperature)
@@ -27,6 +27,8 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 from torch import nn
+
+from launcher.components.model.family import family_of
 
 Model = nn.Module | Callable[[torch.Tensor], torch.Tensor]
 """A model part with forward(ids, positions, cache=, attention_mask=) and new_cache(); or, for the
@@ -123,7 +125,7 @@ class _Decoder:
         ids, mask = self.ids[:, -self.context :], self.mask[:, -self.context :]
         if not self.use_cache and bool(mask.all()):
             return _whole(self.model(ids))
-        self.cache = self.model.new_cache()
+        self.cache = family_of(self.model).new_cache(self.model)
         return _whole(self.model(ids, _positions(mask), cache=self.cache, attention_mask=mask))
 
     def append(self, tokens: list[int]) -> None:

@@ -21,6 +21,7 @@ refer to these names when they shard the model.
 from __future__ import annotations
 
 import math
+from typing import ClassVar
 
 import torch
 import torch.nn.functional as F
@@ -153,6 +154,9 @@ class Block(nn.Module):
 
 class GPT(nn.Module):
     """A GPT-2 style decoder: token and learned position embeddings, pre-norm blocks, LM head."""
+
+    model_family: ClassVar[str] = "gpt"
+    """Its key in launcher.config.model.FAMILIES (launcher.components.model.family.family_of reads it)."""
 
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()

@@ -21,7 +21,7 @@ from __future__ import annotations
 import functools
 import inspect
 import os
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 from rich.console import Console
@@ -58,6 +58,9 @@ SCALED_LOGITS = ("final_logit_softcapping", "logit_scale", "logits_scaling")
 
 class HFCausalLM(nn.Module):
     """A transformers causal LM called as the loop calls every model: token ids -> logits."""
+
+    model_family: ClassVar[str] = "hf"
+    """Its key in launcher.config.model.FAMILIES (launcher.components.model.family.family_of reads it)."""
 
     def __init__(self, hf: nn.Module, attention: str = "auto") -> None:
         super().__init__()
@@ -277,17 +280,11 @@ def build_hf_model(cfg: ModelConfig, *, empty: bool = False, announce: bool = Tr
     return HFCausalLM(conv1d_to_linear(hf), attention=cfg.attention)
 
 
-def decoder_layers(model: nn.Module) -> nn.ModuleList | None:
-    """The repeated decoder layers (what FSDP shards and compile traces one by one); None if not found.
+def hf_decoder_layers(model: HFCausalLM) -> nn.ModuleList | None:
+    """A transformers model's repeated decoder layers (its class named in `_no_split_modules`); None if not found.
 
-    The built-in GPT keeps them in `blocks`; a transformers model names their class in
-    `_no_split_modules`, and the one ModuleList holding them is found by that class.
+    The one ModuleList holding them is found by that class.
     """
-    blocks = getattr(model, "blocks", None)
-    if isinstance(blocks, nn.ModuleList):
-        return blocks
-    if not isinstance(model, HFCausalLM):
-        return None
     names = set(getattr(model.hf, "_no_split_modules", None) or ())
     for module in model.hf.modules():
         if isinstance(module, nn.ModuleList) and len(module) and type(next(iter(module))).__name__ in names:
@@ -295,16 +292,14 @@ def decoder_layers(model: nn.Module) -> nn.ModuleList | None:
     return None
 
 
-def enable_checkpointing(model: nn.Module, every_n_layers: int = 1, options: dict | None = None) -> bool:
-    """Turn on the HF model's own activation checkpointing (non-reentrant); False if `model` is not HF.
+def hf_checkpointing(model: HFCausalLM, every_n_layers: int = 1, options: dict | None = None) -> None:
+    """Turn on the HF model's own activation checkpointing (non-reentrant).
 
     transformers 5 calls it `activation_checkpointing_enable` (`gradient_checkpointing_enable` is
     deprecated there); older releases have only the latter. `options` go to torch's checkpoint (a
     selective policy's context_fn). Inputs are made to require grad so a
     frozen embedding (LoRA) still lets gradients reach the adapters inside checkpointed layers.
     """
-    if not isinstance(model, HFCausalLM):
-        return False
     hf = model.hf
     kwargs = {"use_reentrant": False, **(options or {})}
     if hasattr(hf, "activation_checkpointing_enable"):
@@ -316,4 +311,3 @@ def enable_checkpointing(model: nn.Module, every_n_layers: int = 1, options: dic
             raise ValueError("this transformers release checkpoints every layer only (every_n_layers=1).")
         hf.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
     hf.enable_input_require_grads()
-    return True

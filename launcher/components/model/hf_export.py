@@ -1,6 +1,7 @@
 """A trained model's full state dict as a transformers causal LM that `save_pretrained` writes.
 
-Two families arrive here (the keys of `build_model(cfg).state_dict()`):
+The two built-in families' mappings (the keys of `build_model(cfg).state_dict()`); `to_transformers` asks
+the model's family (launcher.components.model.family), whose `to_transformers` verb calls one of these:
 
 - `kind=hf`: the transformers model under an `hf.` prefix, GPT-2's Conv1D projections stored as
   nn.Linear (weight transposed, see `hf.conv1d_to_linear`). The prefix is stripped, Conv1D weights
@@ -78,27 +79,45 @@ def hf_state(state: dict[str, torch.Tensor], model: nn.Module) -> dict[str, torc
     return out
 
 
-def to_transformers(state: dict[str, torch.Tensor], cfg: ModelConfig) -> Any:
-    """A transformers causal LM (float32, eval, key-value cache on) holding `state`, loaded strictly."""
+def _as_cpu_float(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """`state` on the CPU, floating tensors in float32."""
+    return {k: v.detach().to("cpu", torch.float32) if v.is_floating_point() else v for k, v in state.items()}
+
+
+def _finished(model: Any, converted: dict[str, torch.Tensor]) -> Any:
+    """`model` holding `converted` (loaded strictly), eval, with its key-value cache on again."""
+    model.load_state_dict(converted, strict=True)
+    model.config.use_cache = True  # training turned it off; generation wants it
+    return model.eval()
+
+
+def gpt_to_transformers(state: dict[str, torch.Tensor], cfg: ModelConfig) -> Any:
+    """The built-in GPT's state as the GPT2LMHeadModel computing the same (float32, eval, cache on)."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_config(gpt2_config(cfg), trust_remote_code=False, dtype=torch.float32)
+    return _finished(model, gpt_to_gpt2_state(_as_cpu_float(state), cfg))
+
+
+def hf_to_transformers(state: dict[str, torch.Tensor], cfg: ModelConfig) -> Any:
+    """A `kind=hf` state as the transformers model of `hf_files.hf_config(cfg)` (float32, eval, cache on)."""
     from transformers import AutoModelForCausalLM
 
     from launcher.components.model.hf_files import hf_config
 
-    if cfg.kind not in ("gpt", "hf"):
-        raise ValueError(f"model.kind={cfg.kind!r} has no transformers export: use gpt or hf.")
-    state = {k: v.detach().to("cpu", torch.float32) if v.is_floating_point() else v for k, v in state.items()}
-    config = gpt2_config(cfg) if cfg.kind == "gpt" else hf_config(cfg)
-    model = AutoModelForCausalLM.from_config(config, trust_remote_code=False, dtype=torch.float32)
-    if cfg.kind == "gpt":
-        converted = gpt_to_gpt2_state(state, cfg)
-    else:
-        converted = hf_state(state, model)
-        rows = converted[_embedding_key(model)].shape[0]
-        if rows != model.get_input_embeddings().num_embeddings:
-            model.resize_token_embeddings(rows)  # a tokenizer-sized embedding (model.resize_embeddings)
-    model.load_state_dict(converted, strict=True)
-    model.config.use_cache = True  # training turned it off; generation wants it
-    return model.eval()
+    model = AutoModelForCausalLM.from_config(hf_config(cfg), trust_remote_code=False, dtype=torch.float32)
+    converted = hf_state(_as_cpu_float(state), model)
+    rows = converted[_embedding_key(model)].shape[0]
+    if rows != model.get_input_embeddings().num_embeddings:
+        model.resize_token_embeddings(rows)  # a tokenizer-sized embedding (model.resize_embeddings)
+    return _finished(model, converted)
+
+
+def to_transformers(state: dict[str, torch.Tensor], cfg: ModelConfig) -> Any:
+    """A transformers causal LM (float32, eval, key-value cache on) holding `state`, as the model's family exports it."""
+    from launcher.components.model.family import family
+
+    return family(cfg).to_transformers(state, cfg)
 
 
 def _embedding_key(model: nn.Module) -> str:

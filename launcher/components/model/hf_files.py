@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from launcher.components.files.safe_load import RefusedFile
-from launcher.config.model import ModelConfig, ff_width, vocab_size
+from launcher.config.model import FAMILIES, ModelConfig, ff_width, vocab_size
 
 PRESETS = ("llama", "gpt2")
 # The linear layers of each preset's blocks, by name suffix (what quantization and LoRA may target).
@@ -55,12 +55,14 @@ def is_preset(name: str | None) -> bool:
 
 
 def local_dir(cfg: ModelConfig) -> str | None:
-    """The local folder whose config.json shapes the model (model.path, else a directory hf_config); None for presets."""
-    if cfg.kind != "hf":
-        return None
-    if cfg.path is not None:
-        return cfg.path
-    return None if cfg.hf_config is None or is_preset(cfg.hf_config) else cfg.hf_config
+    """The local folder whose config.json shapes the model (model.path, else a directory hf_config); None for presets.
+
+    The model's family says (launcher.components.model.family): a family without folders has none, and an
+    unknown model.kind none either (the launching process asks before the rules name the kind).
+    """
+    from launcher.components.model.family import family
+
+    return family(cfg).folder(cfg) if cfg.kind in FAMILIES else None
 
 
 def read_local_config(path: str) -> dict[str, Any]:

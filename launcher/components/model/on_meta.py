@@ -3,6 +3,7 @@ the rank decides with it, and the planner counts the build with the same answer.
 
 from __future__ import annotations
 
+from launcher.components.model.family import family
 from launcher.config.memory import MemoryConfig
 from launcher.config.model import ModelConfig
 from launcher.config.objective import ObjectiveConfig
@@ -23,14 +24,14 @@ def builds_on_meta(
     objective: ObjectiveConfig,
     memory: MemoryConfig,
 ) -> bool:
-    """Whether a rank builds the model on the meta device: the built-in GPT, split by a strategy (`splits`:
+    """Whether a rank builds the model on the meta device: a family that replays its init there (the GPT), split by a strategy (`splits`:
     FSDP2, TP or a pipeline), and nothing before the wrap needs its values (quantization, adapters, QAT,
     pruning masks, fp8 layers, a preference reference copy, the micro-batch search). A Hugging Face model
     built from its config initialises through `.data` aliases and, for some, `trunc_normal_`'s in-place
     arithmetic, which this replay cannot follow: it is built eagerly (a pretrained folder is read into
     the shards instead, launcher.parallel.pretrained)."""
     return (
-        model.kind == "gpt"
+        family(model).init_on_meta(model)
         and splits
         and quantization.method == "none"
         and quantization.lora.rank == 0

@@ -55,16 +55,22 @@ def _gpt_linears(cfg: ModelConfig) -> dict[str, tuple[int, int]]:
     }  # fmt: skip
 
 
+def gpt_shape(cfg: ModelConfig) -> ModelShape:
+    """The built-in GPT's shape, from the model keys."""
+    return ModelShape(num_params=config_num_params(cfg), block_linears=_gpt_linears(cfg), equivalent=cfg)
+
+
 @lru_cache(maxsize=8)
-def _hf_shape(cfg: ModelConfig) -> ModelShape:
+def hf_shape(cfg: ModelConfig) -> ModelShape:
+    """A Hugging Face model's shape, measured on a meta-device build of it (cached per config)."""
     from torch import nn  # only a Hugging Face model is built (on the meta device) to be measured
 
-    from launcher.components.model.hf import build_hf_model, decoder_layers
+    from launcher.components.model.hf import build_hf_model, hf_decoder_layers
     from launcher.components.model.hf_files import hf_config
 
     model = build_hf_model(cfg, empty=True, announce=False)
     config = hf_config(cfg)
-    layers = decoder_layers(model)
+    layers = hf_decoder_layers(model)
     linears = {
         name: (module.in_features, module.out_features)
         for name, module in (layers[0].named_modules() if layers is not None else [])
@@ -110,7 +116,7 @@ def _llama_layer(layer: Any, linears: dict[str, tuple[int, int]], config: Any) -
 
 
 def model_shape(cfg: ModelConfig) -> ModelShape:
-    """The shape of the model `cfg` describes (a Hugging Face one is built on the meta device once)."""
-    if cfg.kind == "hf":
-        return _hf_shape(cfg)
-    return ModelShape(num_params=config_num_params(cfg), block_linears=_gpt_linears(cfg), equivalent=cfg)
+    """The shape of the model `cfg` describes, as its family counts it (launcher.components.model.family)."""
+    from launcher.components.model.family import family
+
+    return family(cfg).shape(cfg)
