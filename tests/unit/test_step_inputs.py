@@ -34,6 +34,7 @@ row = {"rank": dist.rank, "quiet": quiet, "terms": terms.item(), "collectives": 
 with open(os.path.join(sys.argv[1], f"rank{dist.rank}.json"), "w") as out:  # one file each: stdout interleaves
     json.dump(row, out)
 torch.distributed.barrier()
+torch.distributed.destroy_process_group()  # a gloo group alive at interpreter exit may abort the rank
 """
 
 
