@@ -20,9 +20,7 @@ from typing import TYPE_CHECKING
 
 from launcher.components import nf4
 from launcher.components.adapters import adapter_layers, add_adapters, folded_weight
-from launcher.components.precision import train_dtype
 from launcher.config.parallel import method_of
-from launcher.config.precision import PrecisionConfig
 from launcher.config.quantization import KEEP_FULL_PRECISION, METHODS, QuantizationConfig
 
 if TYPE_CHECKING:  # torch only where a rank quantizes: the launching process never needs it
@@ -149,15 +147,16 @@ def nf4_backend(cfg: QuantizationConfig, strategy: str) -> str:
 def apply(
     model: nn.Module,
     cfg: QuantizationConfig,
-    precision: PrecisionConfig,
+    dtype: torch.dtype,
     *,
     device: str | torch.device = "cpu",
     strategy: str = "single",
 ) -> nn.Module:
     """Quantize the blocks' linear layers, then add peft LoRA adapters and freeze the rest (QLoRA).
 
-    `strategy` is parallel.strategy or its data-parallel method (nf4_backend=auto asks whether it shards). Pure in the sense that
-    matters for resume: the result depends only on `model` and the configs, and on torch's global
+    `dtype`: the training dtype, which bitsandbytes' quantized layers compute in. `strategy` is parallel.strategy
+    or its data-parallel method (nf4_backend=auto asks whether it shards). Pure in the sense that
+    matters for resume: the result depends only on `model`, the config and `dtype`, and on torch's global
     RNG for the adapters' initial A matrices.
     """
     if cfg.method == "none" and cfg.lora.rank == 0:
@@ -169,7 +168,6 @@ def apply(
             nf4.quantize_linear(linear.to(device))
         peft_sees = "none"  # a plain nn.Linear whose weight dequantizes itself in F.linear
     elif cfg.method != "none":
-        dtype = train_dtype(precision)  # quantized layers compute in the autocast dtype
         for name, linear in linears.items():
             replace_module(model, name, quantize_linear(linear, cfg, dtype, str(device)))
     if cfg.lora.rank > 0:

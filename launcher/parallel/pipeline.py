@@ -29,7 +29,7 @@ from torch import nn
 from launcher.components.metrics import PhaseTimer
 from launcher.components.model.shape import model_shape
 from launcher.components.objectives import Objective
-from launcher.components.precision import autocast, train_dtype
+from launcher.components.precision import autocast
 from launcher.parallel.parts import PartsStrategy
 from launcher.parallel.pipeline_split import rank_of_stage
 from launcher.parallel.pipeline_stage import StagePlan
@@ -73,7 +73,7 @@ def _static_shapes(setup: Setup, wrap: str, stage: int, num_stages: int) -> dict
 
         policy = mixed_precision_policy(spec.precision)
     hidden_dtype = policy.param_dtype if policy is not None else torch.float32
-    logits_dtype = hidden_dtype if policy is not None else train_dtype(spec.precision)
+    logits_dtype = hidden_dtype if policy is not None else setup.dtype
 
     def hidden() -> torch.Tensor:
         return torch.empty(rows, seq, shape.d_model, dtype=hidden_dtype, device=device, requires_grad=True)
@@ -194,7 +194,7 @@ class PipelineRunner:
             batch["position_ids"] = torch.arange(shape[1], device=ids.device).expand(shape).contiguous()
         device = self.dist.device
         with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
-            self.forward_backward(batch, 1.0, train_dtype(setup.spec.precision), _NoTimer())
+            self.forward_backward(batch, 1.0, setup.dtype, _NoTimer())
         for param in self.model.parameters():
             param.grad = None
 

@@ -41,7 +41,7 @@ class StepResult:
 
 @dataclass(frozen=True, kw_only=True)
 class Setup:
-    """What a strategy needs over its model parts: the spec, where this rank sits, the batch split, the mesh."""
+    """What a strategy needs over its model parts: the spec, where this rank sits, the batch split, the dtype, the mesh."""
 
     spec: RunSpec
     """The run's frozen spec."""
@@ -49,6 +49,8 @@ class Setup:
     """This rank's place in the job (rank, device, parallel degrees)."""
     batch: BatchSplit
     """Micro batch and accumulation steps the loop runs (the micro-batch search may have chosen them)."""
+    dtype: torch.dtype
+    """The training steps' autocast dtype (launcher.rank.build decides it once; float32: no autocast)."""
     mesh: DeviceMesh | None = None
     """The run's one device mesh (launcher.parallel.dims), where the run has one."""
 

@@ -55,7 +55,7 @@ from launcher.components.model.long_context import loss_chunking_bypass
 from launcher.components.model.meta_init import build_on_meta
 from launcher.components.model.on_meta import builds_on_meta
 from launcher.components.objectives import Objective
-from launcher.components.precision import apply_backend_flags, apply_fp8
+from launcher.components.precision import apply_backend_flags, apply_fp8, train_dtype
 from launcher.components.scheduler import build_scheduler
 from launcher.parallel import pretrained
 from launcher.parallel.dims import DistContext
@@ -165,6 +165,8 @@ class Trainable:
     rank_objective: RankObjective
     """The objective with the frozen model it declared, as this rank holds it (a precomputed reference until read)."""
     batch: BatchSplit
+    dtype: torch.dtype
+    """The training dtype, decided once here; every builder and the loop get it from here."""
     pruner: prune.Pruner | None
     qat_switch: Callable[[int], None] | None
 
@@ -173,7 +175,7 @@ def build_trainable(spec: RunSpec, dist: DistContext, run_dir: Path | None = Non
     """Steps 1-6 for this rank: model, parts, objective, parallelism, strategy and runner (no data)."""
     seed_everything(spec.train.seed)
     apply_backend_flags(spec.precision, dist.device.type)
-    device = dist.device
+    device, dtype = dist.device, train_dtype(spec.precision)  # the training dtype, decided once: passed down
     mesh = run_mesh(spec, dist)
     empty = pretrained.deferred(spec)
     built = build_on_meta(partial(build_model, spec.model)) if _on_meta(spec, dist) else None
@@ -181,7 +183,7 @@ def build_trainable(spec: RunSpec, dist: DistContext, run_dir: Path | None = Non
     if loss_chunking_bypass(spec.parallel, spec.model) is None:  # tp, pp and DeepSpeed keep whole logits
         model.loss_chunks = spec.train.loss_chunks
     model = quantization.apply(
-        model, spec.quantization, spec.precision, device=device, strategy=spec.parallel.data_parallel
+        model, spec.quantization, dtype, device=device, strategy=spec.parallel.data_parallel
     )
     model = qat.prepare(model, spec.qat)
     qat_switch = qat.switch_hook(model, spec.qat)
@@ -191,7 +193,7 @@ def build_trainable(spec: RunSpec, dist: DistContext, run_dir: Path | None = Non
     plan = dist.dims.stage_plan(spec.parallel, spec.model, spec.data.seq_len, dist.rank)
     parts = [model] if plan is None else split_model(model, plan)
     # the objective, with a teacher or a reference placed like the student
-    rank_objective = build_objective(spec, dist, mesh, model)
+    rank_objective = build_objective(spec, dist, mesh, model, dtype)
     objective = rank_objective.objective
     batch = BatchSplit(
         micro_batch_size=spec.train.micro_batch_size, grad_accum_steps=spec.train.grad_accum_steps
@@ -200,7 +202,7 @@ def build_trainable(spec: RunSpec, dist: DistContext, run_dir: Path | None = Non
     def measure(part: nn.Module) -> None:  # the objective's state (a teacher) counts in every try
         nonlocal batch
         batch = fit_micro_batch(
-            part, spec, device, run_dir=run_dir, is_main=dist.is_main, objective=objective
+            part, spec, device, dtype, run_dir=run_dir, is_main=dist.is_main, objective=objective
         )
 
     on_engine = spec.parallel.engine_partitions_parameters
@@ -209,15 +211,15 @@ def build_trainable(spec: RunSpec, dist: DistContext, run_dir: Path | None = Non
         parallelize(part, spec=spec, dist=dist, mesh=mesh, empty=empty, init=init, measure=search)
         for part in parts
     ]
-    setup = Setup(spec=spec, dist=dist, batch=batch, mesh=mesh)
+    setup = Setup(spec=spec, dist=dist, batch=batch, dtype=dtype, mesh=mesh)
     strategy = build_strategy(parts, setup)
     if spec.memory.auto_micro_batch and on_engine:  # ZeRO-3 partitions the model in its engine: search there
         batch = fit_micro_batch(
-            strategy.model, spec, device, run_dir=run_dir, is_main=dist.is_main, objective=objective,
+            strategy.model, spec, device, dtype, run_dir=run_dir, is_main=dist.is_main, objective=objective,
             backward=strategy.backward,
         )  # fmt: skip
         strategy.use_batch(batch)
-        setup = Setup(spec=spec, dist=dist, batch=batch, mesh=mesh)
+        setup = Setup(spec=spec, dist=dist, batch=batch, dtype=dtype, mesh=mesh)
     rank_objective.bind(strategy.model)  # a LoRA run's reference: the policy with adapters off
     runner = _runner(strategy, setup, objective, plan)
     return Trainable(
@@ -226,6 +228,7 @@ def build_trainable(spec: RunSpec, dist: DistContext, run_dir: Path | None = Non
         objective=objective,
         rank_objective=rank_objective,
         batch=batch,
+        dtype=dtype,
         pruner=pruner,
         qat_switch=qat_switch,
     )
@@ -248,6 +251,7 @@ def build(spec: RunSpec, dist: DistContext, run_dir: Path | None = None) -> Comp
     return Components(
         spec=spec,
         batch=batch,
+        dtype=trainable.dtype,
         strategy=strategy,
         runner=runner,
         objective=objective,

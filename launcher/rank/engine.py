@@ -26,7 +26,6 @@ from launcher.components import checkpoint, metrics, profiling
 from launcher.components.checkpoint_async import AsyncSaver, StagedFiles, background_saves
 from launcher.components.checkpoint_files import CheckpointFiles
 from launcher.components.loggers import observers
-from launcher.components.precision import train_dtype
 from launcher.parallel.state_bytes import is_dtensor
 from launcher.rank import collection, evaluation, host_memory
 from launcher.rank.loop_parts import Components
@@ -274,7 +273,7 @@ class Engine:
         """One optimizer step over grad_accum_steps micro batches, normalized by the step's terms (the objective's
         count: trained tokens, or pairs) on all ranks."""
         strategy, runner = self.parts.strategy, self.parts.runner
-        dtype = train_dtype(self.spec.precision)
+        dtype = self.parts.dtype
         for hook in self.parts.before_step:
             hook(self.step)
         self.guard.check_learning_rate(self.parts.scheduler.get_last_lr()[0], self.step)

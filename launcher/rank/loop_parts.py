@@ -27,6 +27,8 @@ class Components:
     """The spec the components were built for: the only spec the engine reads."""
     batch: BatchSplit
     """Micro batch and accumulation steps (the spec's, or the micro-batch search's choice)."""
+    dtype: torch.dtype
+    """The training steps' autocast dtype, decided once by `launcher.rank.build` (float32: no autocast)."""
     strategy: Strategy
     """The parallel strategy: wrapped model parts, optimizer and the loop's verbs."""
     runner: Runner

@@ -49,7 +49,7 @@ from launcher.components.model.context_parallel import shard_batch
 from launcher.components.model.loss import model_inputs
 from launcher.components.objectives import Objective
 from launcher.components.objectives.cross_entropy import CrossEntropy
-from launcher.components.precision import autocast, train_dtype
+from launcher.components.precision import autocast
 from launcher.config.model import vocab_size
 from launcher.rank import host_memory
 from launcher.spec import RunSpec
@@ -145,6 +145,7 @@ def _try_size(
     spec: RunSpec,
     size: int,
     device: torch.device,
+    dtype: torch.dtype,
     budget: int | None,
     objective: Objective | None = None,
     backward: Callable[[torch.Tensor], None] | None = None,
@@ -159,7 +160,7 @@ def _try_size(
     out_of_memory = False
     try:
         ballast = torch.zeros(ballast_numel, dtype=torch.float32, device=device)  # zeros: pages touched
-        with autocast(train_dtype(spec.precision), device.type):
+        with autocast(dtype, device.type):
             batch = {"input_ids": ids[:, :-1], "labels": ids[:, 1:]}
             group = getattr(model, "context_parallel", None)
             if group is not None:  # this rank's chunks; the other ranks of its group run the same try
@@ -201,6 +202,7 @@ def _search(
     model: nn.Module,
     spec: RunSpec,
     device: torch.device,
+    dtype: torch.dtype,
     search: Search,
     objective: Objective,
     backward: Callable[[torch.Tensor], None] | None = None,
@@ -208,7 +210,7 @@ def _search(
     """Fill `search` with tries and the choice."""
 
     def fits(size: int) -> bool:
-        ok, peak = _try_size(model, spec, size, device, search.budget_bytes, objective, backward)
+        ok, peak = _try_size(model, spec, size, device, dtype, search.budget_bytes, objective, backward)
         ok = _agree(int(ok), device) == 1  # every rank takes the same next try (a collective min)
         search.tries.append({"micro_batch_size": size, "peak_bytes": peak, "fits": ok})
         return ok
@@ -278,6 +280,7 @@ def fit_micro_batch(
     model: nn.Module,
     spec: RunSpec,
     device: torch.device,
+    dtype: torch.dtype,
     *,
     run_dir: Path | None = None,
     is_main: bool = True,
@@ -285,7 +288,8 @@ def fit_micro_batch(
     backward: Callable[[torch.Tensor], None] | None = None,
 ) -> BatchSplit:
     """The micro batch and accumulation the search chose for the spec's per-rank batch (the objective's state
-    counts); `model` whole, split (TP) or sharded (FSDP2, a ZeRO-3 engine with its `backward`)."""
+    counts; tries run under autocast to `dtype`, the training dtype); `model` whole, split (TP) or sharded
+    (FSDP2, a ZeRO-3 engine with its `backward`)."""
     objective = objective or CrossEntropy()
     t = spec.train
     search = Search(
@@ -306,7 +310,7 @@ def fit_micro_batch(
         if search.measured == "the whole model":
             model.to(device)  # sharded or split parameters were placed by their wrap
         rng = torch.get_rng_state(), torch.cuda.get_rng_state_all() if device.type == "cuda" else None
-        _search(model, spec, device, search, objective, backward)
+        _search(model, spec, device, dtype, search, objective, backward)
         objective.metrics(
             lambda sums: sums
         )  # the tries' sums (a distiller's CE and KD) are no training step's

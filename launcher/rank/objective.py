@@ -50,7 +50,7 @@ from launcher.components.model.family import decoder_layers, family
 from launcher.components.model.loss import model_inputs
 from launcher.components.objectives import Frozen, FrozenModel, Objective, objective_module
 from launcher.components.objectives.preference import logits_of, sequence_logps
-from launcher.components.precision import autocast, train_dtype
+from launcher.components.precision import autocast
 from launcher.config.model import ModelConfig
 from launcher.parallel.dims import DistContext
 from launcher.parallel.registry import STRATEGIES, strategy_module
@@ -127,12 +127,17 @@ def _read(declared: FrozenModel, spec: RunSpec, model: nn.Module) -> nn.Module:
 
 
 def place_frozen(
-    declared: FrozenModel, spec: RunSpec, dist: DistContext, mesh: DeviceMesh | None, model: nn.Module
+    declared: FrozenModel,
+    spec: RunSpec,
+    dist: DistContext,
+    mesh: DeviceMesh | None,
+    model: nn.Module,
+    dtype: torch.dtype,
 ) -> Frozen:
-    """The declared frozen model, read, frozen in the training dtype and placed (adapters_off: bound later)."""
+    """The declared frozen model, read, frozen in the training dtype `dtype` and placed (adapters_off: bound later)."""
     if declared.source == "adapters_off":
         return PolicyBase()
-    frozen = _read(declared, spec, model).to(dtype=train_dtype(spec.precision)).eval().requires_grad_(False)
+    frozen = _read(declared, spec, model).to(dtype=dtype).eval().requires_grad_(False)
     return _place(frozen, spec, dist, mesh)
 
 
@@ -146,6 +151,8 @@ class RankObjective:
     """The frozen model the objective's module declared (None: it reads none)."""
     frozen: Frozen | None
     """That model placed; a precomputed one until its log-probs are read (`precompute`), then None."""
+    dtype: torch.dtype
+    """The training dtype the frozen model is held and run in (launcher.rank.build decided it)."""
 
     def bind(self, policy: nn.Module) -> None:
         """Give a reference that is the policy's base the wrapped policy (after the strategy wraps it)."""
@@ -158,19 +165,23 @@ class RankObjective:
             return None
         pairs = PairDocuments(corpus.train, spec.data.seq_len, kto=spec.objective.name == "kto")
         frozen, self.frozen = self.frozen, None
-        return reference_logps(spec, dist, frozen, pairs)
+        return reference_logps(spec, dist, frozen, pairs, self.dtype)
 
 
 def build_objective(
-    spec: RunSpec, dist: DistContext, mesh: DeviceMesh | None, model: nn.Module
+    spec: RunSpec, dist: DistContext, mesh: DeviceMesh | None, model: nn.Module, dtype: torch.dtype
 ) -> RankObjective:
-    """The run's objective (the registry's module) over its declared frozen model, placed like the student."""
+    """The run's objective (the registry's module) over its declared frozen model, placed like the student
+    and held in the training dtype `dtype`."""
     module = objective_module(spec.objective, spec.distill)
     declared = module.frozen_model(spec.objective, spec.distill, adapters=bool(adapter_layers(model)))
-    frozen = None if declared is None else place_frozen(declared, spec, dist, mesh, model)
+    frozen = None if declared is None else place_frozen(declared, spec, dist, mesh, model, dtype)
     steps = None if declared is not None and declared.precomputed else frozen  # precomputed: batches carry it
     return RankObjective(
-        objective=module.build(spec.objective, spec.distill, steps), declared=declared, frozen=frozen
+        objective=module.build(spec.objective, spec.distill, steps),
+        declared=declared,
+        frozen=frozen,
+        dtype=dtype,
     )
 
 
@@ -186,13 +197,14 @@ def cache_file(spec: RunSpec) -> Path | None:
     return cached_path(spec.data, spec.tokenizer) / f"ref_logps-{key}.pt"
 
 
-def _compute(reference: Frozen, pairs: PairDocuments, spec: RunSpec, dist: DistContext) -> torch.Tensor:
-    """[len(pairs), sides] float32 log-probs: this rank's share computed, every rank's gathered."""
+def _compute(
+    reference: Frozen, pairs: PairDocuments, spec: RunSpec, dist: DistContext, dtype: torch.dtype
+) -> torch.Tensor:
+    """[len(pairs), sides] float32 log-probs (under autocast to `dtype`): this rank's share computed, every rank's gathered."""
     size, ranks, rank = spec.train.micro_batch_size, dist.dp_size, dist.dp_rank
     rounds = -(-len(pairs) // (size * ranks))
     sides = 1 if pairs.kto else 2
     mine = torch.zeros((rounds, size, sides), dtype=torch.float32, device=dist.device)
-    dtype = train_dtype(spec.precision)
     with torch.no_grad():
         for k in range(rounds):
             start = (k * ranks + rank) * size
@@ -209,13 +221,14 @@ def _compute(reference: Frozen, pairs: PairDocuments, spec: RunSpec, dist: DistC
 
 
 def reference_logps(
-    spec: RunSpec, dist: DistContext, reference: Frozen, pairs: PairDocuments
+    spec: RunSpec, dist: DistContext, reference: Frozen, pairs: PairDocuments, dtype: torch.dtype
 ) -> torch.Tensor:
-    """The reference's log-probs of every pair side: read from the cache, or computed now and cached."""
+    """The reference's log-probs of every pair side (computed in the training dtype `dtype`): read from the
+    cache, or computed now and cached."""
     path = cache_file(spec)
     if path is not None and path.is_file():  # checked as it is read back: a damaged one is refused, named
         return read_ref_logps(path, len(pairs), 1 if pairs.kto else 2)
-    logps = _compute(reference, pairs, spec, dist)
+    logps = _compute(reference, pairs, spec, dist, dtype)
     if path is not None and dist.is_main:
         partial = path.with_name(f".{path.name}.{os.getpid()}")
         torch.save(logps, partial)

@@ -36,7 +36,6 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
 from launcher.components.metrics import PhaseTimer
-from launcher.components.precision import train_dtype
 from launcher.parallel.dims import DistContext, ParallelDims
 from launcher.rank.build import build_trainable, seed_everything
 from launcher.rank.op_count import OpCounter, OpTally
@@ -325,7 +324,7 @@ def _step(spec: RunSpec, trainable: Any, vocab: int, device: torch.device) -> No
         last = i == batch.grad_accum_steps - 1
         with contextlib.nullcontext() if last else strategy.no_sync():
             trainable.runner.forward_backward(
-                {"input_ids": ids, "labels": ids.clone()}, normalizer, train_dtype(spec.precision), timer
+                {"input_ids": ids, "labels": ids.clone()}, normalizer, trainable.dtype, timer
             )
     strategy.step(loss_ok=torch.ones((), dtype=torch.bool, device=device))
 

@@ -20,6 +20,7 @@ from rich.markup import escape
 
 from launcher.components import checkpoint, quantization
 from launcher.components.adapters import load_checkpoint_state
+from launcher.components.precision import train_dtype
 from launcher.components.quantization import merged_state_dict
 from launcher.exits import ExitStatus
 from launcher.parallel.registry import strategy_module
@@ -58,7 +59,10 @@ def load_adapted(ckpt: Path) -> tuple[RunSpec, nn.Module]:
     spec = load_spec(ckpt.parent.parent / "spec.yaml")
     torch.manual_seed(spec.train.seed)
     model = quantization.apply(
-        build_model(spec.model), spec.quantization, spec.precision, strategy=spec.parallel.strategy
+        build_model(spec.model),
+        spec.quantization,
+        train_dtype(spec.precision),
+        strategy=spec.parallel.strategy,
     )
     state = strategy_module(spec.parallel.strategy).consolidate(ckpt)
     load_checkpoint_state(model, state)

@@ -20,7 +20,6 @@ from launcher.components.model.build import build_model  # noqa: E402
 from launcher.components.model.hf_files import hf_config  # noqa: E402
 from launcher.config.adapters import ADAPTER, LoRAConfig  # noqa: E402
 from launcher.config.model import ModelConfig  # noqa: E402
-from launcher.config.precision import PrecisionConfig  # noqa: E402
 from launcher.config.quantization import QuantizationConfig  # noqa: E402
 from launcher.tools import merge  # noqa: E402
 from launcher.tools.adapter_folder import write_adapter_folder  # noqa: E402
@@ -31,7 +30,7 @@ RUN = [*TINY, "train.eval_every=null", "train.max_steps=4", "checkpoint.every=nu
 
 def _adapted(lora: LoRAConfig, cfg: ModelConfig = SMALL) -> torch.nn.Module:
     torch.manual_seed(0)
-    return quantization.apply(build_model(cfg), QuantizationConfig(lora=lora), PrecisionConfig())
+    return quantization.apply(build_model(cfg), QuantizationConfig(lora=lora), torch.float32)
 
 
 def test_a_target_that_matches_nothing_is_refused_at_build() -> None:
@@ -64,7 +63,7 @@ def test_dora_on_int8_fails_in_peft_as_the_rule_says() -> None:
     """Why quantization.lora.dora=true with int8 is refused before launch: the second forward breaks."""
     torch.manual_seed(0)
     cfg = QuantizationConfig(method="int8", lora=LoRAConfig(rank=4, dora=True))
-    model = quantization.apply(build_model(SMALL), cfg, PrecisionConfig())
+    model = quantization.apply(build_model(SMALL), cfg, torch.float32)
     tokens = torch.randint(0, 256, (2, 16))
     model(tokens)
     with pytest.raises(AttributeError):  # the int8 row scales (SCB) are gone

@@ -112,6 +112,7 @@ def test_micro_batch_search_counts_the_teacher(runs) -> None:
 
     from launcher.components.model.build import build_model
     from launcher.components.objectives.distillation import Distiller
+    from launcher.components.precision import train_dtype
     from launcher.rank.micro_batch import _try_size
     from launcher.rank.objective import load_teacher
     from launcher.spec import load_spec
@@ -121,7 +122,7 @@ def test_micro_batch_search_counts_the_teacher(runs) -> None:
     student = build_model(dataclasses.replace(spec.model, max_seq_len=256))
     teacher = load_teacher(str(runs["teacher"]))
     teacher.eval().requires_grad_(False)
-    cpu = torch.device("cpu")
+    cpu, dtype = torch.device("cpu"), train_dtype(spec.precision)
     # Earlier work of this process may leave freed memory resident (glibc keeps heap chunks once its
     # mmap threshold has risen); a try reusing it would hide the teacher. Leave 300 MB of it first.
     raise_threshold = torch.ones(4_000_000)
@@ -130,8 +131,8 @@ def test_micro_batch_search_counts_the_teacher(runs) -> None:
     top = pool.pop()  # held: the freed chunks below it cannot return to the OS by trimming the top alone
     del pool
     for _ in range(2):  # the first tries warm the allocator's arenas
-        _, alone = _try_size(student, spec, 32, cpu, None)
-        _, with_teacher = _try_size(student, spec, 32, cpu, None, Distiller(teacher, spec.distill))
+        _, alone = _try_size(student, spec, 32, cpu, dtype, None)
+        _, with_teacher = _try_size(student, spec, 32, cpu, dtype, None, Distiller(teacher, spec.distill))
     # teacher logits alone: 32 x 256 positions x 256 ids x 4 bytes = 8 MiB, plus its transient activations
     assert with_teacher - alone > 8 * 2**20, (alone, with_teacher)
     del top

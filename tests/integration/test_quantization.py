@@ -12,10 +12,10 @@ from peft.tuners.lora.bnb import Linear8bitLt as PeftLinear8bitLt
 from conftest import TINY, losses, run_inline
 from launcher.components import checkpoint, quantization
 from launcher.components.model.build import build_model
+from launcher.components.precision import train_dtype
 from launcher.components.quantization import merged_state_dict
 from launcher.config.adapters import ADAPTER, LoRAConfig
 from launcher.config.model import ModelConfig
-from launcher.config.precision import PrecisionConfig
 from launcher.config.quantization import QuantizationConfig
 from launcher.tools import merge
 
@@ -42,7 +42,7 @@ def test_nf4_lora_trains_only_the_adapters(qlora_run) -> None:
     assert all(isinstance(m.base_layer, quantization.layer_classes()[0]) for m in adapters)
     assert trainable == {n for n, _ in trained.named_parameters() if ".lora_A." in n or ".lora_B." in n}
     torch.manual_seed(spec.train.seed)  # the model as it was before the first step
-    fresh = quantization.apply(build_model(spec.model), spec.quantization, spec.precision)
+    fresh = quantization.apply(build_model(spec.model), spec.quantization, train_dtype(spec.precision))
     before, after = fresh.state_dict(), trained.state_dict()
     assert before.keys() == after.keys()
     for key in before:
@@ -85,7 +85,7 @@ def test_merged_export_reloads_to_the_same_outputs(qlora_run, tmp_path) -> None:
 def test_int8_lora_forward_backward() -> None:
     torch.manual_seed(0)
     cfg = QuantizationConfig(method="int8", lora=LoRAConfig(rank=4, targets=["q_proj", "v_proj", "down"]))
-    model = quantization.apply(build_model(SMALL), cfg, PrecisionConfig())
+    model = quantization.apply(build_model(SMALL), cfg, torch.float32)
     nf4_cls, int8_cls = quantization.layer_classes()
     assert sum(isinstance(m, int8_cls) for m in model.modules()) == 2 * 6  # every block linear is int8
     adapted = [m for m in model.modules() if isinstance(m, LoraLayer)]
@@ -103,7 +103,7 @@ def test_int8_lora_forward_backward() -> None:
 def test_int8_merge_tolerance() -> None:
     torch.manual_seed(0)
     cfg = QuantizationConfig(method="int8", lora=LoRAConfig(rank=4))
-    model = quantization.apply(build_model(SMALL), cfg, PrecisionConfig())
+    model = quantization.apply(build_model(SMALL), cfg, torch.float32)
     for module in model.modules():
         if isinstance(module, LoraLayer):
             torch.nn.init.normal_(module.lora_B[ADAPTER].weight, std=0.02)

@@ -242,6 +242,20 @@ def test_every_strategy_names_a_data_parallel_method() -> None:
     assert {ALIASES.get(name, name) for name in STRATEGIES} == set(METHODS)
 
 
+def test_a_rank_decides_the_training_dtype_once() -> None:
+    """launcher.rank.build works out the training dtype once and passes it down; no builder works it out again."""
+    calls = [
+        f"{path.relative_to(ROOT)}:{number}"
+        for folder in ("rank", "parallel", "components")
+        for path in sorted((ROOT / folder).rglob("*.py"))
+        for number, line in enumerate(path.read_text().splitlines(), 1)
+        if "train_dtype(" in line
+    ]
+    outside = [c for c in calls if not c.startswith(("rank/build.py:", "components/precision.py:"))]
+    assert not outside, "the training dtype worked out again, outside rank/build.py:\n" + "\n".join(outside)
+    assert len([c for c in calls if c.startswith("rank/build.py:")]) == 1, calls
+
+
 def _folder(module: str) -> str:
     """The package a module sits in (a package's __init__ sits in the package itself)."""
     path = _modules()[module]
