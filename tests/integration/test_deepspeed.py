@@ -78,6 +78,10 @@ def test_fp32_losses_match_one_process(cached_run, option: str, extra: list[str]
     _assert_close(got, _reference(cached_run, extra), rel=1e-5)
 
 
+# In the extended tier: bf16 closeness to one process is held by test_fsdp_tp.py's and test_pipeline.py's bf16
+# runs, and the bf16 section DeepSpeed gets by tests/unit/test_deepspeed_config.py; ZeRO-3's arithmetic here is
+# DeepSpeed's own.
+@pytest.mark.extended
 def test_bf16_zero3_is_close_to_one_process_bf16(cached_run) -> None:
     """Not bitwise: ZeRO-3 bf16 computes with bf16 weights and reduces bf16 gradients (fp32 masters
     live in the optimizer), while one process autocasts over fp32 weights and keeps fp32 gradients.
@@ -213,6 +217,10 @@ def test_nonfinite_stop_policy_ends_deepspeed_like_one_process(tmp_path) -> None
     assert all(torch.isfinite(t).all() for t in consolidate(newest).values())
 
 
+# In the extended tier: ZeRO-3's partitioned parity is held by test_fp32_losses_match_one_process[zero3], and
+# the offload settings reaching DeepSpeed's config by tests/unit/test_deepspeed_config.py; this run adds
+# DeepSpeedCPUAdam's JIT build (about a minute on a clean machine).
+@pytest.mark.extended
 def test_zero3_offload_through_train_matches_one_process(cached_run) -> None:
     """Parameters and optimizer state in CPU memory, AdamW as DeepSpeedCPUAdam (JIT-built once, then
     cached in TORCH_EXTENSIONS_DIR). Run as a user would: `train` with the inline backend, one rank

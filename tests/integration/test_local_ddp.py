@@ -121,8 +121,14 @@ def test_a_rank_that_never_starts_is_named_by_preflight(tmp_path) -> None:
     assert time.monotonic() - started < 100  # the short timeout, not a hang
 
 
+# inline in the extended tier: the verdict's three phases are the same runs on any backend, and the local case
+# holds them across two ranks.
 @pytest.mark.parametrize(
-    "backend", [["launcher=inline"], ["launcher=local", "parallel=ddp"]], ids=["inline", "local"]
+    "backend",
+    [
+        pytest.param(["launcher=inline"], id="inline", marks=pytest.mark.extended),
+        pytest.param(["launcher=local", "parallel=ddp"], id="local"),
+    ],
 )
 def test_verify_resume_gives_a_verdict(tmp_path, backend: list[str]) -> None:
     args = [

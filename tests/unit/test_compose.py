@@ -67,9 +67,9 @@ def test_every_option_composes_both_ways(group: str, option: str, tmp_path, requ
         extra = ["launcher=local", f"launcher.nproc={NEEDS_RANKS[group, option]}"]
     if (group, option) == ("launcher", "local"):
         extra = ["parallel=ddp"]  # its two ranks need a multi-rank strategy
+    # `+group=option` is rewritten to the very overrides of `group=option`, so the one check below judges both
+    assert command_line.normalize([f"+{group}={option}", *extra]) == [f"{group}={option}", *extra]
     bare = precheck([f"{group}={option}", *extra])
-    plus = precheck(command_line.normalize([f"+{group}={option}", *extra]))
-    assert [str(e) for e in bare] == [str(e) for e in plus]
     if (group, option) in CPU_ONLY_INVALID:
         assert [e.keys for e in bare] == [CPU_ONLY_INVALID[group, option]]
     elif (group, option) in GPU_RECIPES_ON_CPU:
