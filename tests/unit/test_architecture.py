@@ -381,3 +381,17 @@ def test_every_backend_that_submits_offers_every_submit_verb() -> None:
         module = backend(name)
         found = [part for part in SUBMITTER_NAMES if hasattr(module, part)]
         assert found in ([], list(SUBMITTER_NAMES)), f"{name}: has {found} of {SUBMITTER_NAMES}"
+
+
+def test_every_package_folder_ships_in_a_plain_install() -> None:
+    """pyproject.toml lists the packages a plain (non-editable) install copies: a folder missing there imports
+    from a checkout and fails from a wheel (tests/integration/test_cli.py installs one; this says which folder)."""
+    import tomllib
+
+    listed = set(
+        tomllib.loads((ROOT.parent / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"]
+    )
+    folders = {".".join(path.parent.relative_to(ROOT.parent).parts) for path in ROOT.rglob("__init__.py")}
+    assert folders - listed == set(), (
+        f"add {sorted(folders - listed)} to pyproject.toml's [tool.setuptools] packages"
+    )
