@@ -66,8 +66,8 @@ PARITY = {
 
 
 # In the extended tier: tp_fsdp on a 1 x 2 mesh (test_hf_pretrained.py's llama-tp_fsdp-sequence-parallel runs the preset on
-# 2 x 2 ranks), plain tp (test_compiled_blocks_match_one_eager_process[tp] holds the same plan against one
-# eager process) and shard_grad_op (fsdp with reshard_after_forward=false: the same arithmetic as fsdp).
+# 2 x 2 ranks), plain tp (tp-sequence-parallel holds the same plan with the sequence split on top; with
+# test_compiled_blocks_match_one_eager_process[tp] in the extended tier too) and shard_grad_op (fsdp with reshard_after_forward=false: the same arithmetic as fsdp).
 EXTENDED = {"tp_fsdp-dp1xtp2", "tp", "shard_grad_op"}
 
 
@@ -89,7 +89,12 @@ COMPILED = {
 }
 
 
-@pytest.mark.parametrize("name", list(COMPILED))
+# tp in the extended tier: fsdp-checkpointed holds compile's place in the order (after TP and checkpointing,
+# before FSDP2) under a DTensor strategy, and tp-sequence-parallel's parity the TP plan (so plain tp's parity,
+# test_fp32_losses_match_one_process[tp], is extended too).
+@pytest.mark.parametrize(
+    "name", [pytest.param(n, marks=pytest.mark.extended) if n == "tp" else n for n in COMPILED]
+)
 def test_compiled_blocks_match_one_eager_process(cached_run, name: str) -> None:
     """compile=default traces each block after TP and checkpointing and before FSDP2 wraps it; the
     losses equal one eager process to fp32 summation order (compile == eager measured at 0.0)."""

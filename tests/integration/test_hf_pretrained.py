@@ -97,10 +97,12 @@ PARITY = {
 
 
 # In the extended tier: llama-ddp (DDP wraps any module alike; test_local_ddp.py holds its parity, and the
-# Llama folder's data-parallel training is held here by llama-zero3 and gpt2-fsdp); llama-fsdp (gpt2-fsdp
-# and llama-tp_fsdp-sequence-parallel shard folders with FSDP2); llama-tp (llama-tp_fsdp-sequence-parallel
-# and qwen2-tp-tied split the Llama-style plan over tp).
-EXTENDED_PARITY = ("llama-ddp", "llama-fsdp", "llama-tp")
+# Llama folder's data-parallel training is held here by gpt2-fsdp and the dp axis of
+# llama-tp_fsdp-sequence-parallel); llama-fsdp (gpt2-fsdp and llama-tp_fsdp-sequence-parallel shard folders
+# with FSDP2); llama-tp (llama-tp_fsdp-sequence-parallel and qwen2-tp-tied split the Llama-style plan over tp);
+# llama-zero3 (DeepSpeed's engine takes any module: test_deepspeed.py holds ZeRO-3's parity, and
+# test_export_hf.py's zero3-llama trains and exports this folder under ZeRO-3).
+EXTENDED_PARITY = ("llama-ddp", "llama-fsdp", "llama-tp", "llama-zero3")
 
 
 @pytest.mark.parametrize(

@@ -61,7 +61,11 @@ def _eval_loss(run_dir: Path) -> float:
     return [r["eval_loss"] for r in read_metrics(run_dir / "metrics.jsonl") if "eval_loss" in r][-1]
 
 
-@pytest.mark.parametrize("schedule", list(SCHEDULES))
+# gpipe in the extended tier: 1f1b, interleaved_1f1b and zero_bubble hold the parity of torch's schedules over
+# the same stages (gpipe is the simplest of them: every forward, then every backward).
+@pytest.mark.parametrize(
+    "schedule", [pytest.param(s, marks=pytest.mark.extended) if s == "gpipe" else s for s in SCHEDULES]
+)
 def test_every_schedule_matches_one_process(cached_run, schedule: str) -> None:
     """fp32, same init and global batch: equal up to summation order (measured ~1e-7 relative), eval too."""
     reference = cached_run([], ranks=0)
