@@ -8,19 +8,14 @@ table and the closing lines know the backend through the launch.Submitter verbs 
 from __future__ import annotations
 
 import json
-import os
-import re
-import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from package_copy import copy_package, edit, recipe_paths, run_python
 
-import launcher
 from conftest import TINY
 
-REPO = Path(launcher.__file__).parent.parent
 RECIPE_HEADING = "**A backend**"
 
 MODULE = '''
@@ -137,32 +132,26 @@ RULES = (_one_process,)
 '''
 
 
-def _edit(path: Path, anchor: str, insert: str, *, after: bool = True) -> None:
-    text = path.read_text()
-    assert text.count(anchor) == 1, f"{path}: the recipe's anchor {anchor!r} is not there exactly once"
-    path.write_text(text.replace(anchor, anchor + insert if after else insert + anchor))
-
-
 def _follow_the_recipe(root: Path) -> set[str]:
     """Add backend `detached` to the package copy at `root`; the repository paths the recipe touched."""
     pkg = root / "launcher"
     (pkg / "launch" / "detached.py").write_text(MODULE)
-    _edit(pkg / "launch" / "__init__.py", '    "torchrun": "launcher.launch.torchrun",\n',
+    edit(pkg / "launch" / "__init__.py", '    "torchrun": "launcher.launch.torchrun",\n',
           '    "detached": "launcher.launch.detached",\n')  # fmt: skip
     config = pkg / "config" / "launcher.py"
-    _edit(config, 'BACKENDS = ("auto", ', '"detached", ')
-    _edit(config, "@dataclass(frozen=True, kw_only=True)\nclass LauncherConfig:", SCHEMA, after=False)
-    _edit(
+    edit(config, 'BACKENDS = ("auto", ', '"detached", ')
+    edit(config, "@dataclass(frozen=True, kw_only=True)\nclass LauncherConfig:", SCHEMA, after=False)
+    edit(
         config, '    """Resources and preemption settings of the batch job (backend slurm only)."""\n', FIELD
     )
     (pkg / "conf" / "launcher" / "detached.yaml").write_text(
         "backend: detached\nnproc: 1\ndetached:\n  wait: true\n"
     )
     (pkg / "rules" / "detached.py").write_text(RULES)
-    _edit(pkg / "rules" / "__init__.py", "from launcher.rules import compile as compiling\n",
+    edit(pkg / "rules" / "__init__.py", "from launcher.rules import compile as compiling\n",
           "from launcher.rules import detached\n")  # fmt: skip
-    _edit(pkg / "rules" / "__init__.py", "AREAS = (\n", "    detached,\n")
-    _edit(
+    edit(pkg / "rules" / "__init__.py", "AREAS = (\n", "    detached,\n")
+    edit(
         pkg / "rules" / "keys.py",
         '    "launcher.slurm.wait": FLAG,\n',
         '    "launcher.detached.wait": FLAG,\n',
@@ -176,27 +165,17 @@ def _follow_the_recipe(root: Path) -> set[str]:
 
 def _recipe_paths() -> set[str]:
     """The files docs/architecture.md's recipe names (with `detached` for the backend)."""
-    text = (REPO / "docs" / "architecture.md").read_text()
-    recipe = text.split(RECIPE_HEADING, 1)[1].split("\n\n**", 1)[0].split("\n\n## ", 1)[0]
-    names = re.findall(r"`((?:launcher|conf|tests)/[^`:\s]+)", recipe)
-    return {n.replace("<name>", "detached") for n in names}
+    return recipe_paths(RECIPE_HEADING, {"<name>": "detached"})
 
 
 @pytest.fixture(scope="module")
 def package_copy(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, set[str]]:
-    root = tmp_path_factory.mktemp("add_a_backend")
-    shutil.copytree(
-        REPO / "launcher", root / "launcher", ignore=shutil.ignore_patterns("__pycache__", "conf")
-    )
-    shutil.copytree(REPO / "conf", root / "launcher" / "conf", ignore=shutil.ignore_patterns("__pycache__"))
+    root = copy_package(tmp_path_factory.mktemp("add_a_backend"))
     return root, _follow_the_recipe(root)
 
 
 def _run(root: Path, *args: str, timeout: int = 300) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PYTHONPATH": str(root), "NO_COLOR": "1", "COLUMNS": "200"}
-    return subprocess.run(
-        [sys.executable, *args], cwd=root, env=env, capture_output=True, text=True, timeout=timeout
-    )
+    return run_python(root, *args, timeout=timeout)
 
 
 def test_the_recipe_names_every_file_it_takes(package_copy: tuple[Path, set[str]]) -> None:

@@ -12,18 +12,11 @@ from __future__ import annotations
 
 import json
 import math
-import os
-import re
-import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from package_copy import copy_package, edit, recipe_paths, run_python
 
-import launcher
-
-REPO = Path(launcher.__file__).parent.parent
 RECIPE_HEADING = "**A model family**"
 
 FAMILY = '''
@@ -174,46 +167,29 @@ BASE = [
 ]  # fmt: skip
 
 
-def _edit(path: Path, anchor: str, insert: str) -> None:
-    text = path.read_text()
-    assert text.count(anchor) == 1, f"{path}: the recipe's anchor {anchor!r} is not there exactly once"
-    path.write_text(text.replace(anchor, anchor + insert))
-
-
 def _follow_the_recipe(root: Path) -> set[str]:
     """Add family `toy` to the package copy at `root`; the repository paths the recipe touched."""
     pkg = root / "launcher"
     (pkg / "components" / "model" / "family_toy.py").write_text(FAMILY)
-    _edit(pkg / "config" / "model.py", "FAMILIES: dict[str, str] = {\n",
+    edit(pkg / "config" / "model.py", "FAMILIES: dict[str, str] = {\n",
           '    "toy": "launcher.components.model.family_toy",\n')  # fmt: skip
     return {"launcher/components/model/family_toy.py", "launcher/config/model.py"}
 
 
 def _recipe_paths() -> set[str]:
     """The files docs/architecture.md's recipe names (with `toy` for the family)."""
-    text = (REPO / "docs" / "architecture.md").read_text()
-    recipe = text.split(RECIPE_HEADING, 1)[1].split("\n\n**", 1)[0]
-    names = re.findall(r"`((?:launcher|conf|tests)/[^`:\s]+)", recipe)
-    return {n.replace("<name>", "toy") for n in names}
+    return recipe_paths(RECIPE_HEADING, {"<name>": "toy"})
 
 
 @pytest.fixture(scope="module")
 def package_copy(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, set[str]]:
-    root = tmp_path_factory.mktemp("add_a_family")
-    shutil.copytree(
-        REPO / "launcher", root / "launcher", ignore=shutil.ignore_patterns("__pycache__", "conf")
-    )
-    shutil.copytree(REPO / "conf", root / "launcher" / "conf", ignore=shutil.ignore_patterns("__pycache__"))
+    root = copy_package(tmp_path_factory.mktemp("add_a_family"))
     return root, _follow_the_recipe(root)
 
 
 def _train(root: Path, run_dir: Path, *args: str) -> list[float]:
     """Train the toy family on the copy; the logged losses (rank logs under run_dir/logs)."""
-    env = {**os.environ, "PYTHONPATH": str(root), "NO_COLOR": "1", "COLUMNS": "200"}
-    out = subprocess.run(
-        [sys.executable, "-m", "launcher", *BASE, f"run_dir={run_dir}", *args],
-        cwd=root, env=env, capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
+    out = run_python(root, "-m", "launcher", *BASE, f"run_dir={run_dir}", *args, timeout=300)
     assert out.returncode == 0, (out.stdout + out.stderr)[-4000:]
     records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     return [r["loss"] for r in records if "loss" in r]

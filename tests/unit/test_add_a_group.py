@@ -6,19 +6,13 @@ planner, with no other file touched. When the recipe misses a step, the copy fai
 
 from __future__ import annotations
 
-import os
-import re
-import shutil
 import subprocess
-import sys
 import textwrap
 from pathlib import Path
 
 import pytest
+from package_copy import REPO, copy_package, edit, recipe_paths, run_python
 
-import launcher
-
-REPO = Path(launcher.__file__).parent.parent
 RECIPE_HEADING = "**A config group**"
 
 SCHEMA = '''
@@ -74,34 +68,28 @@ TERMS = (*TERMS, foo_buffer)
 '''
 
 
-def _edit(path: Path, anchor: str, insert: str, *, after: bool = True) -> None:
-    text = path.read_text()
-    assert text.count(anchor) == 1, f"{path}: the recipe's anchor {anchor!r} is not there exactly once"
-    path.write_text(text.replace(anchor, anchor + insert if after else insert + anchor))
-
-
 def _follow_the_recipe(root: Path) -> set[str]:
     """Add group `foo` to the package copy at `root`; the repository paths the recipe touched."""
     pkg = root / "launcher"
     (pkg / "config" / "foo.py").write_text(SCHEMA)
-    _edit(
+    edit(
         pkg / "spec.py",
         "from launcher.config.distill import DistillConfig\n",
         "from launcher.config.foo import FooConfig\n",
     )
-    _edit(pkg / "spec.py", "    launcher: LauncherConfig = field(default_factory=LauncherConfig)\n",
+    edit(pkg / "spec.py", "    launcher: LauncherConfig = field(default_factory=LauncherConfig)\n",
           "    foo: FooConfig = field(default_factory=FooConfig)\n")  # fmt: skip
     (pkg / "conf" / "foo").mkdir()
     (pkg / "conf" / "foo" / "a.yaml").write_text("mode: a\nbuffer_mb: 1\n")
     (pkg / "conf" / "foo" / "b.yaml").write_text("mode: b\nbuffer_mb: 64\n")
-    _edit(pkg / "conf" / "train.yaml", '  - compile: "off"\n', "  - foo: a\n")
+    edit(pkg / "conf" / "train.yaml", '  - compile: "off"\n', "  - foo: a\n")
     (pkg / "rules" / "foo.py").write_text(RULES)
-    _edit(
+    edit(
         pkg / "rules" / "__init__.py",
         "from launcher.rules import compile as compiling\n",
         "from launcher.rules import foo\n",
     )
-    _edit(pkg / "rules" / "__init__.py", "AREAS = (\n", "    foo,\n")  # fmt: skip
+    edit(pkg / "rules" / "__init__.py", "AREAS = (\n", "    foo,\n")  # fmt: skip
     compression = pkg / "plan" / "compression.py"
     compression.write_text(compression.read_text() + TERM)
     return {
@@ -112,32 +100,17 @@ def _follow_the_recipe(root: Path) -> set[str]:
 
 def _recipe_paths() -> set[str]:
     """The files docs/architecture.md's recipe names (with `foo` for the group and `a` for an option)."""
-    text = (REPO / "docs" / "architecture.md").read_text()
-    recipe = text.split(RECIPE_HEADING, 1)[1].split("\n\n**", 1)[0]
-    names = re.findall(r"`((?:launcher|conf|tests)/[^`:\s]+)", recipe)
-    return {n.replace("<option>", "a") for n in names}
+    return recipe_paths(RECIPE_HEADING, {"<option>": "a"})
 
 
 @pytest.fixture(scope="module")
 def package_copy(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, set[str]]:
-    root = tmp_path_factory.mktemp("add_a_group")
-    shutil.copytree(
-        REPO / "launcher", root / "launcher", ignore=shutil.ignore_patterns("__pycache__", "conf")
-    )
-    shutil.copytree(REPO / "conf", root / "launcher" / "conf", ignore=shutil.ignore_patterns("__pycache__"))
+    root = copy_package(tmp_path_factory.mktemp("add_a_group"))
     return root, _follow_the_recipe(root)
 
 
 def _train(root: Path, *args: str) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PYTHONPATH": str(root), "NO_COLOR": "1", "COLUMNS": "200"}
-    return subprocess.run(
-        [sys.executable, "-m", "launcher", *args],
-        cwd=root,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=240,
-    )
+    return run_python(root, "-m", "launcher", *args, timeout=240)
 
 
 def test_the_recipe_names_every_file_it_takes(package_copy: tuple[Path, set[str]]) -> None:
