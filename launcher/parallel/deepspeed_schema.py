@@ -2,23 +2,28 @@
 
 `DeepSpeedConfig(dict)` builds every section's pydantic model (DeepSpeedZeroConfig, the fp16/bf16
 configs, CompileConfig, ...) and runs DeepSpeed's own assertions without a process group (it
-falls back to world size 1, so the batch total is left to DeepSpeed to derive). It runs in a
-child process: importing deepspeed takes seconds and fixes DeepSpeed's accelerator for the whole
-process, which an inline rank must still choose itself. A failure is attributed to the section
+falls back to world size 1, so the batch total is left to DeepSpeed to derive). It runs in one
+child process, kept for the launching process's life: importing deepspeed takes seconds and fixes
+DeepSpeed's accelerator for the whole process, which an inline rank must still choose itself. A failure is attributed to the section
 whose value DeepSpeed rejects, down to the key pydantic names.
 """
 
 from __future__ import annotations
 
+import atexit
+import contextlib
 import functools
 import hashlib
 import importlib.metadata
 import json
 import os
+import queue
 import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 from launcher.parallel.deepspeed_sections import verdict
 from launcher.spec import SpecError
@@ -26,7 +31,11 @@ from launcher.spec import SpecError
 BATCH_KEYS = ("train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps")
 _BASE = {"train_micro_batch_size_per_gpu": 1, "gradient_accumulation_steps": 1}
 TIMEOUT_S = 300
-"""How long the child may take (importing deepspeed on a loaded machine: seconds to a minute)."""
+"""How long the child may take per config (importing deepspeed on a loaded machine: seconds to a minute)."""
+SERVE = "--serve"
+"""The child's argument for answering configs line by line until its stdin ends."""
+MARK = "@@deepspeed-verdict "
+"""Prefix of the child's answer lines (deepspeed may print its own lines on stdout)."""
 
 
 def problems(config: dict[str, Any]) -> list[tuple[str, str]]:
@@ -87,20 +96,82 @@ def _checked(text: str) -> tuple[tuple[str, str], ...]:
     return tuple(found or ())
 
 
-def _run_child(text: str) -> list[tuple[str, str]] | None:
-    """DeepSpeed's complaints from a child process; None when it could not tell."""
-    env = {**os.environ, "DS_ACCELERATOR": "cpu"}  # what the config holds, not this machine's devices
-    try:
-        done = subprocess.run(
-            [sys.executable, "-m", "launcher.parallel.deepspeed_schema"],
-            input=text, capture_output=True, text=True, timeout=TIMEOUT_S, env=env, check=False,
+class _Checker:
+    """One child process importing deepspeed once and answering config after config (a sweep's points,
+    a suite's cases), one JSON line in and one marked JSON line out; restarted if it dies or stalls."""
+
+    def __init__(self) -> None:
+        self._proc: subprocess.Popen[str] | None = None
+        self._lines: queue.Queue[str | None] = queue.Queue()
+        self._lock = threading.Lock()
+
+    def _start(self) -> subprocess.Popen[str]:
+        env = {**os.environ, "DS_ACCELERATOR": "cpu"}  # what the config holds, not this machine's devices
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "launcher.parallel.deepspeed_schema", SERVE],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env,
         )  # fmt: skip
-    except subprocess.TimeoutExpired:
-        return None  # a machine too loaded to import deepspeed: the rank still reports a bad value
-    lines = done.stdout.strip().splitlines()
-    if done.returncode != 0 or not lines:
-        return None  # deepspeed not importable here: the rank reports what it refuses
-    return [(key, message) for key, message in json.loads(lines[-1])]
+        self._lines = lines = queue.Queue()
+        threading.Thread(target=_pump, args=(proc.stdout, lines), daemon=True).start()
+        atexit.register(_close, proc)
+        return proc
+
+    def ask(self, text: str) -> list[tuple[str, str]] | None:
+        """DeepSpeed's complaints about one config (JSON text); None when the child could not tell."""
+        with self._lock:
+            if self._proc is None or self._proc.poll() is not None:
+                self._proc = self._start()
+            try:
+                self._proc.stdin.write(json.dumps(text) + "\n")
+                self._proc.stdin.flush()
+            except OSError:
+                return self._drop()
+            deadline = time.monotonic() + TIMEOUT_S
+            while (left := deadline - time.monotonic()) > 0:
+                try:
+                    line = self._lines.get(timeout=left)
+                except queue.Empty:
+                    break
+                if line is None:
+                    break  # deepspeed not importable here: the rank reports what it refuses
+                if line.startswith(MARK):
+                    return [(key, message) for key, message in json.loads(line[len(MARK) :])]
+            # a machine too loaded to import deepspeed, or a child that died: the rank still reports a bad value
+            return self._drop()
+
+    def _drop(self) -> None:
+        """Stop a child that failed or stalled; the next question starts a fresh one."""
+        if self._proc is not None:
+            _close(self._proc)
+        self._proc = None
+        return None
+
+
+def _pump(stream: IO[str], lines: queue.Queue[str | None]) -> None:
+    """Move the child's output lines to `lines`, then None at its end."""
+    for line in stream:
+        lines.put(line.rstrip("\n"))
+    lines.put(None)
+
+
+def _close(proc: subprocess.Popen[str]) -> None:
+    """End a checker child: its stdin closed ends its loop; a stalled one is killed."""
+    if proc.poll() is None:
+        with contextlib.suppress(OSError):
+            proc.stdin.close()
+        try:
+            proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+_CHECKER = _Checker()
+
+
+def _run_child(text: str) -> list[tuple[str, str]] | None:
+    """DeepSpeed's complaints from the checker child; None when it could not tell."""
+    return _CHECKER.ask(text)
 
 
 def _describe(err: Exception, section: str) -> list[tuple[str, str]]:
@@ -139,12 +210,16 @@ def check(config: dict[str, Any]) -> list[tuple[str, str]]:
 
 
 def main() -> None:
-    """Read a DeepSpeed config as JSON on stdin; print DeepSpeed's complaints as one JSON line."""
+    """With SERVE: answer each stdin line (a config's JSON text, JSON-quoted) with MARK and DeepSpeed's
+    complaints as one JSON line, until stdin ends. Without: one config as JSON on stdin, one line out."""
     import logging
 
     logging.disable(logging.WARNING)
-    config = json.loads(sys.stdin.read())
-    print(json.dumps(check(config)))
+    if SERVE not in sys.argv[1:]:
+        print(json.dumps(check(json.loads(sys.stdin.read()))))
+        return
+    for line in sys.stdin:
+        print(MARK + json.dumps(check(json.loads(json.loads(line)))), flush=True)
 
 
 if __name__ == "__main__":
