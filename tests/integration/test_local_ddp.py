@@ -54,6 +54,8 @@ def test_local_ddp_run_matches_one_process_with_the_same_global_batch(straight, 
     assert json.loads((straight / "summary.json").read_text())["world_size"] == 2
 
 
+@pytest.mark.extended  # DDP resuming bitwise on 2 local ranks: the torchrun case below (stop at 10, resume=auto,
+# the straight run's losses) and test_verify_resume_gives_a_verdict[local]
 def test_ddp_resume_is_exact(straight, tmp_path) -> None:
     """A new run resumed from the straight run's step-15 checkpoint gives its steps 16-20 bitwise."""
     resumed = tmp_path / "resumed"

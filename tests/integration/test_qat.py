@@ -71,7 +71,9 @@ def test_converted_export_matches_the_fake_quantized_eval(qat_run, tmp_path) -> 
     assert export.main([str(qat_run), str(tmp_path / "x"), "--qat-convert", "--format", "hf"]) == 2
 
 
-@pytest.mark.parametrize("parallel", ["ddp", "fsdp"])
+# ddp in the extended tier: DDP wraps the fake-quantized model as any module; FSDP2 shards its weights, the
+# harder case, and holds the parity.
+@pytest.mark.parametrize("parallel", [pytest.param("ddp", marks=pytest.mark.extended), "fsdp"])
 def test_two_ranks_match_one_process(qat_run, tmp_path, parallel: str) -> None:
     """DDP replicas and FSDP2 shards (the fake quantizer sees the gathered weight) train as one process."""
     ddp = tmp_path / parallel

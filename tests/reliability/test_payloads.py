@@ -328,7 +328,8 @@ def zero2_run(tmp_path_factory) -> Path:
 
 DEEPSPEED_FILES = [
     "deepspeed/zero_pp_rank_0_mp_rank_00_optim_states.pt",
-    "deepspeed/mp_rank_00_model_states.pt",
+    # the same safe loader reads every torch file of DeepSpeed's layout: the optimizer file holds the property
+    pytest.param("deepspeed/mp_rank_00_model_states.pt", marks=pytest.mark.extended),
 ]
 
 

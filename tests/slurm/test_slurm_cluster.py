@@ -100,6 +100,8 @@ def test_preemption_signal_checkpoints_requeues_and_resumes(tmp_path, ddp_refere
     assert losses(run_dir) == pytest.approx(ddp_reference, rel=1e-6)
 
 
+@pytest.mark.extended  # a requeued job resuming from its checkpoint: the preemption case above (USR2, checkpoint,
+# requeue, resume, the local launcher's losses)
 def test_scontrol_requeue_resumes_from_the_checkpoint(tmp_path) -> None:
     straight, run_dir = tmp_path / "straight", tmp_path / "run"
     assert run_inline(BASE, straight) == 0

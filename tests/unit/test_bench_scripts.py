@@ -133,6 +133,7 @@ def test_bench_checkpoint_compares_a_sealed_save_and_a_verified_load_with_torch(
     assert list(tmp_path.iterdir()) == [out]  # its files are gone
 
 
+@pytest.mark.extended  # a bench's own run; the default tier holds every script's --help and the bench table
 def test_bench_overhead_times_the_engine_against_a_plain_loop(tmp_path, monkeypatch) -> None:
     """Each loop in its own process, an engine variant beside the engine, and the rows scripts/bench makes."""
     from importlib.machinery import SourceFileLoader
@@ -195,6 +196,7 @@ def test_bench_long_context_measures_each_path_and_writes_its_table(tmp_path) ->
     assert "| gpt | 64 | dense mask (sdpa), whole logits |" in table and "| 1.00 |" in table
 
 
+@pytest.mark.extended  # two 2-rank runs; DDP's parity with torch's own DDP is test_local_ddp.py's
 def test_bench_ddp_compares_train_with_a_plain_torchrun_script(tmp_path) -> None:
     """One round without background load (a busy process would take one of two cores from the suite)."""
     out = tmp_path / "ddp.json"
