@@ -99,7 +99,7 @@ PARITY = {
 # In the extended tier: llama-ddp (DDP wraps any module alike; test_local_ddp.py holds its parity, and the
 # Llama folder's data-parallel training is held here by gpt2-fsdp and the dp axis of
 # llama-tp_fsdp-sequence-parallel); llama-fsdp (gpt2-fsdp and llama-tp_fsdp-sequence-parallel shard folders
-# with FSDP2); llama-tp (llama-tp_fsdp-sequence-parallel and qwen2-tp-tied split the Llama-style plan over tp);
+# with FSDP2, and gpt2-fsdp's run resumes bitwise below); llama-tp (llama-tp_fsdp-sequence-parallel and qwen2-tp-tied split the Llama-style plan over tp);
 # llama-zero3 (DeepSpeed's engine takes any module: test_deepspeed.py holds ZeRO-3's parity, and
 # test_export_hf.py's zero3-llama trains and exports this folder under ZeRO-3).
 EXTENDED_PARITY = ("llama-ddp", "llama-fsdp", "llama-tp", "llama-zero3")
@@ -116,8 +116,8 @@ def test_strategy_matches_one_process(cached_run, name: str) -> None:
 
 def test_sharded_pretrained_run_resumes_exactly(cached_run, tmp_path) -> None:
     """FSDP2 on a folder built empty and filled after sharding: resumed from the straight run's step 3,
-    steps 4-6 are the straight run's, bitwise."""
-    arch, args, _ = PARITY["llama-fsdp"]
+    steps 4-6 are the straight run's, bitwise (the GPT-2 folder's run, shared with its parity case)."""
+    arch, args, _ = PARITY["gpt2-fsdp"]
     straight = cached_run(arch, args)
     step_3 = straight / "checkpoints" / "step_3"
     resumed = tmp_path / "resumed"
