@@ -172,3 +172,12 @@ def test_the_command_line_refuses_an_unread_key_before_anything_starts(tmp_path:
     message = " ".join(result.stderr.split())
     assert "optimizer.betas is set (on the command line) but optimizer=sgd does not read it" in message
     assert "Traceback" not in result.stderr and not run_dir.exists()
+
+
+def test_a_sweep_reports_the_point_whose_optimizer_ignores_a_key() -> None:
+    line = command_line.normalize(["-m", "optimizer=adamw,sgd", "optimizer.betas=[0.8,0.9]"])
+    [error] = precheck(line)
+    assert (
+        error.message.startswith("sweep point 1 (optimizer=sgd")
+        and "optimizer=sgd does not read" in error.message
+    )
