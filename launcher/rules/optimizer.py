@@ -62,7 +62,17 @@ def _betas(spec: RunSpec, hw: Hardware) -> Iterator[SpecError]:
         )
 
 
-RULES: tuple[Rule, ...] = (_bitsandbytes, _adafactor, _betas)
+def _offloaded_adamw(spec: RunSpec, hw: Hardware) -> Iterator[SpecError]:
+    o = spec.optimizer
+    if spec.parallel.offload_optimizer and o.name == "adamw" and o.implementation != "auto":
+        yield SpecError(
+            ("optimizer.implementation", "parallel.offload_optimizer"),
+            "with parallel.offload_optimizer=true, AdamW steps as DeepSpeed's CPU Adam, which has one kernel, so "
+            f"optimizer.implementation={o.implementation} would be ignored. Leave optimizer.implementation=auto.",
+        )
+
+
+RULES: tuple[Rule, ...] = (_bitsandbytes, _adafactor, _betas, _offloaded_adamw)
 """This module's rules, in the order they report."""
 
 HINTS = {

@@ -181,3 +181,9 @@ def test_a_sweep_reports_the_point_whose_optimizer_ignores_a_key() -> None:
         error.message.startswith("sweep point 1 (optimizer=sgd")
         and "optimizer=sgd does not read" in error.message
     )
+
+
+def test_offloaded_adamw_refuses_a_kernel_choice_deepspeeds_cpu_adam_ignores() -> None:
+    [error] = precheck(["parallel=zero3_offload", "optimizer.implementation=foreach"])
+    assert error.keys == ("optimizer.implementation", "parallel.offload_optimizer")
+    assert "DeepSpeed's CPU Adam" in error.message
