@@ -2,7 +2,7 @@
 
 Besides torch's AdamW and SGD, the memory-lean options: 8-bit AdamW / Lion (bitsandbytes), paged
 AdamW and torch's Adafactor. They receive the same parameter groups as AdamW (weight decay on
-matrices only). bitsandbytes keeps the Adam moments (Lion's momentum) of every tensor with at
+matrices only); each builder passes on the keys its row of launcher.config.optimizer.READS names. bitsandbytes keeps the Adam moments (Lion's momentum) of every tensor with at
 least 4096 elements in 8 bits, block-wise quantized; smaller tensors keep 32-bit state. A paged
 optimizer needs CUDA unified memory: on a CPU it runs as plain 8-bit AdamW, with a warning.
 """
@@ -102,7 +102,14 @@ def _adafactor(groups: list[dict], cfg: OptimizerConfig, device_type: str) -> to
     import torch
 
     foreach = {"auto": None, "foreach": True, "for_loop": False}[cfg.implementation]
-    return torch.optim.Adafactor(groups, lr=cfg.lr, foreach=foreach)
+    return torch.optim.Adafactor(
+        groups,
+        lr=cfg.lr,
+        beta2_decay=cfg.beta2_decay,
+        eps=(cfg.eps, cfg.eps2),
+        d=cfg.clip_threshold,
+        foreach=foreach,
+    )
 
 
 OPTIMIZERS: dict[str, OptimizerBuilder] = {

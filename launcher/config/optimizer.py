@@ -1,6 +1,8 @@
-"""Schema of the optimizer group: schema, parameter groups and the table of optimizer builders.
+"""Schema of the optimizer group, and which of its keys each optimizer option reads.
 
-What the group builds at run time lives in launcher.components.optimizer.
+What the group builds at run time lives in launcher.components.optimizer. Every optimizer.* key
+either reaches the optimizer an option builds or, set on purpose for an option that does not
+read it, is refused before launch (launcher.rules.optimizer.unread_keys): READS is that table.
 """
 
 from __future__ import annotations
@@ -21,13 +23,19 @@ class OptimizerConfig:
     betas: list[float] = field(default_factory=lambda: [0.9, 0.95])
     """Adam-family moment coefficients."""
     eps: float = 1e-8
-    """Adam-family denominator epsilon."""
+    """Denominator epsilon: the Adam family's eps, Adafactor's eps[0] (the floor of its second moments)."""
     momentum: float = 0.9
     """SGD momentum."""
     nesterov: bool = False
     """SGD Nesterov momentum."""
     decay_norms_and_biases: bool = False
     """Apply weight decay to norm weights and biases as well (usually worse)."""
+    beta2_decay: float = -0.8
+    """Adafactor: exponent of its second-moment decay, beta2 at step t = 1 - t ** beta2_decay."""
+    eps2: float = 1e-3
+    """Adafactor: least parameter RMS its relative step is scaled by (torch's eps[1]; optimizer.eps is eps[0])."""
+    clip_threshold: float = 1.0
+    """Adafactor: an update whose RMS exceeds this is scaled down to it (torch's d)."""
     implementation: str = "auto"
     """torch kernel choice: auto (fused AdamW on CUDA and CPU, fused SGD on CUDA, foreach otherwise),
     fused, foreach or for_loop."""
@@ -41,3 +49,23 @@ tensor, where foreach launches several ops per tensor list; Hugging Face Trainer
 
 BNB_OPTIMIZERS = ("adamw_8bit", "paged_adamw_8bit", "lion_8bit")
 """The options whose state bitsandbytes keeps in 8 bits (block-wise quantized)."""
+
+
+SHARED_KEYS = ("name", "lr", "weight_decay", "decay_norms_and_biases")
+"""The optimizer.* keys every option reads: its name and the parameter groups (lr, weight decay per group)."""
+
+READS: dict[str, tuple[str, ...]] = {
+    "adamw": ("betas", "eps", "implementation"),
+    "sgd": ("momentum", "nesterov", "implementation"),
+    "adamw_8bit": ("betas", "eps"),
+    "paged_adamw_8bit": ("betas", "eps"),
+    "lion_8bit": ("betas",),
+    "adafactor": ("eps", "eps2", "beta2_decay", "clip_threshold", "implementation"),
+}
+"""One row per optimizer option: the keys its builder passes on besides SHARED_KEYS. A key outside its row,
+set on the command line, in a recipe or in a chosen option's file, is refused before launch."""
+
+
+def reads(name: str) -> tuple[str, ...]:
+    """Every optimizer.* key the option `name` reads (SHARED_KEYS and its row of READS)."""
+    return (*SHARED_KEYS, *READS.get(name, ()))

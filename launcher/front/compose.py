@@ -255,6 +255,7 @@ def build(cfg: DictConfig) -> Built:
     except InvalidSpec as err:
         return Built(config=cfg, spec=None, errors=tuple(conflicts + err.errors))
     errors = conflicts + check(spec, detect_hardware(spec)) + run_dir_held(spec)
+    errors += override_checks.check_unread_optimizer_keys(cfg, spec.optimizer.name, errors)
     return Built(config=cfg, spec=None if errors else spec, errors=tuple(errors))
 
 

@@ -1,7 +1,8 @@
 """Checks of command-line overrides against the schema before composing: every unknown group, option
 or key and every value of the wrong type at once (Hydra would stop at the first, and lets
 `+key=value` bypass the schema), and the Hydra settings `train` does not honour (its launcher and
-sweeper plugins, hydra.run.dir), refused with what to use instead.
+sweeper plugins, hydra.run.dir), refused with what to use instead. After composing: switches a
+config file sets to a non-bool, and optimizer keys set on purpose that the chosen optimizer ignores.
 """
 
 from __future__ import annotations
@@ -143,6 +144,16 @@ def check_file_bools(cfg: DictConfig) -> list[SpecError]:
                     )
                 )
     return errors
+
+
+def check_unread_optimizer_keys(cfg: DictConfig, optimizer: str, found: list[SpecError]) -> list[SpecError]:
+    """Optimizer keys someone set (command line, recipe, chosen option file) that `optimizer` would ignore;
+    a key another rule already named (`found`) is left to that rule's more specific message."""
+    from launcher.front.provenance import explicit
+    from launcher.rules.optimizer import unread_keys
+
+    named = {key for error in found for key in error.keys}
+    return [error for error in unread_keys(optimizer, explicit(cfg)) if error.keys[0] not in named]
 
 
 def _check_option(

@@ -1,10 +1,11 @@
-"""Rules of the optimizer group's memory-lean options, checked before anything starts."""
+"""Rules of the optimizer group, checked before anything starts: the memory-lean options' packages and
+kernels, the Adam family's betas, and (`unread_keys`) no key set on purpose for an optimizer that ignores it."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 
-from launcher.config.optimizer import BNB_OPTIMIZERS
+from launcher.config.optimizer import BNB_OPTIMIZERS, READS, reads
 from launcher.rules.hardware import Hardware
 from launcher.rules.values import Rule, missing
 from launcher.spec import RunSpec, SpecError
@@ -61,5 +62,57 @@ def _betas(spec: RunSpec, hw: Hardware) -> Iterator[SpecError]:
         )
 
 
-RULES: tuple[Rule, ...] = (_bitsandbytes, _adafactor, _betas)
+def _offloaded_adamw(spec: RunSpec, hw: Hardware) -> Iterator[SpecError]:
+    o = spec.optimizer
+    if spec.parallel.offload_optimizer and o.name == "adamw" and o.implementation != "auto":
+        yield SpecError(
+            ("optimizer.implementation", "parallel.offload_optimizer"),
+            "with parallel.offload_optimizer=true, AdamW steps as DeepSpeed's CPU Adam, which has one kernel, so "
+            f"optimizer.implementation={o.implementation} would be ignored. Leave optimizer.implementation=auto.",
+        )
+
+
+RULES: tuple[Rule, ...] = (_bitsandbytes, _adafactor, _betas, _offloaded_adamw)
 """This module's rules, in the order they report."""
+
+HINTS = {
+    ("adafactor", "betas"): "Adafactor keeps no first moment and decays its second moments on a schedule: "
+    "set optimizer.beta2_decay (beta2 at step t = 1 - t ** beta2_decay) instead. ",
+}
+"""A fix more specific than the generic one, for an (optimizer, key) pair users reach for."""
+
+
+def unread_keys(name: str, set_by: Mapping[str, str]) -> list[SpecError]:
+    """One error per optimizer.* key set on purpose (`set_by`: dotted key -> who set it) that optimizer `name`
+    does not read, so that no value reaches spec.yaml and is then ignored without a word.
+
+    The front calls this with launcher.front.provenance.explicit: keys left at their defaults are never refused.
+    """
+    if name not in READS:
+        return []  # an unknown option: the domain rule names it
+    read = reads(name)
+    listed = ", ".join(f"optimizer.{field}" for field in read if field != "name")
+    errors = []
+    for key, source in sorted(set_by.items()):
+        group, _, field = key.partition(".")
+        if group != "optimizer" or not field or field in read:
+            continue
+        takers = [option for option in READS if field in reads(option)]
+        elsewhere = f", or pick an optimizer that reads it ({', '.join(takers)})" if takers else ""
+        errors.append(
+            SpecError(
+                (key,),
+                f"{key} is set ({_by(source)}) but optimizer={name} does not read it, so it would be ignored. "
+                f"{HINTS.get((name, field), '')}optimizer={name} reads {listed}. "
+                f"Remove {key} from {_where(source)}{elsewhere}.",
+            )
+        )
+    return errors
+
+
+def _by(source: str) -> str:
+    return "on the command line" if source == "command line" else f"by {source}"
+
+
+def _where(source: str) -> str:
+    return "the command line" if source == "command line" else f"the file of {source}"
