@@ -61,17 +61,37 @@ def test_ddp_two_ranks_match_one_process(single, tmp_path) -> None:
     assert _last_bytes(run_dir) == _last_bytes(single)  # a full bf16 replica on each rank
 
 
-def test_fsdp_two_ranks_hold_half_each_and_follow_one_process(single, tmp_path) -> None:
-    run_dir = tmp_path / "fsdp"
-    proc = run_ranks([*PURE, "launcher=local", "launcher.nproc=2", "parallel=fsdp"], run_dir)
+FSDP = [*PURE, "launcher=local", "launcher.nproc=2", "parallel=fsdp"]
+
+
+@pytest.fixture(scope="module")
+def fsdp(tmp_path_factory) -> Path:
+    """2 FSDP2 ranks, micro 4 each: the same global batch as `single`."""
+    run_dir = tmp_path_factory.mktemp("pure") / "fsdp"
+    proc = run_ranks(FSDP, run_dir)
     assert proc.returncode == 0, proc.stderr[-4000:]
-    two, one = losses(run_dir), losses(single)
+    return run_dir
+
+
+def test_fsdp_two_ranks_hold_half_each_and_follow_one_process(single, fsdp) -> None:
+    two, one = losses(fsdp), losses(single)
+    assert two.keys() == one.keys()
     for step in one:  # measured: within 2e-4 (fp32 reduce-scatter, then bf16 shards)
         assert two[step] == pytest.approx(one[step], rel=1e-3), (step, two[step], one[step])
-    sharded, whole = _last_bytes(run_dir), _last_bytes(single)
+    sharded, whole = _last_bytes(fsdp), _last_bytes(single)
     assert sharded["param_bytes"] == pytest.approx(whole["param_bytes"] / 2, rel=0.02)  # bf16 shards
     assert sharded["grad_bytes"] == sharded["param_bytes"]
     assert sharded["optimizer_bytes"] == pytest.approx(whole["optimizer_bytes"] / 2, rel=0.02)
+
+
+@pytest.mark.extended
+def test_fsdp_resume_is_bitwise(fsdp, tmp_path) -> None:
+    """The bf16 DTensor moments through a DCP checkpoint (test_resume_is_bitwise holds the rounding's part)."""
+    resumed = tmp_path / "resumed"
+    proc = run_ranks([*FSDP, f"resume={fsdp / 'checkpoints' / 'step_3'}"], resumed)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    want = {step: loss for step, loss in losses(fsdp).items() if step > 3}
+    assert losses(resumed) == want and set(want) == set(range(4, 7))
 
 
 def test_eval_cast_evaluates_on_bf16_weights_without_touching_training(tmp_path) -> None:
