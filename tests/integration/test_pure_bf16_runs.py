@@ -96,7 +96,7 @@ def test_fsdp_resume_is_bitwise(fsdp, tmp_path) -> None:
 
 def test_eval_cast_evaluates_on_bf16_weights_without_touching_training(tmp_path) -> None:
     """fp32 training with eval_cast: the training losses are bitwise those without it; the eval loss moves."""
-    base = [*TINY, "train.max_steps=6", "train.eval_every=3", "precision.eval_dtype=bfloat16"]
+    base = [*TINY, "train.max_steps=3", "train.eval_every=2", "precision.eval_dtype=bfloat16"]
     plain, cast = tmp_path / "plain", tmp_path / "cast"
     assert run_inline(base, plain) == 0
     assert run_inline([*base, "precision.eval_cast=true"], cast) == 0

@@ -54,21 +54,21 @@ def test_on_fp32_parameters_the_update_is_torchs_adamw() -> None:
 
 
 def test_bf16_weights_and_moments_follow_the_fp32_trajectory_where_nearest_rounding_stalls() -> None:
-    """200 steps of lr 1e-4 on weights near 1 (bf16 spacing 2^-7): each step is 1/78 of the spacing."""
+    """100 steps of lr 2e-4 on weights near 1 (bf16 spacing 2^-7): each step is 1/39 of the spacing."""
     start = torch.ones(4096)
     reference = nn.Parameter(start.clone())
     ours = nn.Parameter(start.to(torch.bfloat16))
     nearest = nn.Parameter(start.to(torch.bfloat16))
     optimizers = [
-        torch.optim.AdamW([reference], lr=1e-4, weight_decay=0.0, foreach=False),
-        StochasticRoundingAdamW([ours], lr=1e-4, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0, seed=0),
-        torch.optim.AdamW([nearest], lr=1e-4, weight_decay=0.0, foreach=False),  # plain bf16 AdamW
+        torch.optim.AdamW([reference], lr=2e-4, weight_decay=0.0, foreach=False),
+        StochasticRoundingAdamW([ours], lr=2e-4, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0, seed=0),
+        torch.optim.AdamW([nearest], lr=2e-4, weight_decay=0.0, foreach=False),  # plain bf16 AdamW
     ]
-    for _ in range(200):
+    for _ in range(100):
         for param, optimizer in zip((reference, ours, nearest), optimizers, strict=True):
             param.grad = torch.ones_like(param)
             optimizer.step()
-    moved = 1.0 - reference.detach().mean().item()  # about 200 x 1e-4
+    moved = 1.0 - reference.detach().mean().item()  # about 100 x 2e-4
     assert moved == pytest.approx(0.02, rel=0.05)
     assert 1.0 - ours.detach().float().mean().item() == pytest.approx(moved, rel=0.03)
     assert torch.equal(nearest.detach(), start.to(torch.bfloat16))  # every step rounded away
