@@ -1,4 +1,4 @@
-"""The precision group: autocast dtype, loss scaling for fp16, TF32 switches, eval precision."""
+"""The precision group: autocast dtype, stored dtype (pure bf16), loss scaling for fp16, TF32, eval precision."""
 
 from __future__ import annotations
 
@@ -28,6 +28,48 @@ def eval_dtype(cfg: PrecisionConfig) -> torch.dtype:
     import torch
 
     return getattr(torch, cfg.eval_dtype) if cfg.eval_dtype else train_dtype(cfg)
+
+
+def stored_dtype(cfg: PrecisionConfig) -> torch.dtype:
+    """The dtype weights, gradients and optimizer state are stored in (precision.param_dtype)."""
+    import torch
+
+    return torch.bfloat16 if cfg.param_dtype == "bf16" else torch.float32
+
+
+def cast_parameters(model: torch.nn.Module, cfg: PrecisionConfig) -> torch.nn.Module:
+    """With precision.param_dtype=bf16: the model's floating-point parameters stored in bf16, before any wrap.
+
+    Buffers keep their dtype (rotary tables, masks): autocast casts what meets a bf16 weight, as it
+    does for the fp32-master run, so only the stored weights (and with them gradients and optimizer
+    state, created like the weights) differ between the two.
+    """
+    dtype = stored_dtype(cfg)
+    for param in model.parameters():
+        if param.is_floating_point() and param.dtype != dtype:
+            param.data = param.data.to(dtype)
+    return model
+
+
+@contextlib.contextmanager
+def cast_weights(model: torch.nn.Module, dtype: torch.dtype, enabled: bool) -> Iterator[None]:
+    """With precision.eval_cast: the model's parameters replaced by copies in `dtype` while the block runs.
+
+    The parameter objects stay (the optimizer and DDP hold them); only their `.data` points at the cast
+    copy, and afterwards at the very tensor it pointed at before, so training weights never pass through
+    the eval dtype (fp32 -> bf16 -> fp32 would lose 16 bits of every weight).
+    """
+    if not enabled:
+        yield
+        return
+    kept = [(p, p.data) for p in model.parameters() if p.is_floating_point() and p.dtype != dtype]
+    try:
+        for param, data in kept:
+            param.data = data.to(dtype)
+        yield
+    finally:
+        for param, data in kept:
+            param.data = data
 
 
 @contextlib.contextmanager

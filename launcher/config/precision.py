@@ -1,4 +1,4 @@
-"""Schema of the precision group: autocast dtype, loss scaling for fp16, TF32 switches, eval precision.
+"""Schema of the precision group: autocast dtype, stored dtype, loss scaling for fp16, TF32, eval precision.
 
 What the group builds at run time lives in launcher.components.precision.
 """
@@ -9,6 +9,8 @@ from dataclasses import dataclass
 
 DTYPES = ("float32", "bfloat16", "float16")
 """The dtypes eval_dtype may name (torch's own names)."""
+PARAM_DTYPES = ("fp32", "bf16")
+"""The dtypes param_dtype may name: where weights, gradients and optimizer state are stored."""
 FP8_RECIPES = ("tensorwise", "rowwise")
 """torchao.float8 scaling recipes precision.fp8_recipe may name (Float8LinearConfig.from_recipe_name)."""
 FP8_MIN_CAPABILITY = (8, 9)
@@ -35,3 +37,7 @@ class PrecisionConfig:
     """Swap linear layers for torchao float8 training layers (matmuls in fp8; needs a GPU of compute capability 8.9+)."""
     fp8_recipe: str = "tensorwise"
     """fp8 scaling: tensorwise (one scale per tensor, fastest) or rowwise (a scale per row, more accurate)."""
+    param_dtype: str = "fp32"
+    """Stored dtype of weights, gradients and optimizer state: fp32 (master weights) or bf16 (pure bf16, stochastic rounding)."""
+    eval_cast: bool = False
+    """Evaluate with the weights cast to the eval dtype (a copy; the training weights are untouched), not only autocast."""

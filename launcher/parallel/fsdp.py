@@ -43,7 +43,13 @@ __all__ = ["apply_fsdp", "data_mesh", "deferred_reduction", "mixed_precision_pol
 
 
 def mixed_precision_policy(precision: PrecisionConfig) -> MixedPrecisionPolicy | None:
-    """Low-precision parameters for compute, fp32 gradient reduction; None (plain fp32) otherwise."""
+    """Low-precision parameters for compute, fp32 gradient reduction; None (plain fp32) otherwise.
+
+    Pure bf16 (precision.param_dtype=bf16) stores the shards in bf16 already: they are gathered as they are,
+    and the gradients are reduce-scattered in fp32 and stored back in bf16.
+    """
+    if precision.param_dtype == "bf16":
+        return MixedPrecisionPolicy(reduce_dtype=torch.float32)
     if precision.bf16:
         return MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
     if precision.fp16:

@@ -88,11 +88,17 @@ class PartsStrategy:
         if self.scaler is not None and self.pipelined:  # only the last stage scales a loss
             self.scaler.scale(torch.zeros((), device=device))
         self._optimizer_device = "cpu" if self.wrap == "fsdp" and spec.parallel.cpu_offload else device.type
-        self.optimizer = build_optimizer(
-            nn.ModuleList(modules) if self.pipelined else modules[0],
-            _optimizer_config(spec.optimizer, sharded_scaler=sharded and self.scaler is not None),
-            self._optimizer_device,
-        )
+        optimized = nn.ModuleList(modules) if self.pipelined else modules[0]
+        if spec.precision.param_dtype == "bf16":  # bf16 weights and moments, stochastically rounded
+            from launcher.components.bf16_adamw import build_bf16_adamw
+
+            self.optimizer = build_bf16_adamw(optimized, spec.optimizer, spec.train.seed)
+        else:
+            self.optimizer = build_optimizer(
+                optimized,
+                _optimizer_config(spec.optimizer, sharded_scaler=sharded and self.scaler is not None),
+                self._optimizer_device,
+            )
         self.max_grad_norm = spec.train.max_grad_norm
         self.powersgd = [
             ddp.register_comm_hook(part, spec.parallel)

@@ -9,6 +9,8 @@ stage 3 and shard_grad_op (no reshard after forward) keeps whole weights like st
 trainable parameters have gradients and optimizer state (LoRA: the adapters); quantized weights
 take 0.5 (nf4 with double quantization) or 1 (int8) byte per parameter plus their constants;
 offload moves states to host memory; tensor parallelism divides the block weights by tp_size.
+Pure bf16 (precision.param_dtype=bf16) stores weights, gradients and AdamW's moments in bf16 without a
+master copy: 2 + 2 + 4 = 8 bytes, half of either, and autocast has no 16-bit copies to make.
 A Hugging Face model is counted from its config (launcher.components.model.shape: exact parameters
 and block linears from a meta-device build).
 """
@@ -132,6 +134,11 @@ def autocasts_16bit(spec: RunSpec) -> bool:
     return spec.precision.bf16 or spec.precision.fp16
 
 
+def stored_bytes(spec: RunSpec) -> int:
+    """Bytes per stored weight, gradient and optimizer-state value of the torch-native strategies."""
+    return 2 if spec.precision.param_dtype == "bf16" else 4
+
+
 def _weight_bytes(spec: RunSpec, counts: ParamCounts, bytes_16: int) -> float:
     """Bytes of all weights on one replica: base weights at `bytes_16` or in low bits, adapters in float32."""
     method = spec.quantization.method
@@ -147,11 +154,12 @@ def _replica(spec: RunSpec, counts: ParamCounts, n: int) -> ModelStates:
 
     (Tensor parallelism has already divided the block weights in `counts`.)
     """
-    weights = _weight_bytes(spec, counts, 4)
-    grads, states = counts.trainable * 4.0, counts.trainable * optimizer_state_bytes(spec)
+    w = stored_bytes(spec)  # pure bf16: the optimizer's float32 state is stored in bf16 too
+    weights = _weight_bytes(spec, counts, w)
+    grads, states = counts.trainable * float(w), counts.trainable * optimizer_state_bytes(spec) * w / 4
     buffers = 0.0
     if (
-        autocasts_16bit(spec) and spec.quantization.method == "none"
+        autocasts_16bit(spec) and spec.quantization.method == "none" and w == 4
     ):  # autocast caches a 16-bit copy of each matmul weight
         buffers += 2.0 * (counts.block_linear + counts.head)
     return ModelStates(
@@ -160,7 +168,8 @@ def _replica(spec: RunSpec, counts: ParamCounts, n: int) -> ModelStates:
         optimizer_states=states,
         buffers=buffers,
         host_bytes=0.0,
-        note="full replica: 4Ψ weights + 4Ψ gradients + optimizer state",
+        note=f"full replica: {w}Ψ weights + {w}Ψ gradients + optimizer state"
+        + (" (pure bf16)" if w == 2 else ""),
         forward_buffers=buffers,  # the cache is cleared when the forward's autocast region ends
     )
 

@@ -9,7 +9,9 @@ The order, and why:
    the eager build (launcher.components.model.meta_init): no rank holds the whole model;
 2. quantization and adapters, which change which parameters exist, then QAT's fake quantizers
    (launcher.components.qat: nn.Linear -> torchao FakeQuantizedLinear, the same parameters), which must be
-   in the module tree before TP splits, compile traces and DDP/FSDP2 wrap it;
+   in the module tree before TP splits, compile traces and DDP/FSDP2 wrap it; with
+   precision.param_dtype=bf16 the parameters are then stored in bf16 (launcher.components.precision),
+   so DDP's buckets, FSDP2's shards and the optimizer's state are created in bf16;
 3. the model parts: the whole model, or with parallel.pp_size > 1 this rank's pipeline stages (the
    one stage plan, launcher.parallel.dims);
 4. the objective (launcher.components.objectives: cross-entropy, distillation, or a preference loss)
@@ -55,7 +57,7 @@ from launcher.components.model.long_context import loss_chunking_bypass
 from launcher.components.model.meta_init import build_on_meta
 from launcher.components.model.on_meta import builds_on_meta
 from launcher.components.objectives import Objective
-from launcher.components.precision import apply_backend_flags, apply_fp8, train_dtype
+from launcher.components.precision import apply_backend_flags, apply_fp8, cast_parameters, train_dtype
 from launcher.components.scheduler import build_scheduler
 from launcher.parallel import pretrained
 from launcher.parallel.dims import DistContext
@@ -189,6 +191,7 @@ def build_trainable(spec: RunSpec, dist: DistContext, run_dir: Path | None = Non
     qat_switch = qat.switch_hook(model, spec.qat)
     model = apply_fp8(model, spec.precision)  # float8 linears before TP, compile and FSDP see them
     pruner = prune.apply(model, spec.prune)  # mask buffers before any wrap: every checkpoint holds them
+    model = cast_parameters(model, spec.precision)  # pure bf16: stored bf16 before DDP/FSDP2 see the weights
     # the whole model, or this rank's pipeline stages (the stage plan, asked once)
     plan = dist.dims.stage_plan(spec.parallel, spec.model, spec.data.seq_len, dist.rank)
     parts = [model] if plan is None else split_model(model, plan)

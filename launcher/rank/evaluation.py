@@ -8,7 +8,7 @@ import torch
 
 from launcher.components.data.interleave import HeldOut
 from launcher.components.data.sequences import PackedSequences, val_batches
-from launcher.components.precision import eval_dtype
+from launcher.components.precision import cast_weights, eval_dtype
 from launcher.rank.loop_parts import Components
 
 
@@ -47,7 +47,9 @@ def evaluate(parts: Components, step: int) -> dict[str, float]:
         return {}
     model = parts.strategy.model
     model.eval()
-    sums = [float(value) for part in held_out for value in held_out_sums(parts, part.sequences)]
+    precision = parts.spec.precision
+    with cast_weights(model, eval_dtype(precision), enabled=precision.eval_cast):
+        sums = [float(value) for part in held_out for value in held_out_sums(parts, part.sequences)]
     model.train()
     totals = parts.dist.data_sum(sums)
     losses = {part.name: totals[2 * i] / max(totals[2 * i + 1], 1.0) for i, part in enumerate(held_out)}

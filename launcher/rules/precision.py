@@ -1,4 +1,4 @@
-"""Rules of the precision group: one autocast dtype, and only what the device supports."""
+"""Rules of the precision group: one autocast dtype, only what the device supports, pure bf16 where it composes."""
 
 from __future__ import annotations
 
@@ -71,5 +71,84 @@ def _fp8(spec: RunSpec, hw: Hardware) -> Iterator[SpecError]:
         )
 
 
-RULES: tuple[Rule, ...] = (_precision, _fp8)
+PURE_BF16_STRATEGIES = ("single", "ddp", "fsdp")
+"""Strategies whose optimizer step pure bf16 replaces (the torch-native ones without TP, CP or pipeline stages)."""
+
+
+def _pure_bf16(spec: RunSpec, hw: Hardware) -> Iterator[SpecError]:
+    p, o, par = spec.precision, spec.optimizer, spec.parallel
+    if p.param_dtype != "bf16":
+        return
+    fix = "or keep fp32 master weights with `precision=bf16` (precision.param_dtype=fp32)"
+    if not p.bf16 or p.fp16:
+        yield SpecError(
+            ("precision.param_dtype", "precision.bf16"),
+            "precision.param_dtype=bf16 runs the forward under bf16 autocast (which keeps softmax, norms and "
+            "the loss in fp32), so it needs precision.bf16=true and precision.fp16=false. Use "
+            "`precision=pure_bf16`, which sets all three.",
+        )
+    if p.fp8:
+        yield SpecError(
+            ("precision.param_dtype", "precision.fp8"),
+            "pure bf16 and fp8 training both replace how the linear layers store their weights. Use one: "
+            "`precision=pure_bf16` or `precision=fp8`.",
+        )
+    if o.name != "adamw" or o.implementation != "auto":
+        yield SpecError(
+            ("precision.param_dtype", "optimizer.name", "optimizer.implementation"),
+            f"pure bf16 steps with its own AdamW (bf16 moments, stochastic rounding), so it needs "
+            f"optimizer=adamw with optimizer.implementation=auto, and this run has optimizer={o.name}, "
+            f"implementation={o.implementation} (torch's fused/foreach kernels would round to nearest and "
+            f"drop small updates). Use `optimizer=adamw`, {fix}.",
+        )
+    wrong = par.strategy not in PURE_BF16_STRATEGIES or max(par.tp_size, par.pp_size, par.cp_size) > 1
+    if wrong:
+        yield SpecError(
+            ("precision.param_dtype", "parallel.strategy"),
+            f"pure bf16 runs under parallel=single, ddp or fsdp (without tensor, context or pipeline "
+            f"parallelism), and this run has parallel.strategy={par.strategy}, tp_size={par.tp_size}, "
+            f"cp_size={par.cp_size}, pp_size={par.pp_size}. DeepSpeed keeps bf16 weights by itself with "
+            f"precision=bf16 (its fp32 master copy lives in the optimizer). Use one of those strategies, {fix}.",
+        )
+    quantized = spec.quantization.method != "none" or spec.quantization.lora.rank > 0
+    if quantized or spec.qat.scheme != "none":
+        yield SpecError(
+            ("precision.param_dtype", "quantization.method", "qat.scheme"),
+            "pure bf16 stores every trainable weight in bf16, and quantized bases, LoRA adapters and QAT "
+            "keep their own dtypes. Use `quantization=none qat=none` with pure bf16, "
+            f"{fix}.",
+        )
+
+
+def _dtype_name(spec: RunSpec, *, stored: bool) -> str:
+    """torch's name of the dtype evaluation autocasts to (stored=False) or the weights are stored in."""
+    p = spec.precision
+    if stored:
+        return "bfloat16" if p.param_dtype == "bf16" else "float32"
+    return p.eval_dtype or ("bfloat16" if p.bf16 else "float16" if p.fp16 else "float32")
+
+
+def _eval_cast(spec: RunSpec, hw: Hardware) -> Iterator[SpecError]:
+    p, par = spec.precision, spec.parallel
+    if not p.eval_cast:
+        return
+    target, stored = _dtype_name(spec, stored=False), _dtype_name(spec, stored=True)
+    if target == stored:
+        yield SpecError(
+            ("precision.eval_cast", "precision.eval_dtype"),
+            f"precision.eval_cast=true casts the weights to the eval dtype for evaluation, but that is "
+            f"{target}, the dtype they are stored in: there is nothing to cast. Name another one, e.g. "
+            f"`precision.eval_dtype=bfloat16`, or drop precision.eval_cast.",
+        )
+    if par.strategy not in ("single", "ddp") or max(par.tp_size, par.pp_size, par.cp_size) > 1:
+        yield SpecError(
+            ("precision.eval_cast", "parallel.strategy"),
+            f"precision.eval_cast casts a whole model's weights, and parallel.strategy={par.strategy} holds "
+            f"them sharded (under fsdp and deepspeed with precision=bf16 evaluation already runs on bf16 "
+            f"weights: FSDP2 gathers them in bf16, DeepSpeed stores them so). Use parallel=single or ddp, "
+            f"or drop precision.eval_cast.",
+        )
+
+
+RULES: tuple[Rule, ...] = (_precision, _fp8, _pure_bf16, _eval_cast)
 """This module's rules, in the order they report."""

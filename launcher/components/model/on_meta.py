@@ -26,7 +26,7 @@ def builds_on_meta(
 ) -> bool:
     """Whether a rank builds the model on the meta device: a family that replays its init there (the GPT), split by a strategy (`splits`:
     FSDP2, TP or a pipeline), and nothing before the wrap needs its values (quantization, adapters, QAT,
-    pruning masks, fp8 layers, a preference reference copy, the micro-batch search). A Hugging Face model
+    pruning masks, fp8 layers, pure bf16's cast, a preference reference copy, the micro-batch search). A Hugging Face model
     built from its config initialises through `.data` aliases and, for some, `trunc_normal_`'s in-place
     arithmetic, which this replay cannot follow: it is built eagerly (a pretrained folder is read into
     the shards instead, launcher.parallel.pretrained)."""
@@ -38,6 +38,7 @@ def builds_on_meta(
         and qat.scheme == "none"
         and prune.method == "none"
         and not precision.fp8
+        and precision.param_dtype == "fp32"
         and objective.name == "sft"
         and not memory.auto_micro_batch
     )
