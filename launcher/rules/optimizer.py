@@ -9,7 +9,7 @@ from launcher.rules.hardware import Hardware
 from launcher.rules.values import Rule, missing
 from launcher.spec import RunSpec, SpecError
 
-ADAM_FAMILY = ("adamw", "adamw_8bit", "paged_adamw_8bit", "lion_8bit")
+ADAM_FAMILY = ("adamw", "adamw_8bit", "paged_adamw_8bit", "lion_8bit", "muon")
 
 
 def _bitsandbytes(spec: RunSpec, hw: Hardware) -> Iterator[SpecError]:
@@ -61,5 +61,19 @@ def _betas(spec: RunSpec, hw: Hardware) -> Iterator[SpecError]:
         )
 
 
-RULES: tuple[Rule, ...] = (_bitsandbytes, _adafactor, _betas)
+def _muon(spec: RunSpec, hw: Hardware) -> Iterator[SpecError]:
+    o = spec.optimizer
+    if o.name != "muon":
+        return
+    if spec.parallel.strategy == "deepspeed":
+        yield SpecError(
+            ("optimizer.name", "parallel.strategy"),
+            f"optimizer=muon orthogonalizes each whole hidden matrix, but parallel.strategy=deepspeed "
+            f"(ZeRO stage {spec.parallel.zero_stage}) hands the optimizer flattened 1-D partitions, where no "
+            "matrix is left. Use parallel=fsdp (FSDP2: Muon gathers each sharded matrix) or parallel=ddp, "
+            "or keep DeepSpeed with optimizer=adamw.",
+        )
+
+
+RULES: tuple[Rule, ...] = (_bitsandbytes, _adafactor, _betas, _muon)
 """This module's rules, in the order they report."""
