@@ -65,14 +65,21 @@ def _muon(spec: RunSpec, hw: Hardware) -> Iterator[SpecError]:
     o = spec.optimizer
     if o.name != "muon":
         return
-    if spec.parallel.strategy == "deepspeed":
-        yield SpecError(
-            ("optimizer.name", "parallel.strategy"),
-            f"optimizer=muon orthogonalizes each whole hidden matrix, but parallel.strategy=deepspeed "
-            f"(ZeRO stage {spec.parallel.zero_stage}) hands the optimizer flattened 1-D partitions, where no "
-            "matrix is left. Use parallel=fsdp (FSDP2: Muon gathers each sharded matrix) or parallel=ddp, "
-            "or keep DeepSpeed with optimizer=adamw.",
-        )
+    if spec.parallel.strategy != "deepspeed":
+        return
+    stage = spec.parallel.zero_stage
+    why = (
+        "ZeRO stage 0 is plain data parallelism, which parallel=ddp runs with Muon"
+        if stage == 0
+        else f"ZeRO stage {stage} steps the optimizer on flattened 1-D partitions of the parameters, where "
+        "no matrix is left"
+    )
+    yield SpecError(
+        ("optimizer.name", "parallel.strategy"),
+        f"optimizer=muon orthogonalizes each whole hidden matrix and is not wired into DeepSpeed's engine "
+        f"(parallel.strategy=deepspeed): {why}. Use parallel=fsdp (FSDP2: Muon gathers each sharded "
+        "matrix) or parallel=ddp, or keep DeepSpeed with optimizer=adamw.",
+    )
 
 
 RULES: tuple[Rule, ...] = (_bitsandbytes, _adafactor, _betas, _muon)
