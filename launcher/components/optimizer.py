@@ -1,14 +1,18 @@
 """The optimizer group: schema, parameter groups and the table of optimizer builders.
 
 Besides torch's AdamW and SGD, the memory-lean options: 8-bit AdamW / Lion (bitsandbytes), paged
-AdamW and torch's Adafactor. They receive the same parameter groups as AdamW (weight decay on
-matrices only); each builder passes on the keys its row of launcher.config.optimizer.READS names. bitsandbytes keeps the Adam moments (Lion's momentum) of every tensor with at
+AdamW and torch's Adafactor; and Muon (launcher.components.muon) for the hidden matrices, with
+AdamW for the rest. They receive the same parameter groups as AdamW (weight decay on matrices
+only); each builder passes on the keys its row of launcher.config.optimizer.READS names.
+bitsandbytes keeps the Adam moments (Lion's momentum) of every tensor with at
 least 4096 elements in 8 bits, block-wise quantized; smaller tensors keep 32-bit state. A paged
 optimizer needs CUDA unified memory: on a CPU it runs as plain 8-bit AdamW, with a warning.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import fnmatch
 import warnings
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING
@@ -35,6 +39,25 @@ def param_groups(named_params: Iterable[tuple[str, nn.Parameter]], cfg: Optimize
     if no_decay:
         groups.append({"params": no_decay, "weight_decay": 0.0})
     return groups
+
+
+def muon_param_groups(named_params: Iterable[tuple[str, nn.Parameter]], cfg: OptimizerConfig) -> list[dict]:
+    """Muon's split: hidden 2-D matrices to Muon; muon_exclude's names, other matrices and 1-D tensors to AdamW."""
+    muon, decay, no_decay = [], [], []
+    for name, param in named_params:
+        if not param.requires_grad:
+            continue
+        if param.ndim == 2 and not any(fnmatch.fnmatchcase(name, pattern) for pattern in cfg.muon_exclude):
+            muon.append(param)
+        else:
+            (decay if cfg.decay_norms_and_biases or param.ndim >= 2 else no_decay).append(param)
+    adamw_lr = cfg.lr if cfg.adamw_lr is None else cfg.adamw_lr
+    groups = [
+        {"params": muon, "use_muon": True, "weight_decay": cfg.weight_decay},
+        {"params": decay, "use_muon": False, "weight_decay": cfg.weight_decay, "lr": adamw_lr},
+        {"params": no_decay, "use_muon": False, "weight_decay": 0.0, "lr": adamw_lr},
+    ]
+    return [group for group in groups if group["params"]]
 
 
 def _fused_on(name: str, device_type: str) -> bool:
@@ -112,6 +135,25 @@ def _adafactor(groups: list[dict], cfg: OptimizerConfig, device_type: str) -> to
     )
 
 
+def _muon(groups: list[dict], cfg: OptimizerConfig, device_type: str) -> torch.optim.Optimizer:
+    from launcher.components.muon import MuonWithAdamW
+
+    flags = _kernel_flags(dataclasses.replace(cfg, name="adamw"), device_type)
+    if flags["fused"]:
+        flags["foreach"] = None
+    adamw = {"betas": tuple(cfg.betas), "eps": cfg.eps, **flags}
+    return MuonWithAdamW(
+        groups,
+        lr=cfg.lr,
+        weight_decay=cfg.weight_decay,
+        momentum=cfg.momentum,
+        nesterov=cfg.nesterov,
+        ns_steps=cfg.ns_steps,
+        adjust_lr_fn=cfg.adjust_lr_fn,
+        adamw=adamw,
+    )
+
+
 OPTIMIZERS: dict[str, OptimizerBuilder] = {
     "adamw": _adamw,
     "sgd": _sgd,
@@ -119,10 +161,17 @@ OPTIMIZERS: dict[str, OptimizerBuilder] = {
     "paged_adamw_8bit": _paged_adamw_8bit,
     "lion_8bit": _lion_8bit,
     "adafactor": _adafactor,
+    "muon": _muon,
 }
 """Every option of the optimizer group and its builder."""
+
+PARAM_SPLITS: dict[str, Callable[[Iterable[tuple[str, nn.Parameter]], OptimizerConfig], list[dict]]] = {
+    "muon": muon_param_groups,
+}
+"""The options that split the parameters their own way (the others take param_groups)."""
 
 
 def build_optimizer(model: nn.Module, cfg: OptimizerConfig, device_type: str) -> torch.optim.Optimizer:
     """Build the configured optimizer over `model`'s trainable parameters."""
-    return OPTIMIZERS[cfg.name](param_groups(model.named_parameters(), cfg), cfg, device_type)
+    split = PARAM_SPLITS.get(cfg.name, param_groups)
+    return OPTIMIZERS[cfg.name](split(model.named_parameters(), cfg), cfg, device_type)

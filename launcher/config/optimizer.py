@@ -25,9 +25,9 @@ class OptimizerConfig:
     eps: float = 1e-8
     """Denominator epsilon: the Adam family's eps, Adafactor's eps[0] (the floor of its second moments)."""
     momentum: float = 0.9
-    """SGD momentum."""
+    """SGD momentum; Muon's momentum (muon.yaml: 0.95)."""
     nesterov: bool = False
-    """SGD Nesterov momentum."""
+    """Nesterov momentum (SGD; Muon, where muon.yaml turns it on)."""
     decay_norms_and_biases: bool = False
     """Apply weight decay to norm weights and biases as well (usually worse)."""
     beta2_decay: float = -0.8
@@ -39,6 +39,23 @@ class OptimizerConfig:
     implementation: str = "auto"
     """torch kernel choice: auto (fused AdamW on CUDA and CPU, fused SGD on CUDA, foreach otherwise),
     fused, foreach or for_loop."""
+    # read by muon
+    muon_exclude: list[str] = field(default_factory=lambda: list(MUON_EXCLUDE))
+    """Parameter-name patterns (fnmatch) that AdamW updates instead of Muon; 1-D tensors always go to AdamW."""
+    ns_steps: int = 5
+    """Muon's Newton-Schulz iterations per step (torch's default 5)."""
+    adjust_lr_fn: str = "match_rms_adamw"
+    """Muon's per-matrix lr scale: match_rms_adamw (0.2 sqrt(max(A, B)), AdamW's lr works) or original."""
+    adamw_lr: float | None = None
+    """Learning rate of Muon's AdamW part (embeddings, head, norms, biases); null: optimizer.lr."""
+
+
+MUON_EXCLUDE = ("*emb*", "*wte*", "*wpe*", "*lm_head*")
+"""Embeddings and output heads of the GPT family (tok_emb, pos_emb, lm_head) and of Hugging Face families
+(embed_tokens, wte, wpe, embed_in, embed_out, word_embeddings, lm_head): AdamW, not Muon."""
+
+ADJUST_LR_FNS = ("match_rms_adamw", "original")
+"""torch.optim.Muon's adjust_lr_fn options."""
 
 
 FUSED_AUTO_DEVICES = {"adamw": ("cuda", "cpu"), "sgd": ("cuda",)}

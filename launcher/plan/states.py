@@ -106,6 +106,12 @@ def optimizer_state_bytes(spec: RunSpec) -> float:
     if name == "adafactor":
         # factored second moment: a row and a column vector per d x d-ish matrix, about 2/d per weight
         return 8.0 / max(spec.model.d_model, 1)
+    if name == "muon":  # one float32 momentum per hidden matrix weight, AdamW's two moments for the rest
+        counts = count_params(spec)
+        if counts.adapters:
+            return 4.0  # LoRA's A and B are matrices: Muon's
+        hidden = counts.block_linear / max(counts.trainable, 1)
+        return 4.0 * hidden + 8.0 * (1.0 - hidden)
     return OPTIMIZER_STATE_BYTES.get(name, 8.0)
 
 

@@ -31,6 +31,7 @@ from launcher.config import (
 )
 from launcher.config.compile import MODES
 from launcher.config.launcher import BACKENDS
+from launcher.config.optimizer import ADJUST_LR_FNS
 from launcher.config.scheduler import SCHEDULES
 from launcher.config.tokenizer import TOKENIZER_KINDS
 from launcher.parallel.pipeline_split import SCHEDULES as PP_SCHEDULES
@@ -182,6 +183,11 @@ KEYS: dict[str, Domain] = {
     "optimizer.name": one_of(sorted(OPTIMIZERS)),
     "optimizer.nesterov": FLAG,
     "optimizer.weight_decay": at_least(0),
+    # read by muon
+    "optimizer.adamw_lr": above(0, "null: optimizer.lr"),
+    "optimizer.adjust_lr_fn": one_of(ADJUST_LR_FNS),
+    "optimizer.muon_exclude": text("fnmatch patterns of parameter names (`*emb*`), any text"),
+    "optimizer.ns_steps": within(1, 99),
     "parallel.bucket_mb": above(0),
     "parallel.comm_hook": one_of(COMM_HOOKS),
     "parallel.cp_size": COUNT,

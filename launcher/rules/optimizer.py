@@ -10,7 +10,7 @@ from launcher.rules.hardware import Hardware
 from launcher.rules.values import Rule, missing
 from launcher.spec import RunSpec, SpecError
 
-ADAM_FAMILY = ("adamw", "adamw_8bit", "paged_adamw_8bit", "lion_8bit")
+ADAM_FAMILY = ("adamw", "adamw_8bit", "paged_adamw_8bit", "lion_8bit", "muon")
 
 
 def _bitsandbytes(spec: RunSpec, hw: Hardware) -> Iterator[SpecError]:
@@ -72,7 +72,28 @@ def _offloaded_adamw(spec: RunSpec, hw: Hardware) -> Iterator[SpecError]:
         )
 
 
-RULES: tuple[Rule, ...] = (_bitsandbytes, _adafactor, _betas, _offloaded_adamw)
+def _muon(spec: RunSpec, hw: Hardware) -> Iterator[SpecError]:
+    o = spec.optimizer
+    if o.name != "muon":
+        return
+    if spec.parallel.strategy != "deepspeed":
+        return
+    stage = spec.parallel.zero_stage
+    why = (
+        "ZeRO stage 0 is plain data parallelism, which parallel=ddp runs with Muon"
+        if stage == 0
+        else f"ZeRO stage {stage} steps the optimizer on flattened 1-D partitions of the parameters, where "
+        "no matrix is left"
+    )
+    yield SpecError(
+        ("optimizer.name", "parallel.strategy"),
+        f"optimizer=muon orthogonalizes each whole hidden matrix and is not wired into DeepSpeed's engine "
+        f"(parallel.strategy=deepspeed): {why}. Use parallel=fsdp (FSDP2: Muon gathers each sharded "
+        "matrix) or parallel=ddp, or keep DeepSpeed with optimizer=adamw.",
+    )
+
+
+RULES: tuple[Rule, ...] = (_bitsandbytes, _adafactor, _betas, _offloaded_adamw, _muon)
 """This module's rules, in the order they report."""
 
 HINTS = {
