@@ -38,6 +38,10 @@ NON_DEFAULT = {
     "beta2_decay": -0.5,
     "eps2": 1e-2,
     "clip_threshold": 2.0,
+    "muon_exclude": ["0.*"],
+    "ns_steps": 3,
+    "adjust_lr_fn": "original",
+    "adamw_lr": 1e-4,
 }
 """A legal value away from the schema default, per key: what the walk sets to see it reach the optimizer."""
 
@@ -149,7 +153,7 @@ def test_recipes_and_chosen_files_are_held_to_it_too(tmp_path: Path) -> None:
     [error] = precheck(command_line.normalize(["--config-dir", str(tmp_path), "+experiment=sgd_eps"]))
     assert error.keys == ("optimizer.eps",) and "by experiment=sgd_eps" in error.message
     [error] = precheck(["optimizer.momentum=0.5"])
-    assert "optimizer=adamw does not read it" in error.message and "(sgd)" in error.message
+    assert "optimizer=adamw does not read it" in error.message and "reads it (sgd" in error.message
     assert precheck(["optimizer=sgd", "optimizer.momentum=0.5", "optimizer.nesterov=true"]) == []
 
 
