@@ -29,6 +29,20 @@ def train_mode(optimizer: torch.optim.Optimizer) -> None:
         optimizer.train()
 
 
+def ready_to_load(optimizer: torch.optim.Optimizer) -> None:
+    """Train mode before a checkpoint loads, with no empty per-parameter state left by the switch.
+
+    torch's DCP loader steps a fresh optimizer once at lr 0 to create the state it loads into, which
+    schedule-free allows in train mode only; and it skips that step (loading no state) where any
+    entry exists, empty or not, so the entries the switch leaves behind are dropped.
+    """
+    if not has_modes(optimizer):
+        return
+    optimizer.train()
+    for param in [param for param, state in optimizer.state.items() if not state]:
+        del optimizer.state[param]
+
+
 @contextlib.contextmanager
 def averaged_weights(optimizer: torch.optim.Optimizer) -> Iterator[None]:
     """The model holds the averaged weights (x) inside, the training point (y) again after."""

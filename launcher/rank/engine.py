@@ -26,7 +26,7 @@ from launcher.components import checkpoint, metrics, profiling
 from launcher.components.checkpoint_async import AsyncSaver, StagedFiles, background_saves
 from launcher.components.checkpoint_files import CheckpointFiles
 from launcher.components.loggers import observers
-from launcher.components.schedule_free import averaged_weights, train_mode
+from launcher.components.schedule_free import averaged_weights, ready_to_load, train_mode
 from launcher.parallel.state_bytes import is_dtensor
 from launcher.rank import collection, evaluation, host_memory
 from launcher.rank.loop_parts import Components
@@ -106,6 +106,7 @@ class Engine:
 
     def restore(self, directory: Path) -> None:
         """Continue exactly where the checkpoint in `directory` left off."""
+        ready_to_load(self.parts.strategy.optimizer)  # schedule-free: DCP steps it once at lr 0
         self.parts.strategy.load(directory)
         state = checkpoint.load_tensor_file(directory / "trainer.pt")
         self.parts.scheduler.load_state_dict(state["scheduler"])

@@ -142,3 +142,43 @@ def test_the_constant_schedules_warmup_is_schedule_frees_own_bitwise() -> None:
     own.eval()
     for a, b in zip(ours.parameters(), theirs.parameters(), strict=True):
         assert torch.equal(a, b)
+
+
+def test_a_fresh_schedule_free_optimizer_loads_a_dcp_checkpoint_bitwise(tmp_path) -> None:
+    """torch's DCP loader (FSDP2, TP checkpoints) steps a fresh optimizer at lr 0 to create its state, which
+    schedule-free allows in train mode only, and loads no state where an entry exists: ready_to_load
+    prepares both, and the averaged weights and the state come back bit for bit."""
+    import torch
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
+    from launcher.components.optimizer import OPTIMIZERS
+    from launcher.components.schedule_free import ready_to_load
+    from launcher.config.optimizer import OptimizerConfig
+
+    cfg = OptimizerConfig(name="adamw_schedule_free", lr=1e-2, betas=[0.9, 0.999])
+
+    def built(seed: int) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
+        torch.manual_seed(seed)
+        model = torch.nn.Linear(8, 8)
+        return model, OPTIMIZERS["adamw_schedule_free"]([{"params": list(model.parameters())}], cfg, "cpu")
+
+    model, opt = built(0)
+    opt.train()
+    for x in torch.randn(3, 4, 8, generator=torch.Generator().manual_seed(1)):
+        model(x).square().mean().backward()
+        opt.step()
+        opt.zero_grad()
+    opt.eval()  # as a checkpoint holds it
+    dcp.save(dict(zip(("model", "optim"), get_state_dict(model, opt), strict=True)), checkpoint_id=tmp_path)
+    fresh, fresh_opt = built(1)
+    ready_to_load(fresh_opt)  # what launcher.rank.engine does before a checkpoint loads
+    state = dict(zip(("model", "optim"), get_state_dict(fresh, fresh_opt), strict=True))  # a template
+    dcp.load(state, checkpoint_id=tmp_path)
+    set_state_dict(fresh, fresh_opt, model_state_dict=state["model"], optim_state_dict=state["optim"])
+    for a, b in zip(model.parameters(), fresh.parameters(), strict=True):
+        assert torch.equal(a, b)
+        assert torch.equal(opt.state[a]["z"], fresh_opt.state[b]["z"])
+    opt.train()
+    fresh_opt.train()
+    assert all(torch.equal(a, b) for a, b in zip(model.parameters(), fresh.parameters(), strict=True))
