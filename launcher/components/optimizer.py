@@ -154,6 +154,16 @@ def _muon(groups: list[dict], cfg: OptimizerConfig, device_type: str) -> torch.o
     )
 
 
+def _adamw_schedule_free(groups: list[dict], cfg: OptimizerConfig, device_type: str) -> torch.optim.Optimizer:
+    """schedulefree's AdamW; its warmup is the scheduler group's (constant), so its own stays 0."""
+    import schedulefree
+
+    foreach = cfg.implementation != "for_loop"
+    return schedulefree.AdamWScheduleFree(
+        groups, lr=cfg.lr, betas=tuple(cfg.betas), eps=cfg.eps, warmup_steps=0, foreach=foreach
+    )
+
+
 OPTIMIZERS: dict[str, OptimizerBuilder] = {
     "adamw": _adamw,
     "sgd": _sgd,
@@ -162,6 +172,7 @@ OPTIMIZERS: dict[str, OptimizerBuilder] = {
     "lion_8bit": _lion_8bit,
     "adafactor": _adafactor,
     "muon": _muon,
+    "adamw_schedule_free": _adamw_schedule_free,
 }
 """Every option of the optimizer group and its builder."""
 

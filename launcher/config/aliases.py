@@ -35,10 +35,7 @@ ALIASES: dict[str, str] = {
     "gradient_accumulation_steps": "use train.grad_accum_steps, e.g. train.grad_accum_steps=4",
     "learning_rate": "use optimizer.lr, e.g. optimizer.lr=3e-4",
     "lr": "use optimizer.lr, e.g. optimizer.lr=3e-4",
-    "warmup_ratio": (
-        "there is no ratio key: set scheduler.warmup_steps to ratio x train.max_steps "
-        "(0.03 x 1000 steps -> scheduler.warmup_steps=30)"
-    ),
+    "warmup_ratio": "use scheduler.warmup_ratio (a fraction of train.max_steps), e.g. scheduler.warmup_ratio=0.03",
     "num_warmup_steps": "use scheduler.warmup_steps, e.g. scheduler.warmup_steps=100",
     "num_train_epochs": _EPOCHS,
     "num_epochs": _EPOCHS,

@@ -79,9 +79,17 @@ READS: dict[str, tuple[str, ...]] = {
     "lion_8bit": ("betas",),
     "adafactor": ("eps", "eps2", "beta2_decay", "clip_threshold", "implementation"),
     "muon": (
-        "betas", "eps", "implementation", "momentum", "nesterov", "muon_exclude", "ns_steps", "adjust_lr_fn",
+        "betas",
+        "eps",
+        "implementation",
+        "momentum",
+        "nesterov",
+        "muon_exclude",
+        "ns_steps",
+        "adjust_lr_fn",
         "adamw_lr",
     ),  # fmt: skip
+    "adamw_schedule_free": ("betas", "eps", "implementation"),
 }
 """One row per optimizer option: the keys its builder passes on besides SHARED_KEYS. A key outside its row,
 set on the command line, in a recipe or in a chosen option's file, is refused before launch."""

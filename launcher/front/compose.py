@@ -213,13 +213,16 @@ def enrich(cfg: DictConfig) -> tuple[DictConfig, list[SpecError]]:
     from launcher.front.data_format import fill_format
     from launcher.front.model_dims import fill_folder_dims
     from launcher.front.vocab import fill_vocab
-    from launcher.front.warmup import fit_warmup
+    from launcher.front.warmup import fill_warmup_ratio, fit_warmup
 
     cfg = fill_backend(cfg)  # `auto` is decided here, once, before the rules
     cfg, errors = fill_vocab(cfg)
     if errors:
         return cfg, errors
     cfg, errors = fill_format(cfg)  # data.format=auto -> the first record's layout
+    if errors:
+        return cfg, errors
+    cfg, errors = fill_warmup_ratio(cfg)  # scheduler.warmup_ratio -> its warmup_steps
     if errors:
         return cfg, errors
     return fill_folder_dims(fit_warmup(cfg)), []  # dims before the rules: they judge the model that trains

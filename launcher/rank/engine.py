@@ -26,6 +26,7 @@ from launcher.components import checkpoint, metrics, profiling
 from launcher.components.checkpoint_async import AsyncSaver, StagedFiles, background_saves
 from launcher.components.checkpoint_files import CheckpointFiles
 from launcher.components.loggers import observers
+from launcher.components.schedule_free import averaged_weights, ready_to_load, train_mode
 from launcher.parallel.state_bytes import is_dtensor
 from launcher.rank import collection, evaluation, host_memory
 from launcher.rank.loop_parts import Components
@@ -105,6 +106,7 @@ class Engine:
 
     def restore(self, directory: Path) -> None:
         """Continue exactly where the checkpoint in `directory` left off."""
+        ready_to_load(self.parts.strategy.optimizer)  # schedule-free: DCP steps it once at lr 0
         self.parts.strategy.load(directory)
         state = checkpoint.load_tensor_file(directory / "trainer.pt")
         self.parts.scheduler.load_state_dict(state["scheduler"])
@@ -123,10 +125,12 @@ class Engine:
         With checkpoint.async_save the state is copied to host memory and written in the background
         (launcher.components.checkpoint_async); `wait` waits for that write and its commit too.
         Weights that are no longer finite are never saved: the run stops (exit status 3) and the
-        newest checkpoint stays the last good one.
+        newest checkpoint stays the last good one. A schedule-free optimizer's checkpoint holds the averaged
+        weights and the optimizer in eval mode (launcher.components.schedule_free).
         """
         started = time.perf_counter()
-        self._save()
+        with averaged_weights(self.parts.strategy.optimizer):  # schedule-free: the checkpoint holds x
+            self._save()
         if wait:
             self.finish_saves()
         return time.perf_counter() - started
@@ -160,6 +164,7 @@ class Engine:
         """Train from the current step to train.max_steps; returns the run summary."""
         t, dist = self.spec.train, self.parts.dist
         started = time.perf_counter()
+        train_mode(self.parts.strategy.optimizer)  # schedule-free: a checkpoint's x (or a fresh start) to y
         writer = metrics.MetricsFile(self.run_dir / "metrics.jsonl") if dist.is_main else None
         if dist.is_main:
             self.observers = build_observers(self.spec, self._run_context())

@@ -9,6 +9,7 @@ import torch
 from launcher.components.data.interleave import HeldOut
 from launcher.components.data.sequences import PackedSequences, val_batches
 from launcher.components.precision import cast_weights, eval_dtype
+from launcher.components.schedule_free import averaged_weights
 from launcher.rank.loop_parts import Components
 
 
@@ -41,16 +42,18 @@ def evaluate(parts: Components, step: int) -> dict[str, float]:
 
     Named parts (a mixture's sources) are evaluated each on their own (`eval_loss/<name>`); `eval_loss`
     is then their mean weighted by the parts' weights. A source without held-out sequences gives `{}`.
+    A schedule-free optimizer's averaged weights are the ones evaluated (launcher.components.schedule_free).
     """
     held_out: tuple[HeldOut, ...] = parts.source.held_out
     if not held_out:
         return {}
     model = parts.strategy.model
-    model.eval()
     precision = parts.spec.precision
-    with cast_weights(model, eval_dtype(precision), enabled=precision.eval_cast):
-        sums = [float(value) for part in held_out for value in held_out_sums(parts, part.sequences)]
-    model.train()
+    with averaged_weights(parts.strategy.optimizer):  # schedule-free: evaluate the average x, not y
+        model.eval()
+        with cast_weights(model, eval_dtype(precision), enabled=precision.eval_cast):
+            sums = [float(value) for part in held_out for value in held_out_sums(parts, part.sequences)]
+        model.train()
     totals = parts.dist.data_sum(sums)
     losses = {part.name: totals[2 * i] / max(totals[2 * i + 1], 1.0) for i, part in enumerate(held_out)}
     if any(part.name for part in held_out):

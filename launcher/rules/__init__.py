@@ -38,6 +38,7 @@ from launcher.rules import (
     records,
     resume,
     safe_files,
+    schedule,
     sharding,
     slurm,
 )
@@ -52,6 +53,7 @@ AREAS = (
     model,
     precision,
     loop,
+    schedule,
     data,
     mixture,
     launch,

@@ -32,7 +32,7 @@ from launcher.config import (
 from launcher.config.compile import MODES
 from launcher.config.launcher import BACKENDS
 from launcher.config.optimizer import ADJUST_LR_FNS
-from launcher.config.scheduler import SCHEDULES
+from launcher.config.scheduler import DECAY_SHAPES, SCHEDULES
 from launcher.config.tokenizer import TOKENIZER_KINDS
 from launcher.parallel.pipeline_split import SCHEDULES as PP_SCHEDULES
 from launcher.parallel.registry import STRATEGIES
@@ -254,8 +254,11 @@ KEYS: dict[str, Domain] = {
     "quantization.nf4_backend": one_of(quantization.NF4_BACKENDS),
     "resume": text("auto or a checkpoint path: launcher.rules.resume judges it"),
     "run_dir": text("a directory: launcher.rules.launch checks that it can be created and written"),
+    "scheduler.decay_ratio": within(0, 1, low_open=True),
+    "scheduler.decay_shape": one_of(DECAY_SHAPES),
     "scheduler.min_lr_ratio": within(0, 1),
     "scheduler.name": one_of(SCHEDULES),
+    "scheduler.warmup_ratio": within(0, 1, high_open=True),
     "scheduler.warmup_steps": STEP,
     "simulate_hardware": one_of(HARDWARE),
     "tokenizer.add_bos": FLAG,

@@ -10,7 +10,7 @@ from launcher.rules.hardware import Hardware
 from launcher.rules.values import Rule, missing
 from launcher.spec import RunSpec, SpecError
 
-ADAM_FAMILY = ("adamw", "adamw_8bit", "paged_adamw_8bit", "lion_8bit", "muon")
+ADAM_FAMILY = ("adamw", "adamw_8bit", "paged_adamw_8bit", "lion_8bit", "muon", "adamw_schedule_free")
 
 
 def _bitsandbytes(spec: RunSpec, hw: Hardware) -> Iterator[SpecError]:

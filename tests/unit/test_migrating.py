@@ -25,7 +25,7 @@ def _messages(*argv: str) -> list[str]:
         ("per_device_train_batch_size=8", "train.micro_batch_size"),
         ("gradient_accumulation_steps=4", "train.grad_accum_steps"),
         ("learning_rate=2e-5", "optimizer.lr"),
-        ("warmup_ratio=0.03", "set scheduler.warmup_steps to ratio x train.max_steps"),
+        ("warmup_ratio=0.03", "use scheduler.warmup_ratio"),
         ("num_train_epochs=3", "set train.max_steps to epochs x examples / global batch"),
         ("bf16=true", "precision=bf16"),
         ("fp16=true", "precision=bf16 (or fp16"),
