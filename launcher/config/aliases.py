@@ -47,7 +47,7 @@ ALIASES: dict[str, str] = {
     "dtype": _PRECISION,
     "lr_scheduler_type": "pick the scheduler group instead: scheduler=cosine (or linear, constant, inverse_sqrt)",
     "lr_scheduler": "pick the scheduler group instead: scheduler=cosine (or linear, constant, inverse_sqrt)",
-    "optim": "pick the optimizer group instead: optimizer=adamw (or sgd, adafactor, adamw_8bit, lion_8bit, paged_adamw_8bit)",
+    "optim": "pick the optimizer group instead: optimizer=adamw (or sgd, adafactor, adamw_8bit, lion_8bit, paged_adamw_8bit, muon, adamw_schedule_free)",
     "adam_beta1": "use optimizer.betas, e.g. optimizer.betas=[0.9,0.95]",
     "adam_beta2": "use optimizer.betas, e.g. optimizer.betas=[0.9,0.95]",
     "adam_epsilon": "use optimizer.eps, e.g. optimizer.eps=1e-8",
