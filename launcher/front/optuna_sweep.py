@@ -217,15 +217,23 @@ def _child(study: Study, point: sweep.Point) -> subprocess.Popen:
 
 
 def _run_batch(study: Study, points: list[sweep.Point], console: Console) -> list[int]:
-    """Run the batch's valid, unfinished points; their exit statuses, in order."""
-    if len(points) > 1 and all(p.submitter is not None for p in points):
-        codes = [sweep.start(p, console) for p in points]
-        return [p.submitter.collect(p.run_dir) if c == 0 else c for p, c in zip(points, codes, strict=True)]
-    if len(points) <= 1:
-        return [sweep.start(p, console) for p in points]
-    children = [_child(study, p) for p in points]
-    console.print(f"{len(children)} trials side by side; each one's output in its trial.log")
-    return [child.wait() for child in children]
+    """Run the batch's valid, unfinished points; their exit statuses, in order.
+
+    Points on a backend that submits are queued first and collected last; of the others one runs in this
+    process, several side by side as their own `train` processes.
+    """
+    codes = {p.num: sweep.start(p, console) for p in points if p.submitter is not None}
+    here = [p for p in points if p.submitter is None]
+    if len(here) == 1:
+        codes[here[0].num] = sweep.start(here[0], console)
+    elif here:
+        console.print(f"{len(here)} trials side by side; each one's output in its trial.log")
+        children = [(p, _child(study, p)) for p in here]
+        codes.update({p.num: child.wait() for p, child in children})
+    for p in points:
+        if p.submitter is not None and codes[p.num] == ExitStatus.OK:
+            codes[p.num] = p.submitter.collect(p.run_dir)
+    return [codes[p.num] for p in points]
 
 
 def _tell(optuna_study: Any, trial: Any, point: sweep.Point | None, metric: str, console: Console) -> None:
