@@ -78,12 +78,12 @@ def _split(overrides: list[str]) -> tuple[list[str], list[str], list[str]]:
 
 def _settings(sweeper: DictConfig) -> list[SpecError]:
     """Sweeper settings `train` cannot run: counts below one, several directions, a grid or unknown sampler."""
-    errors = []
+    errors: list[SpecError] = []
     for key in ("n_trials", "n_jobs"):
         if not isinstance(sweeper[key], int) or sweeper[key] < 1:
             errors.append(SpecError((f"hydra.sweeper.{key}",), f"must be 1 or more, got {sweeper[key]}."))
-    direction = OmegaConf.to_container(sweeper, resolve=True)["direction"]
-    if str(getattr(direction, "name", direction)) not in ("minimize", "maximize"):
+    direction = _direction(sweeper)
+    if direction not in ("minimize", "maximize"):
         errors.append(
             SpecError(
                 ("hydra.sweeper.direction",),
@@ -122,7 +122,9 @@ def plan(line: CommandLine) -> tuple[Study | None, list[SpecError]]:
         return None, errors
     errors = _settings(cfg.hydra.sweeper)
     params = [f"{k}={v}" for k, v in (cfg.hydra.sweeper.get("params") or {}).items()]
-    search, errors = _search([*params, *swept], errors)
+    search, fixed, errors = _search([*params, *swept], errors)
+    plain += fixed  # hydra.sweeper.params may also give a key one value
+    errors += _same_objective(Path(str(cfg.hydra.sweep.dir)), str(cfg.sweep.metric), cfg.hydra.sweeper)
     if cfg.get("run_dir"):
         errors.append(SpecError(("run_dir",), "each trial runs in hydra.sweep.dir/<trial>: remove run_dir."))
     base = compose.build(cfg)  # what every trial shares, judged once: its problems would fail every trial
@@ -136,14 +138,35 @@ def plan(line: CommandLine) -> tuple[Study | None, list[SpecError]]:
     ), []  # fmt: skip
 
 
-def _search(swept: list[str], errors: list[SpecError]) -> tuple[dict[str, Any], list[SpecError]]:
-    """The search space of the sweep overrides (and hydra.sweeper.params), as Optuna distributions."""
+def _direction(sweeper: DictConfig) -> str:
+    """hydra.sweeper.direction as a name (the plugin's enum, or the string given)."""
+    value = OmegaConf.to_container(sweeper, resolve=True)["direction"]
+    return str(getattr(value, "name", value))
+
+
+def _same_objective(sweep_dir: Path, metric: str, sweeper: DictConfig) -> list[SpecError]:
+    """A re-run that would tell the study another metric or direction than its earlier trials, refused."""
+    record = sweep_study.read_record(sweep_dir)
+    if record is None or (record["metric"], record["direction"]) == (metric, _direction(sweeper)):
+        return []
+    return [
+        SpecError(
+            ("sweep.metric", "hydra.sweeper.direction"),
+            f"the study in {sweep_dir} was run to {record['direction']} {record['metric']}: its trials' values "
+            "would not compare. Re-run it with those settings, or give a new hydra.sweep.dir.",
+        )
+    ]
+
+
+def _search(swept: list[str], errors: list[SpecError]) -> tuple[dict[str, Any], list[str], list[SpecError]]:
+    """The search space of the sweep overrides (and hydra.sweeper.params) as Optuna distributions, and the
+    plain overrides among them."""
     from hydra_plugins.hydra_optuna_sweeper._impl import create_params_from_overrides
 
     try:
-        search, _ = create_params_from_overrides(swept)
+        search, fixed = create_params_from_overrides(swept)
     except Exception as err:  # the plugin asserts on a choice it cannot encode
-        return {}, [*errors, SpecError(("command line",), f"the search space does not parse: {err}")]
+        return {}, [], [*errors, SpecError(("command line",), f"the search space does not parse: {err}")]
     if not search:
         errors.append(
             SpecError(
@@ -152,7 +175,7 @@ def _search(swept: list[str], errors: list[SpecError]) -> tuple[dict[str, Any], 
                 "'optimizer.lr=tag(log, interval(1e-5, 1e-2))' or 'scheduler.warmup_steps=range(0, 50, 10)'.",
             )
         )
-    return search, errors
+    return search, [f"{key}={value}" for key, value in fixed.items()], errors
 
 
 def _open(study: Study) -> Any:
@@ -161,7 +184,7 @@ def _open(study: Study) -> Any:
 
     optuna = sweep_study.import_optuna()
     settings = OmegaConf.to_container(study.sweeper, resolve=True)
-    direction = str(getattr(settings["direction"], "name", settings["direction"]))
+    direction = _direction(study.sweeper)
     rundir.make_run_dir(study.sweep_dir)
     record = {"storage": settings.get("storage"), "study_name": settings.get("study_name") or sweep_study.DEFAULT_STUDY,
               "metric": study.metric, "direction": direction}  # fmt: skip

@@ -5,14 +5,12 @@ trial and plot. Refusals of settings `train` does not run are checked without ru
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 
 import optuna
 import pytest
 
 from conftest import TINY, run_cli
-from launcher.front import cli, sweep_study
+from launcher.front import cli, sweep_status, sweep_study
 
 SWEEP = [
     "-m",
@@ -32,7 +30,7 @@ def _study(sweep_dir):
     return sweep_study.load(sweep_dir, sweep_study.read_record(sweep_dir))
 
 
-def test_trials_an_invalid_point_a_continued_study_and_the_status(tmp_path) -> None:
+def test_trials_an_invalid_point_a_continued_study_and_the_status(tmp_path, capsys) -> None:
     sweep_dir = tmp_path / "sweep"
     args = [*SWEEP, f"hydra.sweep.dir={sweep_dir}"]
     first = run_cli([*args, "hydra.sweeper.n_trials=3"], tmp_path)
@@ -60,11 +58,12 @@ def test_trials_an_invalid_point_a_continued_study_and_the_status(tmp_path) -> N
     assert len(trials) == 4 and trials[-1].number == left.number
     assert trials[-1].state == optuna.trial.TrialState.COMPLETE and trials[-1].params["optimizer.lr"] == 1e-3
 
-    status = subprocess.run(
-        [sys.executable, "-m", "launcher.front.sweep_status", str(sweep_dir)], capture_output=True, text=True
-    )
+    with pytest.raises(SystemExit) as status:  # train-sweep-status
+        sweep_status.main([str(sweep_dir)])
+    printed = " ".join(capsys.readouterr().out.split())
     best = min((t for t in trials if t.value is not None), key=lambda t: t.value)
-    assert f"best trial: {best.number}, eval_loss {best.value:.4f}" in status.stdout, status.stdout + status.stderr
+    assert status.value.code == 0, printed
+    assert f"best trial: {best.number}, eval_loss {best.value:.4f}" in printed, printed
     assert (sweep_dir / sweep_study.PLOT_FILE).stat().st_size > 0
     table = json.loads((sweep_dir / "sweep_summary.json").read_text())
     assert table["study"]["best"]["trial"] == best.number and table["winner"]["point"] == best.number
@@ -82,21 +81,28 @@ def test_parallel_trials_each_their_own_process(tmp_path) -> None:
     assert all((sweep_dir / str(t.number) / "trial.log").is_file() for t in trials)
 
 
-@pytest.mark.parametrize(
-    ("extra", "key", "says"),
-    [
-        (["hydra.sweeper.custom_search_space=my.module.fn"], "hydra.sweeper.custom_search_space", "Remove"),
-        (["hydra/sweeper/sampler=grid"], "hydra/sweeper/sampler", "a grid is `train -m key=a,b`"),
-        (["hydra.sweeper.n_trials=0"], "hydra.sweeper.n_trials", "must be 1 or more"),
-        (["hydra.sweeper.direction=up"], "hydra.sweeper.direction", "minimize or maximize"),
-        (["sweep.metric=eval_los"], "sweep.metric", "Did you mean eval_loss?"),
-        (["optimizer.lrr=interval(0.1, 0.2)"], "optimizer.lrr", "unknown key"),
-    ],
-)
-def test_settings_train_does_not_run_are_refused_before_anything(tmp_path, extra, key, says) -> None:
-    base = [o for o in SWEEP[:-1] if "seed" not in o]  # the grid sampler has no seed
-    errors = cli.precheck([*base, f"hydra.sweep.dir={tmp_path}", *extra])
-    assert any(key in e.keys and says in e.message for e in errors), errors
+def test_settings_train_does_not_run_are_refused_before_anything(tmp_path) -> None:
+    base = [o for o in SWEEP[:-1] if "seed" not in o] + [f"hydra.sweep.dir={tmp_path}"]  # grid has no seed
+    cases = (
+        [
+            (
+                ["hydra.sweeper.custom_search_space=my.module.fn"],
+                "hydra.sweeper.custom_search_space",
+                "Remove",
+            ),
+            (["optimizer.lrr=interval(0.1, 0.2)"], "optimizer.lrr", "unknown key"),
+        ],
+        [
+            (["hydra/sweeper/sampler=grid"], "hydra/sweeper/sampler", "a grid is `train -m key=a,b`"),
+            (["hydra.sweeper.n_trials=0"], "hydra.sweeper.n_trials", "must be 1 or more"),
+            (["hydra.sweeper.direction=up"], "hydra.sweeper.direction", "minimize or maximize"),
+            (["sweep.metric=eval_los"], "sweep.metric", "Did you mean eval_loss?"),
+        ],
+    )
+    for together in cases:  # each group is found by one check, every problem of it at once
+        errors = cli.precheck([*base, *(o for extra, _, _ in together for o in extra)])
+        for _, key, says in together:
+            assert any(key in e.keys and says in e.message for e in errors), (key, errors)
     assert not any(tmp_path.iterdir())
 
 
@@ -105,3 +111,12 @@ def test_without_multirun_or_search_space_it_says_what_to_add() -> None:
     assert "add --multirun (-m)" in error.message
     [error] = cli.precheck(["-m", "hydra/sweeper=optuna", "optimizer.lr=1e-3"])
     assert "has no search space" in error.message
+
+
+def test_a_rerun_with_another_objective_is_refused(tmp_path) -> None:
+    sweep_study.write_record(
+        tmp_path, {"storage": None, "study_name": "sweep", "metric": "final_loss", "direction": "minimize"}
+    )
+    errors = cli.precheck([*SWEEP, f"hydra.sweep.dir={tmp_path}"])
+    assert [e.keys for e in errors] == [("sweep.metric", "hydra.sweeper.direction")]
+    assert "was run to minimize final_loss" in errors[0].message
