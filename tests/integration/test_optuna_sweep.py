@@ -5,6 +5,7 @@ trial and plot. Refusals of settings `train` does not run are checked without ru
 from __future__ import annotations
 
 import json
+import sys
 
 import optuna
 import pytest
@@ -120,3 +121,9 @@ def test_a_rerun_with_another_objective_is_refused(tmp_path) -> None:
     errors = cli.precheck([*SWEEP, f"hydra.sweep.dir={tmp_path}"])
     assert [e.keys for e in errors] == [("sweep.metric", "hydra.sweeper.direction")]
     assert "was run to minimize final_loss" in errors[0].message
+
+
+def test_without_the_extra_it_names_the_install_command(monkeypatch) -> None:
+    monkeypatch.setitem(sys.modules, "optuna", None)  # Python's own way to make a module unimportable
+    [error] = cli.precheck(SWEEP)
+    assert error.keys == ("hydra/sweeper=optuna",) and "pip install 'torch-launcher[sweep]'" in error.message
