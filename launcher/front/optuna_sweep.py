@@ -10,7 +10,8 @@ kept) and the sweep goes on. A trial runs through the one launch sequence in `SW
 `n_jobs` trials are asked at once: on a backend that submits (launch.Submitter) they are submitted,
 then collected; otherwise one runs in this process, several as `train` processes side by side.
 The study lives in SWEEP_DIR/optuna.db, so the same command again continues it: trials an earlier
-sweep left running resume from their checkpoints, and only the trials still missing are asked.
+sweep left running resume from their checkpoints, and only the trials still missing are asked (a seeded
+sampler's seed is offset by the trials so far, so a continued study does not draw its first points again).
 """
 
 from __future__ import annotations
@@ -189,10 +190,14 @@ def _open(study: Study) -> Any:
     record = {"storage": settings.get("storage"), "study_name": settings.get("study_name") or sweep_study.DEFAULT_STUDY,
               "metric": study.metric, "direction": direction}  # fmt: skip
     sweep_study.write_record(study.sweep_dir, record)
-    return optuna.create_study(
+    opened = optuna.create_study(
         study_name=record["study_name"], storage=sweep_study.storage_url(study.sweep_dir, record["storage"]),
         sampler=instantiate(study.sweeper.sampler), direction=direction, load_if_exists=True,
     )  # fmt: skip
+    seed, done = study.sweeper.sampler.get("seed"), len(opened.trials)
+    if seed is not None and done:  # a seeded sampler restarted would draw the earlier trials' points again
+        opened.sampler = instantiate(study.sweeper.sampler, seed=seed + done)
+    return opened
 
 
 def _point(study: Study, line: CommandLine, trial: Any) -> tuple[sweep.Point | None, list[SpecError]]:

@@ -46,18 +46,19 @@ def test_trials_an_invalid_point_a_continued_study_and_the_status(tmp_path, caps
         summary = json.loads((sweep_dir / str(t.number) / "summary.json").read_text())
         assert t.value == summary["eval_loss"]
 
-    # An interrupted sweep leaves a trial running: the same command (one more trial wanted) resumes that
-    # trial and asks for no new one.
+    # An interrupted sweep leaves a trial running: the same command (two more trials wanted) resumes that
+    # trial and asks for one new trial, not a replay of the seeded sampler's first point.
     study = _study(sweep_dir)
     study.enqueue_trial({"optimizer.lr": 1e-3, "model.n_layer": 2})
     left = study.ask()
     assert study.trials[-1].state == optuna.trial.TrialState.RUNNING
-    again = run_cli([*args, "hydra.sweeper.n_trials=4"], tmp_path)
+    again = run_cli([*args, "hydra.sweeper.n_trials=5"], tmp_path)
     assert again.returncode == 0, again.stdout + again.stderr
-    assert "3 of 4 trial(s) done, 1 to resume" in again.stdout
+    assert "3 of 5 trial(s) done, 1 to resume" in again.stdout
     trials = _study(sweep_dir).trials
-    assert len(trials) == 4 and trials[-1].number == left.number
-    assert trials[-1].state == optuna.trial.TrialState.COMPLETE and trials[-1].params["optimizer.lr"] == 1e-3
+    assert len(trials) == 5 and trials[3].number == left.number
+    assert trials[3].state == optuna.trial.TrialState.COMPLETE and trials[3].params["optimizer.lr"] == 1e-3
+    assert trials[4].params != trials[0].params and trials[4].state != optuna.trial.TrialState.RUNNING
 
     with pytest.raises(SystemExit) as status:  # train-sweep-status
         sweep_status.main([str(sweep_dir)])
