@@ -130,6 +130,7 @@ def plan(line: CommandLine) -> tuple[Study | None, list[SpecError]]:
         errors.append(SpecError(("run_dir",), "each trial runs in hydra.sweep.dir/<trial>: remove run_dir."))
     base = compose.build(cfg)  # what every trial shares, judged once: its problems would fail every trial
     errors += [e for e in base.errors if not set(e.keys) & set(search)]
+    errors += _evaluates(base, search)
     if errors:
         return None, errors
     flags = [token for f in line.flags if f.name in CONFIG_FLAGS for token in f.tokens]
@@ -137,6 +138,22 @@ def plan(line: CommandLine) -> tuple[Study | None, list[SpecError]]:
         sweep_dir=Path(str(cfg.hydra.sweep.dir)), plain=plain, search=search, sweeper=cfg.hydra.sweeper,
         metric=str(cfg.sweep.metric), flags=flags,
     ), []  # fmt: skip
+
+
+def _evaluates(base: compose.Built, search: dict[str, Any]) -> list[SpecError]:
+    """An eval_* metric on runs that end without a held-out evaluation: every trial would fail."""
+    spec = base.spec
+    decides = {"train.max_steps", "train.eval_every", "train.eval_at_end"} & set(search)
+    if spec is None or decides or not spec.sweep.metric.startswith("eval_") or spec.train.evaluates_at_end():
+        return []
+    return [
+        SpecError(
+            ("sweep.metric", "train.eval_at_end"),
+            f"sweep.metric={spec.sweep.metric} is read from the evaluation after a trial's last step, which "
+            f"these runs do not make (train.max_steps={spec.train.max_steps} < train.eval_every="
+            f"{spec.train.eval_every}). Set train.eval_at_end=true, or choose another sweep.metric.",
+        )
+    ]
 
 
 def _direction(sweeper: DictConfig) -> str:

@@ -113,6 +113,12 @@ def test_without_multirun_or_search_space_it_says_what_to_add() -> None:
     assert "add --multirun (-m)" in error.message
     [error] = cli.precheck(["-m", "hydra/sweeper=optuna", "optimizer.lr=1e-3"])
     assert "has no search space" in error.message
+    [error] = cli.precheck(
+        ["-m", "hydra/sweeper=optuna", "optimizer.lr=interval(1e-4, 1e-2)", "train.max_steps=10"]
+    )
+    assert (
+        error.keys == ("sweep.metric", "train.eval_at_end") and "Set train.eval_at_end=true" in error.message
+    )
 
 
 def test_a_rerun_with_another_objective_is_refused(tmp_path) -> None:
