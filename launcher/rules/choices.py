@@ -11,7 +11,6 @@ from launcher.config.memory import ACTIVATION_CHECKPOINTING, SELECTIVE_MATMULS
 from launcher.config.model import ATTENTION, FAMILIES
 from launcher.config.quantization import METHODS
 from launcher.config.scheduler import SCHEDULES
-from launcher.config.sweep import METRICS
 from launcher.parallel.pipeline_split import SCHEDULES as PP_SCHEDULES
 from launcher.parallel.registry import STRATEGIES
 from launcher.plan.roofline import HARDWARE
@@ -49,7 +48,6 @@ def _names(spec: RunSpec, hw: Hardware) -> Iterator[SpecError]:
     yield from choice("launcher.backend", spec.launcher.backend, BACKENDS, "launch backend")
     yield from choice("train.on_nonfinite", spec.train.on_nonfinite, NONFINITE_POLICIES, "policy")
     yield from choice("launcher.device", spec.launcher.device, DEVICES, "device")
-    yield from choice("sweep.metric", spec.sweep.metric, METRICS, "summary.json metric")
     if not isinstance(spec.dry_run, bool) and spec.dry_run not in ("all", "simulate"):
         yield SpecError(
             ("dry_run",),

@@ -32,6 +32,7 @@ from launcher.config import (
 from launcher.config.compile import MODES
 from launcher.config.launcher import BACKENDS
 from launcher.config.scheduler import SCHEDULES
+from launcher.config.sweep import METRICS
 from launcher.config.tokenizer import TOKENIZER_KINDS
 from launcher.parallel.pipeline_split import SCHEDULES as PP_SCHEDULES
 from launcher.parallel.registry import STRATEGIES
@@ -247,6 +248,7 @@ KEYS: dict[str, Domain] = {
     "scheduler.name": one_of(SCHEDULES),
     "scheduler.warmup_steps": STEP,
     "simulate_hardware": one_of(HARDWARE),
+    "sweep.metric": one_of(METRICS),
     "tokenizer.add_bos": FLAG,
     "tokenizer.add_eos": FLAG,
     "tokenizer.kind": one_of(TOKENIZER_KINDS),
