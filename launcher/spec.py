@@ -40,6 +40,7 @@ from launcher.config.qat import QatConfig
 from launcher.config.quantization import QuantizationConfig
 from launcher.config.redact import redacted
 from launcher.config.scheduler import SchedulerConfig
+from launcher.config.sweep import SweepConfig
 from launcher.config.tokenizer import TokenizerConfig
 
 
@@ -137,6 +138,7 @@ class RunSpec:
     log: LogConfig = field(default_factory=LogConfig)
     logger: LoggerConfig = field(default_factory=LoggerConfig)
     launcher: LauncherConfig = field(default_factory=LauncherConfig)
+    sweep: SweepConfig = field(default_factory=SweepConfig)
 
 
 @dataclass(frozen=True)

@@ -23,6 +23,7 @@ from launcher.front import (
     dryrun,
     help_cache,
     hydra_help,
+    optuna_sweep,
     recipe_auto,
     rundir,
     sweep,
@@ -39,6 +40,8 @@ def precheck(argv: CommandLine | Sequence[str]) -> list[SpecError]:
     """Every problem of a command line (each sweep point's too); nothing is started or written."""
     line = command_line.of(argv)
     errors = line.unknown_flags()
+    if optuna_sweep.requested(line):
+        return errors + optuna_sweep.plan(line)[1]
     if line.multirun:
         return errors + sweep.plan(line)[2]
     cfg, problems = compose.compose_checked(list(line.overrides), line.source)
@@ -52,6 +55,9 @@ def run(argv: CommandLine | Sequence[str]) -> int:
     if errors:
         rundir.report(errors)
         return ExitStatus.INVALID_SPEC
+    if optuna_sweep.requested(line) and not torchrun.active():
+        collector.resume()
+        return optuna_sweep.run(line)  # refused without --multirun
     if line.multirun and not torchrun.active():
         collector.resume()  # every point is composed here: start-up is over
         return sweep.run(line)

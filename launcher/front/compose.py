@@ -282,10 +282,25 @@ def validate(cfg: DictConfig) -> tuple[RunSpec | None, list[SpecError]]:
     return built.spec, list(built.errors)
 
 
-# Code the composed config may name: Hydra's own basic launcher and sweeper, which Hydra puts there.
+# Code the composed config may name: Hydra's own basic launcher and sweeper, which Hydra puts there, and the
+# Optuna sweeper with its samplers (`train -m hydra/sweeper=optuna`, launcher.front.optuna_sweep).
 ALLOWED_TARGETS = {
-    "hydra.launcher._target_": "hydra._internal.core_plugins.basic_launcher.BasicLauncher",
-    "hydra.sweeper._target_": "hydra._internal.core_plugins.basic_sweeper.BasicSweeper",
+    "hydra.launcher._target_": ("hydra._internal.core_plugins.basic_launcher.BasicLauncher",),
+    "hydra.sweeper._target_": (
+        "hydra._internal.core_plugins.basic_sweeper.BasicSweeper",
+        "hydra_plugins.hydra_optuna_sweeper.optuna_sweeper.OptunaSweeper",
+    ),
+    "hydra.sweeper.sampler._target_": tuple(
+        f"optuna.samplers.{name}"
+        for name in (
+            "TPESampler",
+            "RandomSampler",
+            "CmaEsSampler",
+            "NSGAIISampler",
+            "MOTPESampler",
+            "GridSampler",
+        )
+    ),
 }
 CODE_KEYS = ("_target_", "()")
 """Keys that make Hydra (`_target_`) or Python's logging config (`()`) import and call code."""
@@ -299,7 +314,7 @@ def code_references(cfg: DictConfig) -> list[SpecError]:
         if isinstance(node, dict):
             for key, value in node.items():
                 child = f"{path}.{key}" if path else str(key)
-                if key in CODE_KEYS and ALLOWED_TARGETS.get(child) != value:
+                if key in CODE_KEYS and value not in ALLOWED_TARGETS.get(child, ()):
                     found.append(
                         SpecError(
                             (child,),

@@ -51,10 +51,11 @@ def check(
     except Exception as err:  # Hydra's grammar error names the bad override
         return [parse_error(err, overrides)]
     scratch = schema_node()
+    optuna = OPTUNA in overrides
     for override in parsed:
         key = override.key_or_group
         if key.partition("/")[0].partition(".")[0] == "hydra":
-            errors.extend(_check_hydra(key))
+            errors.extend(_check_hydra(key, override.get_value_element_as_str(), optuna=optuna))
             continue
         if override.is_delete():
             continue
@@ -88,8 +89,13 @@ def parse_error(err: Exception, overrides: list[str]) -> SpecError:
 PLUGIN_HINT = (
     "`train` composes, starts and sweeps runs itself, so Hydra's launcher and sweeper plugins are not used. "
     "Where runs go: launcher=inline|local|slurm (launcher.nproc, launcher.slurm.*); sweeps: "
-    "`train -m key=a,b` (also range(...) and choice(...)), one run per combination, each point validated first."
+    "`train -m key=a,b` (also range(...) and choice(...)), one run per combination, each point validated first; "
+    "Bayesian sweeps: `train -m hydra/sweeper=optuna hydra.sweeper.n_trials=N 'key=interval(a,b)'`."
 )
+OPTUNA = "hydra/sweeper=optuna"
+"""The one sweeper plugin `train` honours: Hydra's Optuna sweeper, driven by launcher.front.optuna_sweep."""
+OPTUNA_KEYS = ("n_trials", "n_jobs", "direction", "storage", "study_name", "sampler", "params")
+"""The keys of hydra.sweeper (with the Optuna sweeper) that `train` honours."""
 
 
 RUN_DIR_HINT = (
@@ -99,8 +105,27 @@ RUN_DIR_HINT = (
 )
 
 
-def _check_hydra(key: str) -> list[SpecError]:
-    """Hydra settings `train` does not honour: its launcher/sweeper plugins and its run directory."""
+def _check_optuna(key: str, value: str) -> list[SpecError]:
+    """The Optuna sweeper's settings `train` does not honour (code to import, the old search_space form)."""
+    if key in ("hydra/sweeper", "hydra/sweeper/sampler"):
+        return [] if key == "hydra/sweeper/sampler" or value == "optuna" else _check_hydra(key, value)
+    name = key.removeprefix("hydra.sweeper.").partition(".")[0]
+    if key.startswith("hydra.sweeper.") and name in OPTUNA_KEYS and not key.endswith("_target_"):
+        return []
+    return [
+        SpecError(
+            (key,),
+            f"{key} is not a setting `train` honours with the Optuna sweeper: give the search space as "
+            "sweep overrides ('optimizer.lr=tag(log, interval(1e-5, 1e-2))', 'key=choice(a,b)', or in "
+            f"hydra.sweeper.params) and set only hydra.sweeper.{{{','.join(OPTUNA_KEYS)}}}. Remove {key}.",
+        )
+    ]
+
+
+def _check_hydra(key: str, value: str = "", *, optuna: bool = False) -> list[SpecError]:
+    """Hydra settings `train` does not honour: its launcher/sweeper plugins (Optuna's aside) and its run directory."""
+    if optuna and (key.startswith(("hydra/sweeper", "hydra.sweeper"))):
+        return _check_optuna(key, value)
     if key in ("hydra/launcher", "hydra/sweeper") or key.startswith(("hydra.launcher", "hydra.sweeper")):
         return [
             SpecError((key,), f"{key} is not supported: {PLUGIN_HINT} Remove {key} from the command line.")
@@ -113,12 +138,13 @@ def _check_hydra(key: str) -> list[SpecError]:
 def check_hydra_node(cfg: DictConfig) -> list[SpecError]:
     """The same Hydra settings when a config file (an experiment, say) set them rather than the command line."""
     choices = cfg.hydra.runtime.choices
+    optuna = OPTUNA in (OmegaConf.select(cfg, "hydra.overrides.hydra") or [])  # the command line chose it
     errors = [
         SpecError(
             (group,), f"{group}={choices[group]} is not supported: {PLUGIN_HINT} Remove it from your config."
         )
         for group in ("hydra/launcher", "hydra/sweeper")
-        if choices.get(group) not in (None, "basic")
+        if choices.get(group) not in (None, "basic") and not (optuna and group == "hydra/sweeper")
     ]
     if OmegaConf.select(cfg, "hydra.run.dir") != ".":
         errors.append(SpecError(("hydra.run.dir",), RUN_DIR_HINT))

@@ -82,7 +82,7 @@ def expand(overrides: list[str]) -> list[list[str]]:
     return [list(point) for point in itertools.product(*choices.values())]
 
 
-def _subdir(cfg: DictConfig, num: int, overrides: list[str]) -> str:
+def subdir(cfg: DictConfig, num: int, overrides: list[str]) -> str:
     """hydra.sweep.subdir for point `num` (`${hydra.job.num}` by default)."""
     probe = copy.deepcopy(cfg)
     OmegaConf.update(probe, "hydra.job.num", num, force_add=True)
@@ -128,8 +128,8 @@ def _active_job(point_dir: Path) -> str | None:
     return f"{state.job_id} ({state.state})" if state is not None and state.active else None
 
 
-def _prepare(point: Point) -> list[SpecError]:
-    """Decide skip / resume for a point from its directory, then validate it; its problems."""
+def prepare(point: Point, label: str = "sweep point") -> list[SpecError]:
+    """Decide skip / resume for a point from its directory, then validate it; its problems (`label` names the point)."""
     summary = sweep_status._read_json(point.run_dir / "summary.json") or {}
     job = _active_job(point.run_dir)
     if summary.get("exit_reason") == "completed":
@@ -150,14 +150,14 @@ def _prepare(point: Point) -> list[SpecError]:
         return [
             SpecError(
                 ("hydra.sweep.dir",),
-                f"sweep point {point.num}: {point.run_dir} holds a run with other settings ({', '.join(changed[:6])}). "
+                f"{label} {point.num}: {point.run_dir} holds a run with other settings ({', '.join(changed[:6])}). "
                 "Re-run a sweep with its original parameters, or give a new hydra.sweep.dir.",
             )
         ]
     if point.skip:
         return []  # nothing of it runs
     return [
-        SpecError(e.keys, f"sweep point {point.num} ({' '.join(point.overrides)}): {e.message}")
+        SpecError(e.keys, f"{label} {point.num} ({' '.join(point.overrides)}): {e.message}")
         for e in point.built.errors
     ]
 
@@ -177,20 +177,23 @@ def plan(line: CommandLine) -> tuple[list[Point], Path | None, list[SpecError]]:
             errors.extend(e for e in problems if e not in errors)
             continue
         sweep_dir = sweep_dir or Path(str(cfg.hydra.sweep.dir))  # resolved once: ${now:} must not move
-        point_dir = (
-            Path(cfg.run_dir) if cfg.get("run_dir") else sweep_dir / _subdir(cfg, num, point_overrides)
-        )
+        point_dir = Path(cfg.run_dir) if cfg.get("run_dir") else sweep_dir / subdir(cfg, num, point_overrides)
         point = Point(num=num, overrides=point_overrides, cfg=cfg, run_dir=point_dir)
-        errors.extend(_prepare(point))
+        errors.extend(prepare(point))
         points.append(point)
     return points, sweep_dir, errors
 
 
-def _start(point: Point, console: Console) -> int:
-    """Write the point's record and run it through the one launch sequence."""
+def write_record(point: Point) -> None:
+    """Make the point's run directory and write its record (index and overrides) for the sweep table."""
     rundir.make_run_dir(point.run_dir)
     record = {"num": point.num, "overrides": point.overrides}
     (point.run_dir / sweep_status.POINT_FILE).write_text(json.dumps(record, indent=1) + "\n")
+
+
+def start(point: Point, console: Console) -> int:
+    """Write the point's record and run it through the one launch sequence."""
+    write_record(point)
     if point.spec.resume == "auto":
         console.print(f"sweep point {point.num}: resuming from its newest checkpoint in {point.run_dir}")
     return rundir.start(point.built, point.run_dir, submit_only=point.submitter is not None)
@@ -216,7 +219,7 @@ def run(line: CommandLine) -> int:
             console.print(f"sweep point {point.num}: {point.skip}")
             continue
         console.print(f"sweep point {point.num}: {escape(' '.join(point.overrides))} -> {point.run_dir}")
-        codes.append(_start(point, console))
+        codes.append(start(point, console))
         if point.submitter is not None and point.wait and codes[-1] == ExitStatus.OK:  # collected below
             waiting.append((point, point.submitter))
     if waiting:

@@ -3,7 +3,8 @@
 `train --multirun` prints it at the end; `train-sweep-status SWEEP_DIR [--wait]`
 (`python -m launcher.front.sweep_status SWEEP_DIR`) prints it later, waiting for the points' queued
 jobs if asked (each job's state comes from its point's backend: launch.job_state). The winner is the
-completed point with the lowest eval loss (else the lowest final loss).
+completed point with the lowest eval loss (else the lowest final loss); in an Optuna sweep the best by its
+metric and direction, and the study's trials, best trial and plot follow the table (launcher.front.sweep_study).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from typing import Any
 
 from launcher.components.files import records
 from launcher.components.files.safe_load import RefusedFile
+from launcher.front import sweep_study
 from launcher.launch import job_state
 
 POINT_FILE = "sweep_point.json"
@@ -48,8 +50,9 @@ def _checked(reader: Callable[[Path], dict[str, Any]], path: Path, problems: lis
         return {}
 
 
-def _point_row(point_dir: Path) -> dict[str, Any]:
-    """One point: its overrides, status and results (`problems`: its records that do not read back)."""
+def _point_row(point_dir: Path, metric: str | None = None) -> dict[str, Any]:
+    """One point: its overrides, status and results (`problems`: its records that do not read back; `metric`: an
+    Optuna sweep's objective, read from summary.json too)."""
     problems: list[str] = []
     record = _checked(records.read_sweep_point, point_dir / POINT_FILE, problems)
     summary = _checked(records.read_summary, point_dir / "summary.json", problems)
@@ -69,6 +72,7 @@ def _point_row(point_dir: Path) -> dict[str, Any]:
         "eval_loss": summary.get("eval_loss"),
         "problems": problems,
         ACTIVE: known and state.active,
+        **({metric: summary.get(metric)} if metric else {}),
     }
 
 
@@ -79,14 +83,17 @@ def _order(path: Path) -> tuple[int, str]:
 def collect(sweep_dir: Path) -> dict[str, Any]:
     """Every point of the sweep with its status and losses, and the winner among completed points."""
     dirs = [p for p in Path(sweep_dir).iterdir() if p.is_dir() and (p / POINT_FILE).is_file()]
-    rows = [_point_row(p) for p in sorted(dirs, key=_order)]
+    study = sweep_study.read_record(sweep_dir)  # an Optuna sweep: its metric and direction rank the points
+    rows = [_point_row(p, study and study["metric"]) for p in sorted(dirs, key=_order)]
     shared = set.intersection(*(set(r["overrides"]) for r in rows)) if len(rows) > 1 else set()
     for row in rows:  # what tells the points apart (overrides common to all are noise in the table)
         row["swept"] = [o for o in row["overrides"] if o not in shared]
     done = [r for r in rows if r["status"] == "completed"]
     by = "eval_loss" if done and all(r["eval_loss"] is not None for r in done) else "final_loss"
-    ranked = [r for r in done if r[by] is not None]
-    best = min(ranked, key=lambda r: r[by]) if ranked else None
+    by = study["metric"] if study else by
+    ranked = [r for r in done if isinstance(r[by], (int, float))]
+    pick = max if study and study["direction"] == "maximize" else min
+    best = pick(ranked, key=lambda r: r[by]) if ranked else None
     return {
         "sweep_dir": str(sweep_dir),
         "points": rows,
@@ -123,8 +130,13 @@ def report(sweep_dir: Path, *, wait: bool = False, poll_s: float = 2.0) -> dict[
     console = Console(highlight=False) if Console().is_terminal else Console(highlight=False, width=160)
     console.print(table)
     if winner:
+        lowest = (
+            "highest"
+            if (sweep_study.read_record(sweep_dir) or {}).get("direction") == "maximize"
+            else "lowest"
+        )
         console.print(
-            f"winner (lowest {by.replace('_', ' ')}): point {winner['point']} "
+            f"winner ({lowest} {by.replace('_', ' ')}): point {winner['point']} "
             f"({' '.join(winner['swept'])}), {winner['run_dir']}"
         )
     else:
@@ -132,9 +144,11 @@ def report(sweep_dir: Path, *, wait: bool = False, poll_s: float = 2.0) -> dict[
     for row in result["points"]:
         for problem in row["problems"]:
             console.print(f"point {row['point']}: {problem}", markup=False, soft_wrap=True)
+    study = sweep_study.report(Path(sweep_dir), console)  # an Optuna sweep's trials, best trial and plot
     tmp = Path(sweep_dir) / f"{SUMMARY_FILE}.tmp"
     rows = [{key: value for key, value in row.items() if key != ACTIVE} for row in result["points"]]
-    tmp.write_text(json.dumps({**result, "points": rows}, indent=2) + "\n")
+    extra = {"study": study} if study is not None else {}
+    tmp.write_text(json.dumps({**result, "points": rows, **extra}, indent=2) + "\n")
     tmp.replace(Path(sweep_dir) / SUMMARY_FILE)
     return result
 
@@ -151,6 +165,8 @@ def failed(result: dict[str, Any]) -> list[dict[str, Any]]:
 def not_a_sweep(folder: Path) -> str | None:
     """Why `folder` is not a sweep directory (no point of a sweep in it); None when it is one."""
     if any(p.is_dir() and (p / POINT_FILE).is_file() for p in folder.iterdir()):
+        return None
+    if sweep_study.read_record(folder) is not None:  # an Optuna sweep none of whose trials has started
         return None
     what = f"{folder} is not a sweep: a sweep folder (hydra.sweep.dir of `train --multirun`) holds one folder per point, each with its {POINT_FILE} (and summary.json once the point ends), and this one holds none."
     if (folder / POINT_FILE).is_file():

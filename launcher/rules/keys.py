@@ -33,6 +33,7 @@ from launcher.config.compile import MODES
 from launcher.config.launcher import BACKENDS
 from launcher.config.optimizer import ADJUST_LR_FNS
 from launcher.config.scheduler import DECAY_SHAPES, SCHEDULES
+from launcher.config.sweep import METRICS
 from launcher.config.tokenizer import TOKENIZER_KINDS
 from launcher.parallel.pipeline_split import SCHEDULES as PP_SCHEDULES
 from launcher.parallel.registry import STRATEGIES
@@ -261,6 +262,7 @@ KEYS: dict[str, Domain] = {
     "scheduler.warmup_ratio": within(0, 1, high_open=True),
     "scheduler.warmup_steps": STEP,
     "simulate_hardware": one_of(HARDWARE),
+    "sweep.metric": one_of(METRICS),
     "tokenizer.add_bos": FLAG,
     "tokenizer.add_eos": FLAG,
     "tokenizer.kind": one_of(TOKENIZER_KINDS),

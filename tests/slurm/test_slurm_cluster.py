@@ -132,6 +132,22 @@ def test_sweep_submits_one_job_per_point_and_collects(tmp_path) -> None:
     assert again.returncode == 0 and again.stdout.count("already completed") == 2, again.stdout
 
 
+def test_optuna_sweep_submits_a_batch_of_trials_and_tells_the_study(tmp_path) -> None:
+    sweep_dir = tmp_path / "sweep"
+    args = ["-m", "hydra/sweeper=optuna", "hydra.sweeper.n_trials=2", "hydra.sweeper.n_jobs=2", *TINY,
+            "train.max_steps=6", "train.eval_at_end=true", "launcher=slurm", "launcher.slurm.wait=false",
+            "optimizer.lr=tag(log, interval(1e-4, 1e-2))", f"hydra.sweep.dir={sweep_dir}"]  # fmt: skip
+    result = run_cli(args, tmp_path)
+    assert result.returncode == 0, result.stdout + result.stderr
+    jobs = [(sweep_dir / str(n) / "slurm" / "job_id").read_text().strip() for n in (0, 1)]
+    assert len(set(jobs)) == 2 and all(f"submitted job {j}" in result.stdout for j in jobs)
+    table = json.loads((sweep_dir / "sweep_summary.json").read_text())
+    assert [t["state"] for t in table["study"]["trials"]] == ["complete", "complete"]
+    for trial in table["study"]["trials"]:  # collected, then told from the job's own summary.json
+        summary = json.loads((sweep_dir / str(trial["trial"]) / "summary.json").read_text())
+        assert trial["value"] == summary["eval_loss"]
+
+
 def test_unknown_partition_fails_at_submission_with_slurms_reason_and_status_5(tmp_path) -> None:
     args = [
         *TINY,

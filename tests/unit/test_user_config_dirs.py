@@ -83,7 +83,7 @@ def test_user_groups_are_checked_like_shipped_ones() -> None:
     ("override", "key", "says"),
     [
         ("hydra/launcher=submitit_local", "hydra/launcher", "launcher=inline|local|slurm"),
-        ("hydra/sweeper=optuna", "hydra/sweeper", "`train -m key=a,b`"),
+        ("hydra/sweeper=nevergrad", "hydra/sweeper", "`train -m key=a,b`"),
         (
             "hydra.sweeper.n_trials=20",
             "hydra.sweeper.n_trials",
