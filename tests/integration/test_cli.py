@@ -60,7 +60,7 @@ def test_cfg_job_and_help_keep_working(tmp_path) -> None:
     cfg = run_cli(["--cfg", "job", "precision=bf16"], tmp_path)
     assert cfg.returncode == 0 and "bf16: true" in cfg.stdout
     helptext = run_cli(["--help"], tmp_path)
-    assert helptext.returncode == 0 and "precision: bf16, fp16, fp32, fp8, tf32" in helptext.stdout
+    assert helptext.returncode == 0 and "precision: bf16, fp16, fp32, fp8, pure_bf16, tf32" in helptext.stdout
 
 
 def test_secrets_from_env_never_reach_spec_or_console(tmp_path) -> None:
