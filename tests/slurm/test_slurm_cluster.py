@@ -132,6 +132,8 @@ def test_sweep_submits_one_job_per_point_and_collects(tmp_path) -> None:
     assert again.returncode == 0 and again.stdout.count("already completed") == 2, again.stdout
 
 
+@pytest.mark.extended  # trials as jobs of a submitting backend: the grid sweep above on this cluster and
+# test_add_a_backend.py's sweep; the study's side (values told, trials continued): test_optuna_sweep.py
 def test_optuna_sweep_submits_a_batch_of_trials_and_tells_the_study(tmp_path) -> None:
     sweep_dir = tmp_path / "sweep"
     args = ["-m", "hydra/sweeper=optuna", "hydra.sweeper.n_trials=2", "hydra.sweeper.n_jobs=2", *TINY,
