@@ -70,19 +70,18 @@ def _fused_on(name: str, device_type: str) -> bool:
 
 
 def _kernel_flags(cfg: OptimizerConfig, device_type: str) -> dict:
-    """Map `implementation` to torch's fused/foreach keyword arguments."""
+    """Map `implementation` to torch's fused/foreach keyword arguments (foreach unset when fused: torch
+    refuses both)."""
     choice = cfg.implementation
     if choice == "auto":
         choice = "fused" if _fused_on(cfg.name, device_type) else "foreach"
-    return {"fused": choice == "fused", "foreach": choice == "foreach" or None}
+    return {"fused": choice == "fused", "foreach": True if choice == "foreach" else None}
 
 
 def _adamw(groups: list[dict], cfg: OptimizerConfig, device_type: str) -> torch.optim.Optimizer:
     import torch
 
     flags = _kernel_flags(cfg, device_type)
-    if flags["fused"]:
-        flags["foreach"] = None
     return torch.optim.AdamW(groups, lr=cfg.lr, betas=tuple(cfg.betas), eps=cfg.eps, **flags)
 
 
@@ -90,8 +89,6 @@ def _sgd(groups: list[dict], cfg: OptimizerConfig, device_type: str) -> torch.op
     import torch
 
     flags = _kernel_flags(cfg, device_type)
-    if flags["fused"]:
-        flags["foreach"] = None
     return torch.optim.SGD(groups, lr=cfg.lr, momentum=cfg.momentum, nesterov=cfg.nesterov, **flags)
 
 
@@ -139,8 +136,6 @@ def _muon(groups: list[dict], cfg: OptimizerConfig, device_type: str) -> torch.o
     from launcher.components.muon import MuonWithAdamW
 
     flags = _kernel_flags(dataclasses.replace(cfg, name="adamw"), device_type)
-    if flags["fused"]:
-        flags["foreach"] = None
     adamw = {"betas": tuple(cfg.betas), "eps": cfg.eps, **flags}
     return MuonWithAdamW(
         groups,
