@@ -11,7 +11,7 @@ import pytest
 from launcher.components.rewards import RewardError, RewardFileError, build_rewards, stop_message
 from launcher.components.rewards.user_files import file_digest, load_function
 from launcher.components.rewards.verifiers import answers_match, extract_answer, regex_match
-from launcher.config.reward import RewardConfig, RewardTerm
+from launcher.config.reward import AnswerReward, FormatReward, LengthReward, RewardConfig
 
 
 @pytest.mark.parametrize(
@@ -118,12 +118,12 @@ def user_file(tmp_path: Path) -> Path:
 
 def test_trl_style_functions_work_unchanged_on_conversational_prompts(user_file: Path) -> None:
     cfg = RewardConfig(
-        functions=(
+        functions=[
             f"{user_file}:accuracy_reward",
             f"{user_file}:think_format_reward",
             f"{user_file}:progress",
-        ),
-        function_weights=(1.0, 0.5, 0.0),
+        ],
+        function_weights=[1.0, 0.5, 0.0],
     )
     rewards = build_rewards(cfg, user_file.parent)
     prompts = [[{"role": "user", "content": "What is 2+2?"}]] * 2
@@ -143,7 +143,7 @@ def test_trl_style_functions_work_unchanged_on_conversational_prompts(user_file:
 
 def test_plain_prompts_pass_plain_strings_and_none_adds_nothing(user_file: Path) -> None:
     rewards = build_rewards(
-        RewardConfig(functions=(f"{user_file.name}:reward_len", "my_rewards.py:only_math")), user_file.parent
+        RewardConfig(functions=[f"{user_file.name}:reward_len", "my_rewards.py:only_math"]), user_file.parent
     )
     scores = rewards.score(["p", "q"], ["x" * 18, "y" * 20], [{"task": "math"}, {"task": "code"}])
     assert scores.per_function["reward_len"] == [-2.0, 0.0]
@@ -155,11 +155,9 @@ def test_plain_prompts_pass_plain_strings_and_none_adds_nothing(user_file: Path)
 
 def test_built_in_terms_weighted_and_summed() -> None:
     cfg = RewardConfig(
-        terms=(
-            RewardTerm(kind="answer", extract="boxed|last_number", match="numeric", weight=1.0),
-            RewardTerm(kind="format", pattern=r"<think>.*</think>.*", weight=0.5),
-            RewardTerm(kind="length", max_tokens=4, soft_tokens=2, weight=1.0),
-        )
+        answer=AnswerReward(weight=1.0, extract="boxed|last_number", match="numeric"),
+        format=FormatReward(weight=0.5, pattern=r"<think>.*</think>.*"),
+        length=LengthReward(weight=1.0, max_tokens=4, soft_tokens=2),
     )
     rewards = build_rewards(cfg, Path("."))
     completions = [r"<think>hm</think> \boxed{0.5}", "1/3", "the answer is .50"]
@@ -182,7 +180,7 @@ def test_built_in_terms_weighted_and_summed() -> None:
     ],
 )
 def test_a_failing_reward_names_function_prompt_and_error(user_file: Path, name: str, error: str) -> None:
-    rewards = build_rewards(RewardConfig(functions=(f"{user_file}:{name}",)), user_file.parent)
+    rewards = build_rewards(RewardConfig(functions=[f"{user_file}:{name}"]), user_file.parent)
     prompts = ["first prompt", "second prompt", "third prompt"]
     with pytest.raises(RewardError) as caught:
         rewards.score(prompts, ["abcdef", "abc", "abcd"], [{}] * 3)
@@ -195,8 +193,8 @@ def test_a_failing_reward_names_function_prompt_and_error(user_file: Path, name:
 
 
 def test_a_missing_record_field_names_the_field() -> None:
-    rewards = build_rewards(RewardConfig(terms=(RewardTerm(kind="answer", field="solution"),)), Path("."))
-    with pytest.raises(RewardError, match="no field 'solution'.*reward.terms"):
+    rewards = build_rewards(RewardConfig(answer=AnswerReward(weight=1.0, field="solution")), Path("."))
+    with pytest.raises(RewardError, match="no field 'solution'.*reward.answer.field"):
         rewards.score(["q"], ["1"], [{"answer": "1"}])
 
 
@@ -217,10 +215,10 @@ def test_unusable_entries_name_the_file(user_file: Path, tmp_path: Path) -> None
 def test_a_changed_file_is_refused_against_its_recorded_digest(user_file: Path) -> None:
     entry = f"{user_file}:reward_len"
     recorded = file_digest(user_file)
-    build_rewards(RewardConfig(functions=(entry,), digests=(recorded,)), user_file.parent)
+    build_rewards(RewardConfig(functions=[entry], digests=[recorded]), user_file.parent)
     user_file.write_text(user_file.read_text() + "\n# edited\n")
     with pytest.raises(RewardFileError, match=r"my_rewards.py .*changed since the run recorded it"):
-        build_rewards(RewardConfig(functions=(entry,), digests=(recorded,)), user_file.parent)
+        build_rewards(RewardConfig(functions=[entry], digests=[recorded]), user_file.parent)
     build_rewards(
-        RewardConfig(functions=(entry,), digests=(recorded,), allow_changed_files=True), user_file.parent
+        RewardConfig(functions=[entry], digests=[recorded], allow_changed_files=True), user_file.parent
     )

@@ -214,7 +214,7 @@ def _failing_row(function: Callable[..., Any], kwargs: dict[str, Any], num: int)
 
 def build_rewards(cfg: RewardConfig, base_dir: Path) -> RewardSet:
     """The RewardSet of the reward group; user files are read from `base_dir` and checked against cfg.digests."""
-    rewards = [_Reward(name=t.name or t.kind, weight=t.weight, term=build_term(t)) for t in cfg.terms]
+    rewards = [_Reward(name=name, weight=t.weight, term=build_term(t)) for name, t in cfg.terms()]
     weights = cfg.function_weights or (1.0,) * len(cfg.functions)
     for index, (entry, weight) in enumerate(zip(cfg.functions, weights, strict=True)):
         function, digest = load_function(entry, base_dir)

@@ -1,4 +1,5 @@
-"""The built-in rewards of `reward.terms`, each a function of the completions' texts, records and token counts.
+"""The built-in rewards (reward.answer, reward.format, reward.length), each a function of the completions' texts,
+records and token counts.
 
 - answer: 1.0 when the answer `extract` finds in the completion matches the record's `field` under `match`, else 0.0;
 - format: 1.0 when the whole completion (stripped) matches `pattern`, else 0.0;
@@ -12,7 +13,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from launcher.components.rewards.verifiers import answers_match, extract_answer, regex_match
-from launcher.config.reward import RewardTerm
+from launcher.config.reward import AnswerReward, FormatReward, LengthReward
 
 TermFn = Callable[[Sequence[str], Sequence[dict[str, Any]], Sequence[int] | None], list[float]]
 """(completion texts, records, completion token counts or None) -> one reward per completion."""
@@ -26,25 +27,22 @@ class MissingField(ValueError):
         self.row = row
 
 
-def build_term(term: RewardTerm) -> TermFn:
+def build_term(term: AnswerReward | FormatReward | LengthReward) -> TermFn:
     """The function computing one built-in reward."""
-    if term.kind == "answer":
+    if isinstance(term, AnswerReward):
         return lambda texts, records, counts: _answer(term, texts, records)
-    if term.kind == "format":
-        pattern = term.pattern or ""
-        return lambda texts, records, counts: [1.0 if regex_match(t, pattern) else 0.0 for t in texts]
-    if term.kind == "length":
-        return lambda texts, records, counts: _length(term, counts)
-    raise ValueError(f"unknown reward term kind '{term.kind}'")
+    if isinstance(term, FormatReward):
+        return lambda texts, records, counts: [1.0 if regex_match(t, term.pattern) else 0.0 for t in texts]
+    return lambda texts, records, counts: _length(term, counts)
 
 
-def _answer(term: RewardTerm, texts: Sequence[str], records: Sequence[dict[str, Any]]) -> list[float]:
+def _answer(term: AnswerReward, texts: Sequence[str], records: Sequence[dict[str, Any]]) -> list[float]:
     rewards = []
     for row, (text, record) in enumerate(zip(texts, records, strict=True)):
         if term.field not in record:
             raise MissingField(
                 f"the record has no field '{term.field}' (its fields: {', '.join(sorted(record)) or 'none'}); "
-                "set reward.terms[].field to the field holding the reference answer",
+                "set reward.answer.field to the field holding the reference answer",
                 row,
             )
         predicted = extract_answer(text, term.extract)
@@ -62,10 +60,12 @@ def soft_length_penalty(num_tokens: int, max_tokens: int, soft_tokens: int) -> f
     return -1.0
 
 
-def _length(term: RewardTerm, counts: Sequence[int] | None) -> list[float]:
+def _length(term: LengthReward, counts: Sequence[int] | None) -> list[float]:
     if counts is None:
         raise ValueError(
             "the length reward counts completion tokens, and no completion_ids were given to score"
         )
-    assert term.max_tokens is not None, "the rules require reward.terms[].max_tokens for kind=length"
+    assert term.max_tokens is not None, (
+        "the rules require reward.length.max_tokens when reward.length.weight is set"
+    )
     return [soft_length_penalty(n, term.max_tokens, term.soft_tokens) for n in counts]

@@ -23,10 +23,7 @@ import re
 import threading
 from fractions import Fraction
 
-EXTRACTIONS = ("last_number", "boxed", "tag:NAME", "none")
-"""What `extract_answer` accepts (tag takes a name: tag:answer); join several with `|` to try them in order."""
-MATCHES = ("exact", "numeric", "math_verify")
-"""What `answers_match` accepts."""
+from launcher.config.reward import EXTRACTIONS, MATCHES
 
 _NUMBER = re.compile(r"-?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?(?:/\d+)?|-?\.\d+")
 _TAG_NAME = re.compile(r"[A-Za-z_][\w.-]*")
