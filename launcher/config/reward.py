@@ -13,6 +13,8 @@ EXTRACTIONS = ("last_number", "boxed", "tag:NAME", "none")
 """How reward.answer.extract finds the answer (tag takes a name: tag:answer); several joined by | are tried in order."""
 MATCHES = ("exact", "numeric", "math_verify")
 """How reward.answer.match compares the extracted answer with the record's."""
+CHECKPOINT_KEY = "reward_files"
+"""The key of a checkpoint's manifest that records each reward file's sha256 (its path as written -> digest)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -82,6 +84,17 @@ class RewardConfig:
     def names(self) -> list[str]:
         """Every reward's name, in order: the built-in terms that are on, then each function's name."""
         return [name for name, _ in self.terms()] + [function_name(f) for f in self.functions]
+
+
+def recorded_files(cfg: RewardConfig) -> dict[str, str]:
+    """Each reward file's path as reward.functions writes it -> the digest reward.digests recorded for it."""
+    return {split_function(e)[0]: d for e, d in zip(cfg.functions, cfg.digests, strict=False)}
+
+
+def checkpoint_record(cfg: RewardConfig) -> dict[str, dict[str, str]]:
+    """What a checkpoint's manifest records of the rewards: the digest of each reward file (nothing without one)."""
+    files = recorded_files(cfg)
+    return {CHECKPOINT_KEY: files} if files else {}
 
 
 def split_function(entry: str) -> tuple[str, str]:

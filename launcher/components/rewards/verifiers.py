@@ -94,8 +94,11 @@ def as_number(text: str) -> Fraction | None:
 
 
 def math_verify_installed() -> bool:
-    """Whether the math-verify package can be imported (answers_match's math_verify mode needs it)."""
-    return importlib.util.find_spec("math_verify") is not None
+    """Whether the math-verify package can be imported (answers_match's math_verify mode needs it), without importing it."""
+    try:
+        return importlib.util.find_spec("math_verify") is not None
+    except (ImportError, ValueError):  # a blocked or broken entry in sys.modules
+        return False
 
 
 def answers_match(predicted: str | None, reference: str, mode: str) -> bool:
