@@ -25,6 +25,10 @@ from launcher.spec import RunSpec, SpecError
 
 def prepare_data(spec: RunSpec, console: Console | None = None) -> list[SpecError]:
     """Make sure the tokenized corpus of `spec` is in the cache and enough for the run; the problems that stop it."""
+    if spec.data.format == "prompt":  # online RL's prompts: read whole, no token cache
+        from launcher.front.prompt_data import prompt_errors
+
+        return prompt_errors(spec)
     from launcher.components.data.tokens import (  # numpy: only a run that starts needs it
         build_cache,
         uses_cache,
