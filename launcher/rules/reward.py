@@ -22,13 +22,11 @@ from launcher.components.checkpoint_files import read_manifest
 from launcher.components.rewards import changed_file_text
 from launcher.components.rewards.user_files import RewardFileError, file_path, load_function
 from launcher.components.rewards.verifiers import extraction_problem, math_verify_installed
+from launcher.config.objective import ONLINE
 from launcher.config.reward import CHECKPOINT_KEY, recorded_files, split_function
 from launcher.rules.hardware import Hardware
 from launcher.rules.values import Rule
 from launcher.spec import RunSpec, SpecError
-
-ONLINE = ("grpo", "rloo")
-"""The objectives that score their rollouts with the reward group."""
 
 
 def _read(spec: RunSpec, hw: Hardware) -> Iterator[SpecError]:
@@ -39,6 +37,16 @@ def _read(spec: RunSpec, hw: Hardware) -> Iterator[SpecError]:
             f"rewards are set ({', '.join(r.names())}), but objective={spec.objective.name} reads none: only "
             f"{' and '.join(ONLINE)} score completions. Choose `objective=grpo` (or rloo), or drop the rewards "
             "(`reward=none`).",
+        )
+
+
+def _needed(spec: RunSpec, hw: Hardware) -> Iterator[SpecError]:
+    if spec.objective.name in ONLINE and not spec.reward.configured():
+        yield SpecError(
+            ("objective.name", "reward"),
+            f"objective={spec.objective.name} learns from the rewards of its completions, and no reward is set: "
+            "every completion would score 0 and nothing would be learned. Pick one (`reward=math`, `reward=r1`, "
+            "docs/rewards.md) or name your own (`reward.functions=[path/to/rewards.py:function]`).",
         )
 
 
@@ -144,5 +152,5 @@ def _resumed(spec: RunSpec, hw: Hardware) -> Iterator[SpecError]:
             )
 
 
-RULES: tuple[Rule, ...] = (_read, _built_in, _functions, _resumed)
+RULES: tuple[Rule, ...] = (_read, _needed, _built_in, _functions, _resumed)
 """This module's rules, in the order they report."""
