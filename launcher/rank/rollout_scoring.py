@@ -73,7 +73,9 @@ def _mean_std(total: float, squares: float, count: float) -> tuple[float, float]
 class RewardScoring:
     """The rollout source's Scoring for grpo and rloo: rewards, advantages, keep; and their metrics."""
 
-    def __init__(self, rewards: Rewards, cfg: ObjectiveConfig, dtype: torch.dtype, max_steps: int = 0) -> None:
+    def __init__(
+        self, rewards: Rewards, cfg: ObjectiveConfig, dtype: torch.dtype, max_steps: int = 0
+    ) -> None:
         self.rewards, self.cfg, self.dtype, self.max_steps = rewards, cfg, dtype, max_steps
         self.device = torch.device("cpu")  # where the all-reduce of the longest completion runs
         self.functions: list[str] | None = None
