@@ -40,16 +40,6 @@ def _read(spec: RunSpec, hw: Hardware) -> Iterator[SpecError]:
         )
 
 
-def _needed(spec: RunSpec, hw: Hardware) -> Iterator[SpecError]:
-    if spec.objective.name in ONLINE and not spec.reward.configured():
-        yield SpecError(
-            ("objective.name", "reward"),
-            f"objective={spec.objective.name} learns from the rewards of its completions, and no reward is set: "
-            "every completion would score 0 and nothing would be learned. Pick one (`reward=math`, `reward=r1`, "
-            "docs/rewards.md) or name your own (`reward.functions=[path/to/rewards.py:function]`).",
-        )
-
-
 def _built_in(spec: RunSpec, hw: Hardware) -> Iterator[SpecError]:
     a, f, n = spec.reward.answer, spec.reward.format, spec.reward.length
     if a.weight is not None:
@@ -152,5 +142,5 @@ def _resumed(spec: RunSpec, hw: Hardware) -> Iterator[SpecError]:
             )
 
 
-RULES: tuple[Rule, ...] = (_read, _needed, _built_in, _functions, _resumed)
+RULES: tuple[Rule, ...] = (_read, _built_in, _functions, _resumed)
 """This module's rules, in the order they report."""

@@ -74,8 +74,6 @@ def test_every_option_composes_both_ways(group: str, option: str, tmp_path, requ
         extra = ["launcher=local", f"launcher.nproc={NEEDS_RANKS[group, option]}"]
     if (group, option) == ("launcher", "local"):
         extra = ["parallel=ddp"]  # its two ranks need a multi-rank strategy
-    if (group, option) in (("objective", "grpo"), ("objective", "rloo")):
-        extra = ["reward=math"]  # what scores its completions (docs/rewards.md)
     # `+group=option` is rewritten to the very overrides of `group=option`, so the one check below judges both
     assert command_line.normalize([f"+{group}={option}", *extra]) == [f"{group}={option}", *extra]
     bare = precheck([f"{group}={option}", *extra])
