@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from pathlib import Path
 
+from launcher.components.model.hf_experts import MOE_FAMILIES, num_experts
 from launcher.components.model.hf_files import (
     NO_REMOTE_CODE,
     PRESETS,
@@ -165,30 +166,22 @@ def _weights(spec: RunSpec, path: str) -> Iterator[SpecError]:
         yield SpecError(("model.path",), problem[0].upper() + problem[1:])
 
 
-EXPERT_KEYS = ("num_experts", "num_local_experts", "n_routed_experts")
-"""config.json keys by which a transformers family says its layers hold several experts."""
-
-
 def _experts(path: str, key: str) -> list[SpecError]:
-    """An error when config.json describes a Mixture-of-Experts model, which the launcher does not train yet."""
+    """An error when config.json describes a Mixture-of-Experts family the launcher does not train (MOE_FAMILIES)."""
     try:
         config = read_local_config(path)
     except ValueError:
         return []  # _local_config says so
-    experts = {
-        name: config[name] for name in EXPERT_KEYS if isinstance(config.get(name), int) and config[name] > 1
-    }
-    if not experts:
+    experts, family = num_experts(config), config.get("model_type")
+    if not experts or family in MOE_FAMILIES:
         return []
-    found = ", ".join(f"{name}={value}" for name, value in experts.items())
     return [
         SpecError(
             (key,),
-            f"'{path}/config.json' describes a Mixture-of-Experts model (model_type {config.get('model_type')!r}, "
-            f"{found}). The launcher does not train MoE models yet: their expert weights (per-expert tensors or "
-            "fused), routing and expert parallelism are not built, so the folder is refused whatever its expert "
-            "layout, and it is not the folder that is wrong. Use a dense family (llama, qwen2, qwen3, mistral, "
-            "gemma2, ...) for now.",
+            f"'{path}/config.json' describes a Mixture-of-Experts model (model_type {family!r}, {experts} experts), "
+            f"a family whose expert layers the launcher does not load and train yet; it does for "
+            f"{', '.join(sorted(MOE_FAMILIES))}. It is not the folder that is wrong: use one of those families, or a "
+            "dense one (llama, qwen2, qwen3, mistral, gemma2, ...).",
         )
     ]
 
