@@ -201,3 +201,18 @@ def test_lora_on_experts_trains_and_merges_to_the_adapted_logits(folder, tmp_pat
         torch.testing.assert_close(
             loaded(input_ids=_ids()).logits, adapted.eval()(_ids()), rtol=1e-5, atol=1e-5
         )
+
+
+@pytest.mark.extended
+def test_tensor_parallel_splits_attention_and_keeps_experts_whole(folder, tmp_path_factory) -> None:
+    """parallel=tp on 2 ranks splits Mixtral's attention by its plan, its routers and experts whole on each rank
+    (run on local tensors): one process's per-step losses at the same batch (1e-5)."""
+    root = tmp_path_factory.mktemp("mixtral-tp")
+    path = folder("mixtral")
+    one = losses(_run(path, root, ["train.micro_batch_size=8"]))
+    split = losses(
+        _run(path, root, ["parallel=tp", "train.micro_batch_size=8", "checkpoint.every=null"], ranks=2)
+    )
+    assert split.keys() == one.keys()
+    for step, loss in one.items():
+        assert split[step] == pytest.approx(loss, rel=1e-5), (step, split[step], loss)
