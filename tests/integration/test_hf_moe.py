@@ -216,3 +216,29 @@ def test_tensor_parallel_splits_attention_and_keeps_experts_whole(folder, tmp_pa
     assert split.keys() == one.keys()
     for step, loss in one.items():
         assert split[step] == pytest.approx(loss, rel=1e-5), (step, split[step], loss)
+
+
+def test_router_loss_under_pipeline_stages_is_refused(folder, tmp_path) -> None:
+    """Stages each run part of the forward, so the router loss (collected over all layers) is refused there."""
+    path = folder("mixtral", router_aux_loss=0.05)
+    with pytest.raises(InvalidSpec) as caught:
+        write_spec(
+            [*RUN, f"model.path={path}", "parallel=pp", "launcher=local", "launcher.nproc=2"],
+            tmp_path / "run",
+        )
+    said = str(caught.value)
+    assert "load-balancing loss" in said and "output_router_logits to false" in said
+
+
+@pytest.mark.extended
+def test_pipeline_stages_of_a_moe_folder_train_like_one_process(folder, tmp_path_factory) -> None:
+    """parallel=pp on 2 ranks cuts Mixtral between its MoE layers: one process's per-step losses (1e-5)."""
+    root = tmp_path_factory.mktemp("mixtral-pp")
+    path = folder("mixtral")
+    one = losses(_run(path, root, ["train.micro_batch_size=8"]))
+    staged = losses(
+        _run(path, root, ["parallel=pp", "train.micro_batch_size=8", "checkpoint.every=null"], ranks=2)
+    )
+    assert staged.keys() == one.keys()
+    for step, loss in one.items():
+        assert staged[step] == pytest.approx(loss, rel=1e-5), (step, staged[step], loss)
