@@ -243,3 +243,20 @@ def test_pipeline_stages_of_a_moe_folder_train_like_one_process(folder, tmp_path
     assert staged.keys() == one.keys()
     for step, loss in one.items():
         assert staged[step] == pytest.approx(loss, rel=1e-5), (step, staged[step], loss)
+
+
+def test_the_dry_run_counts_total_and_active_parameters(folder) -> None:
+    """Mixtral's experts: 2 layers x 4 experts x (96 x 64 + 64 x 48); a token runs through 2 of the 4."""
+    from launcher.components.model.build import flops_per_token
+    from launcher.config.model import ModelConfig
+    from launcher.front.model_dims import describe_model
+
+    cfg = ModelConfig(kind="hf", path=str(folder("mixtral")))
+    total = sum(
+        p.numel() for p in transformers.AutoModelForCausalLM.from_pretrained(folder("mixtral")).parameters()
+    )
+    active = total - 2 * 2 * (96 * 64 + 64 * 48)
+    assert f"{total:,} parameters" in describe_model(
+        cfg
+    ) and f"{active:,} active per token" in describe_model(cfg)
+    assert flops_per_token(cfg, 32) == 6 * active + 12 * 2 * 64 * 32
