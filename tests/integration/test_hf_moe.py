@@ -260,3 +260,14 @@ def test_the_dry_run_counts_total_and_active_parameters(folder) -> None:
         cfg
     ) and f"{active:,} active per token" in describe_model(cfg)
     assert flops_per_token(cfg, 32) == 6 * active + 12 * 2 * 64 * 32
+
+
+def test_lora_dropout_on_expert_tensors_is_refused(folder, tmp_path) -> None:
+    """peft adapts fused expert tensors without input dropout: a dropout with expert targets is refused before launch."""
+    args = [
+        *RUN, f"model.path={folder('mixtral')}", "quantization=nf4_lora", "quantization.lora.dropout=0.05",
+        "quantization.lora.targets=[q_proj,experts.gate_up_proj]",
+    ]  # fmt: skip
+    with pytest.raises(InvalidSpec) as caught:
+        write_spec(args, tmp_path / "run")
+    assert "quantization.lora.dropout=0" in str(caught.value) and "experts.gate_up_proj" in str(caught.value)
