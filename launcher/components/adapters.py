@@ -57,8 +57,23 @@ def chosen_layers(candidates: Iterable[str], targets: list[str] | None) -> list[
     return [name for name in candidates if any(matches(name, t) for t in targets)]
 
 
-def peft_config(cfg: LoRAConfig, layers: list[str], *, fan_in_fan_out: bool = False) -> LoraConfig:
-    """The peft.LoraConfig of `cfg` for exactly the modules named in `layers` (full names)."""
+EXPERT_PARAMETERS = ("experts.gate_up_proj", "experts.down_proj")
+"""Fused expert tensors of transformers' MoE layers [experts, out, in] that LoRA adapts per expert when targeted."""
+
+
+def expert_parameters(model: nn.Module) -> list[str]:
+    """Names of the fused expert parameters of `model` (peft adapts them through `target_parameters`)."""
+    return [
+        name
+        for name, _ in model.named_parameters()
+        if name.endswith(tuple("." + e for e in EXPERT_PARAMETERS))
+    ]
+
+
+def peft_config(
+    cfg: LoRAConfig, layers: list[str], *, fan_in_fan_out: bool = False, parameters: list[str] | None = None
+) -> LoraConfig:
+    """The peft.LoraConfig of `cfg` for exactly the modules named in `layers` and the `parameters` (full names)."""
     from peft import LoraConfig
 
     return LoraConfig(
@@ -66,6 +81,7 @@ def peft_config(cfg: LoRAConfig, layers: list[str], *, fan_in_fan_out: bool = Fa
         lora_alpha=cfg.alpha,
         lora_dropout=cfg.dropout,
         target_modules=sorted(layers),
+        target_parameters=sorted(parameters) if parameters else None,
         use_dora=cfg.dora,
         use_rslora=cfg.rslora,
         fan_in_fan_out=fan_in_fan_out,
@@ -88,19 +104,24 @@ def add_adapters(
     """Inject peft adapters into the targeted layers among `candidates` and freeze everything else.
 
     `quantized` is the quantization method the candidates were built with (none, int8, nf4): peft
-    then wraps them in its bitsandbytes LoRA layers (checked here).
+    then wraps them in its bitsandbytes LoRA layers (checked here). Targets naming fused expert tensors
+    (EXPERT_PARAMETERS, never quantized) adapt each expert's matrix with peft's `target_parameters`; a
+    null target list adapts the linear layers only, as for dense models.
     """
     from peft import inject_adapter_in_model
     from peft.tuners.lora import LoraLayer
 
-    layers = chosen_layers(candidates, cfg.targets)
+    experts = expert_parameters(model) if cfg.targets is not None else []
+    chosen = chosen_layers([*candidates, *experts], cfg.targets)
+    parameters = [name for name in chosen if name in set(experts)]
+    layers = [name for name in chosen if name not in set(experts)]
     for param in model.parameters():
         param.requires_grad_(False)
     flag = QUANTIZED_FLAGS.get(quantized)
     if flag:
         setattr(model, flag, True)
     try:
-        inject_adapter_in_model(peft_config(cfg, layers), model, adapter_name=ADAPTER)
+        inject_adapter_in_model(peft_config(cfg, layers, parameters=parameters), model, adapter_name=ADAPTER)
     finally:
         if flag:
             delattr(model, flag)
@@ -113,7 +134,10 @@ def add_adapters(
                 f"peft wrapped the {quantized} layer {name} in {type(layer).__module__}.{type(layer).__name__}, "
                 "not in its bitsandbytes LoRA layer: merges and DoRA would read the integer codes as weights."
             )
-    _report(model, cfg, len(layers))
+    for name in parameters:  # the experts module's outermost peft wrapper keeps its name
+        if not isinstance(model.get_submodule(name.rsplit(".", 1)[0]), LoraLayer):
+            raise RuntimeError(f"peft did not adapt the expert tensor {name}.")
+    _report(model, cfg, len(layers) + len(parameters))
     return model
 
 

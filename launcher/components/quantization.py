@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING
 
 from launcher.components import nf4
 from launcher.components.adapters import adapter_layers, add_adapters, folded_weight
+from launcher.config.adapters import ADAPTER
 from launcher.config.parallel import method_of
 from launcher.config.quantization import KEEP_FULL_PRECISION, METHODS, QuantizationConfig
 
@@ -202,6 +203,9 @@ def merged_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
 
     with torch.no_grad():
         adapted = adapter_layers(model)
+        experts = {
+            name: adapted.pop(name) for name in list(adapted) if hasattr(adapted[name], "parameter_name")
+        }
         special: dict[str, tuple[nn.Module, nn.Module | None]] = {
             name: (layer.get_base_layer(), layer) for name, layer in adapted.items()
         }
@@ -219,9 +223,26 @@ def merged_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
             state[f"{name}.weight"] = (folded_weight(layer, weight) if layer is not None else weight).cpu()
             if base.bias is not None:
                 state[f"{name}.bias"] = base.bias.detach().float().cpu()
-        return state
+        return _fold_expert_adapters(state, experts)
 
 
-def has_adapters_or_quantization(model: nn.Module) -> bool:
-    """Whether `model` holds LoRA adapters or quantized layers (then export must merge)."""
-    return bool(adapter_layers(model)) or any(is_quantized(m) for m in model.modules())
+def _fold_expert_adapters(
+    state: dict[str, torch.Tensor], wrappers: dict[str, nn.Module]
+) -> dict[str, torch.Tensor]:
+    """`state` with peft's expert-parameter adapters (ParamWrapper) folded into the fused expert tensors.
+
+    peft nests one wrapper per adapted tensor (`experts.base_layer.base_layer.gate_up_proj`): their keys
+    lose the `.base_layer` steps and the adapters, and each tensor gains its delta [experts, out, in].
+    """
+    owners = {name: name.split(".base_layer")[0] for name in wrappers}
+    prefixes = tuple(f"{owner}." for owner in owners.values())
+    out = {}
+    for key, value in state.items():
+        if not key.startswith(prefixes):
+            out[key] = value
+        elif ".lora_" not in key:
+            out[key.replace(".base_layer", "")] = value
+    for name, wrapper in wrappers.items():
+        key = f"{owners[name]}.{wrapper.parameter_name}"
+        out[key] = out[key] + wrapper.get_delta_weight(ADAPTER).float().cpu()
+    return out

@@ -66,8 +66,12 @@ def describe_model(cfg: ModelConfig) -> str:
         kv = getattr(hf_config(cfg), "num_key_value_heads", None)
         heads += f" ({kv} key-value)" if kv and kv != real.n_head else ""
     rows = vocab_size(shape.equivalent)  # a folder's embedding rows, as its family measured them
+    active = shape.num_active_params
+    routed = (
+        "" if active is None else f", {active:,} active per token ({active / 1e6:,.2f}M: MFU counts these)"
+    )
     return (
         f"model: {source}: {real.n_layer} layers, d_model {real.d_model}, {heads}, d_ff {ff_width(real)}, "
         f"vocab_size {rows}, max_seq_len {real.max_seq_len}; {shape.num_params:,} parameters "
-        f"({shape.num_params / 1e6:,.2f}M)"
+        f"({shape.num_params / 1e6:,.2f}M){routed}"
     )

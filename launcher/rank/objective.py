@@ -54,6 +54,7 @@ from launcher.components.precision import autocast
 from launcher.config.model import ModelConfig
 from launcher.parallel.dims import DistContext
 from launcher.parallel.registry import STRATEGIES, strategy_module
+from launcher.rank.router_loss import with_router_loss
 from launcher.spec import RunSpec, load_spec
 
 SPEC = "spec.yaml"
@@ -178,7 +179,7 @@ def build_objective(
     frozen = None if declared is None else place_frozen(declared, spec, dist, mesh, model, dtype)
     steps = None if declared is not None and declared.precomputed else frozen  # precomputed: batches carry it
     return RankObjective(
-        objective=module.build(spec.objective, spec.distill, steps),
+        objective=with_router_loss(module.build(spec.objective, spec.distill, steps), model),
         declared=declared,
         frozen=frozen,
         dtype=dtype,

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from pathlib import Path
 
+from launcher.components.model.hf_experts import MOE_FAMILIES, num_experts, router_aux_coef
 from launcher.components.model.hf_files import (
     NO_REMOTE_CODE,
     PRESETS,
@@ -50,7 +51,11 @@ def _hf_model(spec: RunSpec, hw: Hardware) -> Iterator[SpecError]:
         yield from _local_config(spec, m.path, "model.path")
         if not folder_errors and not custom_code_problem(m.path):  # _local_config names the code it needs
             family = _known_family(m.path, "model.path") or _experts(m.path, "model.path")
-            yield from family or [*_weights(spec, m.path), *_attention_path(spec)]
+            yield from family or [
+                *_weights(spec, m.path),
+                *_attention_path(spec),
+                *_router_loss(spec, m.path),
+            ]
         return
     if m.hf_config is None:
         yield SpecError(
@@ -70,7 +75,7 @@ def _hf_model(spec: RunSpec, hw: Hardware) -> Iterator[SpecError]:
             return
         yield from _local_config(spec, m.hf_config, "model.hf_config")
         family = _known_family(m.hf_config, "model.hf_config") or _experts(m.hf_config, "model.hf_config")
-        yield from family or _attention_path(spec)
+        yield from family or [*_attention_path(spec), *_router_loss(spec, m.hf_config)]
         return
     yield from _attention_path(spec)
 
@@ -165,30 +170,42 @@ def _weights(spec: RunSpec, path: str) -> Iterator[SpecError]:
         yield SpecError(("model.path",), problem[0].upper() + problem[1:])
 
 
-EXPERT_KEYS = ("num_experts", "num_local_experts", "n_routed_experts")
-"""config.json keys by which a transformers family says its layers hold several experts."""
-
-
 def _experts(path: str, key: str) -> list[SpecError]:
-    """An error when config.json describes a Mixture-of-Experts model, which the launcher does not train yet."""
+    """An error when config.json describes a Mixture-of-Experts family the launcher does not train (MOE_FAMILIES)."""
     try:
         config = read_local_config(path)
     except ValueError:
         return []  # _local_config says so
-    experts = {
-        name: config[name] for name in EXPERT_KEYS if isinstance(config.get(name), int) and config[name] > 1
-    }
-    if not experts:
+    experts, family = num_experts(config), config.get("model_type")
+    if not experts or family in MOE_FAMILIES:
         return []
-    found = ", ".join(f"{name}={value}" for name, value in experts.items())
     return [
         SpecError(
             (key,),
-            f"'{path}/config.json' describes a Mixture-of-Experts model (model_type {config.get('model_type')!r}, "
-            f"{found}). The launcher does not train MoE models yet: their expert weights (per-expert tensors or "
-            "fused), routing and expert parallelism are not built, so the folder is refused whatever its expert "
-            "layout, and it is not the folder that is wrong. Use a dense family (llama, qwen2, qwen3, mistral, "
-            "gemma2, ...) for now.",
+            f"'{path}/config.json' describes a Mixture-of-Experts model (model_type {family!r}, {experts} experts), "
+            f"a family whose expert layers the launcher does not load and train yet; it does for "
+            f"{', '.join(sorted(MOE_FAMILIES))}. It is not the folder that is wrong: use one of those families, or a "
+            "dense one (llama, qwen2, qwen3, mistral, gemma2, ...).",
+        )
+    ]
+
+
+def _router_loss(spec: RunSpec, path: str) -> list[SpecError]:
+    """The router's load-balancing loss needs the whole model's forward, which pipeline stages do not run."""
+    try:
+        config = read_local_config(path)
+    except ValueError:
+        return []  # _local_config says so
+    if not (num_experts(config) and router_aux_coef(config)) or spec.parallel.pp_size == 1:
+        return []
+    return [
+        SpecError(
+            ("parallel.pp_size", "model.path"),
+            f"'{path}/config.json' turns on the router's load-balancing loss (output_router_logits, "
+            f"router_aux_loss_coef={router_aux_coef(config)}), which is collected over the whole model's forward; "
+            f"pipeline stages (parallel.pp_size={spec.parallel.pp_size}) each run a part of it, so the loss would "
+            "be left out. Set output_router_logits to false in config.json, or train without pipeline stages "
+            "(e.g. `parallel=fsdp`).",
         )
     ]
 

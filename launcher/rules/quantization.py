@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
+from launcher.components.adapters import EXPERT_PARAMETERS
 from launcher.components.model.hf_files import PRESET_LINEARS, is_preset
 from launcher.components.nf4 import GROUP, shape_problem
 from launcher.components.quantization import nf4_backend
@@ -97,6 +98,15 @@ def _lora_targets(spec: RunSpec) -> Iterator[SpecError]:
             "linear layer of the blocks.",
         )
         return
+    experts = [t for t in targets if t.endswith(EXPERT_PARAMETERS)]
+    if experts and spec.quantization.lora.dropout:
+        yield SpecError(
+            ("quantization.lora.targets", "quantization.lora.dropout"),
+            f"{', '.join(experts)} name fused expert tensors, which peft adapts per expert (target_parameters) "
+            f"without dropout on the adapter's input (its ParamWrapper refuses lora_dropout="
+            f"{spec.quantization.lora.dropout}). Set quantization.lora.dropout=0, or leave the experts out of "
+            "quantization.lora.targets.",
+        )
     known = model_linears(spec)  # None for a local model: the build checks its layers (same message)
     unknown = [t for t in targets if known is not None and t.rsplit(".", 1)[-1] not in known]
     if unknown:

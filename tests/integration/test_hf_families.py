@@ -1,5 +1,5 @@
 """Current families in the real loop: Gemma-2 (softcaps, local/global layers) trains packed on a CPU; paths a
-family lacks and MoE folders are refused before launch, naming the fix."""
+family lacks and MoE families the launcher does not train are refused before launch, naming the fix."""
 
 from __future__ import annotations
 
@@ -60,14 +60,15 @@ def test_paths_a_family_lacks_are_refused_before_launch(tmp_path) -> None:
     assert "'gpt_neox' is not among them" in said and "Traceback" not in said
 
 
-def test_a_moe_folder_is_refused_as_not_yet_supported(tmp_path) -> None:
-    config = transformers.Qwen3MoeConfig(
-        vocab_size=256, hidden_size=32, intermediate_size=64, moe_intermediate_size=16, num_hidden_layers=1,
-        num_attention_heads=2, num_key_value_heads=1, head_dim=16, num_experts=4, num_experts_per_tok=2,
+def test_a_moe_family_without_expert_support_is_refused(tmp_path) -> None:
+    """MoE families outside hf_experts.MOE_FAMILIES are refused before launch, naming the ones that load."""
+    config = transformers.PhimoeConfig(
+        vocab_size=256, hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
+        num_key_value_heads=1, num_local_experts=4, num_experts_per_tok=2,
     )  # fmt: skip
     folder = _save(config, tmp_path / "moe")
     done = run_cli(["model=hf", f"model.path={folder}", *RUN], cwd=tmp_path)
     assert done.returncode == 2, done.stderr[-2000:]
     said = " ".join(done.stderr.split())  # the message is wrapped to the terminal's width
-    assert "Mixture-of-Experts model" in said and "experts=4" in said
-    assert "gate_up_proj" not in said
+    assert "Mixture-of-Experts model (model_type 'phimoe', 4 experts)" in said and "mixtral" in said
+    assert "gate_up_proj" not in said and "Traceback" not in said

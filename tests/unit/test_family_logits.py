@@ -29,6 +29,10 @@ COMMON = dict(
 SLIDING = dict(sliding_window=WINDOW, layer_types=["sliding_attention", "full_attention"])
 
 
+MOE = {"moe_intermediate_size": 32, "num_experts": 4, "num_experts_per_tok": 2}
+"""Qwen3-MoE's experts; Mixtral's are num_local_experts (its MLP width intermediate_size)."""
+
+
 def _configs() -> dict[str, object]:
     t = transformers
     return {
@@ -50,6 +54,8 @@ def _configs() -> dict[str, object]:
         "cohere2": t.Cohere2Config(**COMMON, **SLIDING),
         "smollm3": t.SmolLM3Config(**COMMON, no_rope_layers=[1, 0]),
         "gpt2": t.GPT2Config(vocab_size=VOCAB, n_embd=64, n_layer=2, n_head=4, n_positions=256, use_cache=False),
+        "mixtral": t.MixtralConfig(**COMMON, num_local_experts=4, num_experts_per_tok=2),
+        "qwen3_moe": t.Qwen3MoeConfig(**COMMON, **MOE, head_dim=16),
     }  # fmt: skip
 
 

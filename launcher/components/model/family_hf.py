@@ -121,7 +121,8 @@ def _layer_plan(config: Any, sequence_parallel: bool) -> dict[str, ParallelStyle
 
 
 def tp_plan(model: nn.Module, *, sequence_parallel: bool) -> TensorParallelPlan:
-    """Each decoder layer by its config's own plan; head and embedding where the model says they are."""
+    """Each decoder layer by its config's own plan (a MoE model's routed experts whole); head and embedding where
+    the model says they are."""
     from torch.distributed.tensor import Replicate, Shard
     from torch.distributed.tensor.parallel import PrepareModuleInput, SequenceParallel
 
@@ -132,7 +133,10 @@ def tp_plan(model: nn.Module, *, sequence_parallel: bool) -> TensorParallelPlan:
         raise ValueError(f"{type(model.hf).__name__}: sequence parallelism needs Llama-style decoder layers.")
     names = {module: name for name, module in model.named_modules()}
     head, embedding = model.hf.get_output_embeddings(), model.hf.get_input_embeddings()
-    top: dict[str, ParallelStyle] = {}
+    from launcher.components.model.hf_local_experts import LocalExperts, local_expert_modules
+
+    # routed experts stay whole on every tp rank, computed on local tensors (hf_local_experts)
+    top: dict[str, ParallelStyle] = {name: LocalExperts() for name in local_expert_modules(model)}
     if sequence_parallel:
         # the residual stream enters the first layer split along the sequence; the final norm leaves it so
         top[names[layers[0]]] = PrepareModuleInput(

@@ -21,6 +21,7 @@ from __future__ import annotations
 import functools
 import inspect
 import os
+import sys
 from typing import Any, ClassVar
 
 import torch
@@ -29,6 +30,7 @@ from torch import nn
 
 from launcher.components.files.safe_load import refusing_folder
 from launcher.components.model.hf_attention import hf_implementation
+from launcher.components.model.hf_experts import router_aux_coef
 from launcher.components.model.hf_family import FamilyAttention, family_attention
 from launcher.components.model.hf_files import hf_config
 from launcher.components.model.long_context import loss_chunk_count
@@ -73,6 +75,10 @@ class HFCausalLM(nn.Module):
         """Set on a pipeline stage (hf_stage): the forward walks the parts this stage holds."""
         self.family: FamilyAttention = family_attention(hf.config, type(hf))
         """How this family attends (which of the launcher's attention paths reproduce it)."""
+        self.router_aux_coef = router_aux_coef(hf.config) if _balancing_loss(hf) else 0.0
+        """Weight of the router's load-balancing loss (config.json's output_router_logits, router_aux_loss_coef)."""
+        self.router_aux_loss: torch.Tensor | None = None
+        """The last training forward's load-balancing loss (read once by launcher.rank.router_loss), else None."""
 
     def forward(
         self,
@@ -104,11 +110,25 @@ class HFCausalLM(nn.Module):
             self.hf.set_attn_implementation(impl)
         if self.pipeline_stage:
             return self._stage_forward(input_ids, position_ids)
+        routed = {"output_router_logits": True} if self.router_aux_coef and self.training else {}
         chunks = loss_chunk_count(self.loss_chunks, tokens=input_ids.numel(), vocab=self.hf.config.vocab_size)
         if chunks > 1 and not any(getattr(self.hf.config, key, None) for key in SCALED_LOGITS):
-            hidden = self.hf.base_model(input_ids=input_ids, position_ids=position_ids, use_cache=False)
+            hidden = self.hf.base_model(
+                input_ids=input_ids, position_ids=position_ids, use_cache=False, **routed
+            )
+            self._keep_router_loss(hidden)
             return HeadOutputs(hidden.last_hidden_state, self.hf.get_output_embeddings(), chunks)
-        return self.hf(input_ids=input_ids, position_ids=position_ids, use_cache=False).logits
+        out = self.hf(input_ids=input_ids, position_ids=position_ids, use_cache=False, **routed)
+        self._keep_router_loss(out)
+        return out.logits
+
+    def _keep_router_loss(self, out: Any) -> None:
+        """Keep the load-balancing loss of this forward's router logits (transformers' own function of the family)."""
+        logits = getattr(out, "router_logits", None)
+        if not (self.router_aux_coef and self.training and logits):
+            return
+        balancing = _balancing_loss(self.hf)
+        self.router_aux_loss = balancing(logits, self.hf.num_experts, self.hf.num_experts_per_tok, None)
 
     def new_cache(self) -> Any:
         """An empty transformers DynamicCache for this model (sliding-window layers as its config says)."""
@@ -177,6 +197,12 @@ class HFCausalLM(nn.Module):
         logits = self.hf.lm_head(base.norm(hidden))
         cap = getattr(config, "final_logit_softcapping", None)
         return logits if cap is None else torch.tanh(logits / cap) * cap
+
+
+def _balancing_loss(hf: nn.Module) -> Any:
+    """transformers' load_balancing_loss_func of the model's family (Switch/Mixtral form), or None where it has none."""
+    module = sys.modules.get(type(hf).__module__)
+    return getattr(module, "load_balancing_loss_func", None) if hasattr(hf, "num_experts_per_tok") else None
 
 
 def layer_kind(config: Any, index: int) -> str:

@@ -27,7 +27,7 @@ from typing import Any
 VARLEN_FAMILIES = frozenset(
     {
         "llama", "mistral", "ministral", "qwen2", "qwen3", "gemma", "gemma2", "gemma3_text", "phi3", "olmo2",
-        "olmo3", "gpt2", "granite", "starcoder2", "cohere2", "smollm3",
+        "olmo3", "gpt2", "granite", "starcoder2", "cohere2", "smollm3", "mixtral", "qwen3_moe",
     }
 )  # fmt: skip
 """model_types whose attention (windows and softcaps included) model.attention=varlen reproduces."""
@@ -44,6 +44,8 @@ PIPELINE_FAMILIES = frozenset(
         "phi3",
         "olmo2",
         "olmo3",
+        "mixtral",
+        "qwen3_moe",
     }
 )
 """model_types whose forward the pipeline stages repeat exactly (embedding, per-layer masks, norm, head)."""

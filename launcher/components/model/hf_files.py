@@ -138,9 +138,19 @@ TP_STYLES = ("colwise", "rowwise")
 TP_LAYER_PREFIX = "layers.*."
 
 
+EXPERTS_IN_PLAN = ".mlp.experts"
+"""Where a MoE family's plan splits its routed experts: left out, the experts stay whole on every tp rank."""
+
+
+def _own_plan(config: Any) -> dict[str, str]:
+    """The config's base_model_tp_plan less its routed-expert entries (tensor parallelism splits the dense parts)."""
+    plan = getattr(config, "base_model_tp_plan", None) or {}
+    return {k: v for k, v in plan.items() if EXPERTS_IN_PLAN not in k}
+
+
 def tp_plan_problem(config: Any) -> str | None:
     """Why the transformers config's own tensor-parallel plan cannot split its decoder layers; None if it can."""
-    plan = getattr(config, "base_model_tp_plan", None) or {}
+    plan = _own_plan(config)
     name = type(config).__name__.removesuffix("Config")
     if not plan:
         return f"{name} comes with no tensor-parallel plan (transformers' base_model_tp_plan is empty)"
@@ -152,12 +162,15 @@ def tp_plan_problem(config: Any) -> str | None:
 
 
 def layer_tp_plan(config: Any) -> dict[str, str]:
-    """Style (colwise/rowwise) per module name inside one decoder layer, from the config's own plan."""
-    plan = getattr(config, "base_model_tp_plan", None) or {}
+    """Style (colwise/rowwise) per module name inside one decoder layer, from the config's own plan (experts left whole)."""
+    plan = _own_plan(config)
     return {k.removeprefix(TP_LAYER_PREFIX): v for k, v in plan.items()}
 
 
 def llama_layout(config: Any) -> bool:
     """True when the config's layer plan splits only self_attn.* and mlp.* (Llama's layout, which sequence parallelism needs)."""
+    from launcher.components.model.hf_experts import num_experts
+
     plan = layer_tp_plan(config)
-    return bool(plan) and all(name.startswith(("self_attn.", "mlp.")) for name in plan)
+    dense = not num_experts(config)  # a MoE block routes tokens: it takes no sequence shard
+    return dense and bool(plan) and all(name.startswith(("self_attn.", "mlp.")) for name in plan)

@@ -172,7 +172,18 @@ def _layer_pattern(name: str) -> str:
 
 
 def shape_problems(config: Any, found: Shapes, folder: str) -> list[str]:
-    """What the folder's weights and its config.json disagree on (size mismatches, parameters missing or extra)."""
+    """What the folder's weights and its config.json disagree on (size mismatches, parameters missing or extra).
+
+    Per-expert tensors of a Mixture-of-Experts folder are compared as the fused tensors transformers loads them
+    into (launcher.components.model.hf_experts); a conversion not read there leaves the check to the load.
+    """
+    from launcher.components.model.hf_experts import fused_shapes, num_experts
+
+    if num_experts(config):
+        converted = fused_shapes(found, config.model_type)
+        if converted is None:
+            return []
+        found = converted
     expected, groups, prefix = config_parameters(config)
     found = {(name if name in expected or f"{prefix}.{name}" not in expected else f"{prefix}.{name}"): shape
              for name, shape in found.items()}  # fmt: skip

@@ -6,7 +6,8 @@ of one decoder layer are exact for any family; the activation model then treats 
 the same width, depth and heads, with a gated (SwiGLU) MLP counted as 1.5 times the MLP width
 (three matmuls of d_model x d_ff where the GPT's MLP has two). A Llama-style layer (RMSNorm, gated
 MLP) also carries its own widths (`LlamaLayer`), from which the planner counts its saved tensors
-one by one instead.
+one by one instead. A Mixture-of-Experts model counts its active parameters too (the routed experts a
+token reaches, for MFU), and its MLP as the gated experts a token runs through.
 """
 
 from __future__ import annotations
@@ -45,6 +46,9 @@ class ModelShape:
     """The built-in GPT config whose activations match this model's (the config itself for kind=gpt)."""
     llama_layer: LlamaLayer | None = None
     """A Llama-style decoder layer's widths (None: the GPT or another family, counted as `equivalent`)."""
+    num_active_params: int | None = None
+    """Parameters one token runs through: a Mixture-of-Experts model's total less the experts it is not routed
+    to (what MFU counts); None: every parameter (a dense model)."""
 
 
 def _gpt_linears(cfg: ModelConfig) -> dict[str, tuple[int, int]]:
@@ -66,6 +70,7 @@ def hf_shape(cfg: ModelConfig) -> ModelShape:
     from torch import nn  # only a Hugging Face model is built (on the meta device) to be measured
 
     from launcher.components.model.hf import build_hf_model, hf_decoder_layers
+    from launcher.components.model.hf_experts import active_parameters, experts_per_token, is_expert_parameter
     from launcher.components.model.hf_files import hf_config
 
     model = build_hf_model(cfg, empty=True, announce=False)
@@ -82,6 +87,12 @@ def hf_shape(cfg: ModelConfig) -> ModelShape:
         or getattr(config, "n_inner", None)
         or 4 * config.hidden_size
     )
+    experts = sum(p.numel() for name, p in model.named_parameters() if is_expert_parameter(name))
+    if experts:  # a token's MLP activations: the gated experts it is routed to
+        gated, width = (
+            True,
+            experts_per_token(config) * (getattr(config, "moe_intermediate_size", None) or width),
+        )
     rows = model.hf.get_input_embeddings().num_embeddings
     equivalent = dataclasses.replace(
         cfg,
@@ -93,6 +104,7 @@ def hf_shape(cfg: ModelConfig) -> ModelShape:
     num_params = sum(p.numel() for p in model.parameters())
     return ModelShape(
         num_params=num_params,
+        num_active_params=active_parameters(num_params, experts, config) if experts else None,
         block_linears=linears,
         equivalent=equivalent,
         llama_layer=_llama_layer(layers[0], linears, config) if layers is not None else None,
