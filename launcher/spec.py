@@ -21,6 +21,7 @@ import yaml
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from launcher.config.aliases import alias_hint
+from launcher.config.best import EarlyStopConfig
 from launcher.config.checkpoint import CheckpointConfig
 from launcher.config.compile import CompileConfig
 from launcher.config.data import DataConfig
@@ -80,6 +81,7 @@ class TrainConfig:
     """Optimizer steps the skipped share is measured over (once this session has run that many)."""
     stop_after: int | None = None
     """End this session after this optimizer step, with a checkpoint; the schedule still spans max_steps."""
+    early_stop: EarlyStopConfig = field(default_factory=EarlyStopConfig)
     advice: bool = True
     """Print run-time advice (input-bound steps, loss spikes, fp16 scale collapse, ...) once each, and list it
     in summary.json; false silences it (docs/monitoring.md)."""

@@ -30,6 +30,7 @@ from launcher.components.schedule_free import averaged_weights, ready_to_load, t
 from launcher.parallel.state_bytes import is_dtensor
 from launcher.rank import collection, evaluation, host_memory
 from launcher.rank.loop_parts import Components
+from launcher.rank.metric_watch import EXIT_REASON, MetricWatch
 from launcher.rank.nonfinite import ADVICE, NonFiniteGuard, NonFiniteStop
 from launcher.rank.preemption import StopSignal
 from launcher.rank.rng import restore_rng, rng_state
@@ -65,6 +66,8 @@ class Engine:
         self._schedule_started = False  # torch checks the schedule's order at its first step only
         self._history: dict[str, list] = {"tokens_per_s": [], "loss": []}
         self._eval: dict[str, float] = {}
+        self.watch = MetricWatch(self.spec)
+        """checkpoint.keep_best and train.early_stop over the evaluations (launcher.rank.metric_watch)."""
         self.observers = observers.Observers()
         """Rank 0's watchers of this session's records (log lines, trackers, advisor); the worker finishes them."""
         dist = parts.dist
@@ -85,6 +88,7 @@ class Engine:
             # the source's position before the next step's batches, which the loop has drawn already
             "data": self._next.data_state if self._next is not None else self.parts.source.state_dict(),
             **self.guard.state_dict(),
+            **self.watch.state_dict(),
         }
 
     def _write_checkpoint(self, out: CheckpointFiles | StagedFiles) -> None:
@@ -115,6 +119,7 @@ class Engine:
         self.step = state["step"]
         self.session = int(state.get("session", 0)) + 1
         self.guard.load_state_dict(state)
+        self.watch.load_state_dict(state, own=checkpoint.is_own(self.run_dir, directory))
         self.guard.start_session(self.step)
         restore_rng(directory, rank=self.parts.dist.rank, seed=self.spec.train.seed, step=self.step)
         self.resumed_from = str(directory)
@@ -151,7 +156,7 @@ class Engine:
             )
         if dist.is_main and (warning := checkpoint.space_warning(self.run_dir)):
             self.console.print(f"[yellow]warning:[/] {warning}")
-        info = {"nonfinite_skips": self.guard.nonfinite_skips}
+        info = {"nonfinite_skips": self.guard.nonfinite_skips, **self.watch.manifest(self.step)}
         if self.saver is not None:
             return self.saver.start(self.step, self._write_checkpoint, info=info)
         return checkpoint.save(
@@ -204,6 +209,8 @@ class Engine:
         self.guard.check_final_loss(self._history["loss"][-1] if self._history["loss"] else None, self.step)
         if self.step >= t.max_steps:
             reason = "completed"
+        elif self.watch.stopped:
+            reason = EXIT_REASON
         else:
             reason = self.stop.reason(signum) if signum else "stopped_after"
         summary = self.summary(reason, time.perf_counter() - started)
@@ -232,15 +239,18 @@ class Engine:
             self.guard.check_loss_scale(record["loss_scale"], self.step)
             show(loss=f"{record['loss']:.4f}", tps=f"{record['tokens_per_s']:,.0f}")
         evaluates = (t.eval_every and self.step % t.eval_every == 0) or (last and t.evaluates_at_end())
+        early = False
         if evaluates and (scores := self.evaluate()):  # a source without held-out sequences makes none
             records.append({"step": self.step, "session": self.session, **scores})
             collection.collect(full=True)
-        stopping = self.step == t.stop_after
+            early = self.watch.observe(self.step, scores)  # train.early_stop: this step is the last
+        stopping = self.step == t.stop_after or early
         # A stop signal on any rank stops every rank after this same step: agreed on with the next step's
         # count of terms (one collective, launcher.rank.step_inputs).
         signum = None if last else self._prepare_next_step()
         every, final = self.spec.checkpoint.every, last or stopping or bool(signum)
-        if (every and self.step % every == 0) or signum or (final and self.spec.checkpoint.save_final):
+        periodic = bool(every) and self.step % every == 0
+        if periodic or signum or early or (final and self.spec.checkpoint.save_final):  # early stop: always
             held = {"time_checkpoint_s": round(self.save(wait=final), 6)}  # the session's last: written
             if records and "loss" in records[0]:
                 records[0].update(held)
@@ -385,4 +395,5 @@ class Engine:
             "resumed_from": self.resumed_from,
             "sessions": self.session + 1,
             "world_size": self.parts.dist.world_size,
+            **self.watch.summary(),
         }

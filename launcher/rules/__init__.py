@@ -11,6 +11,7 @@ from __future__ import annotations
 import re
 
 from launcher.rules import (
+    best,
     choices,
     context,
     data,
@@ -53,6 +54,7 @@ AREAS = (
     model,
     precision,
     loop,
+    best,
     schedule,
     data,
     mixture,

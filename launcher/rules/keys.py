@@ -29,6 +29,7 @@ from launcher.config import (
     qat,
     quantization,
 )
+from launcher.config.best import MODES as BEST_MODES
 from launcher.config.compile import MODES
 from launcher.config.launcher import BACKENDS
 from launcher.config.optimizer import ADJUST_LR_FNS
@@ -58,6 +59,8 @@ KEYS: dict[str, Domain] = {
     "checkpoint.async_save": FLAG,
     "checkpoint.every": at_least(1, "null: no periodic checkpoints"),
     "checkpoint.keep": COUNT,
+    "checkpoint.keep_best": text("a metric an evaluation writes: launcher.rules.best lists this run's"),
+    "checkpoint.keep_best_mode": one_of(BEST_MODES),
     "checkpoint.save_final": FLAG,
     "checkpoint.verify": FLAG,
     "compile.dynamic": FLAG,
@@ -270,6 +273,10 @@ KEYS: dict[str, Domain] = {
     "train.advice": FLAG,
     "train.eval_at_end": FLAG,
     "train.eval_batches": COUNT,
+    "train.early_stop.metric": text("a metric an evaluation writes: launcher.rules.best lists this run's"),
+    "train.early_stop.min_delta": at_least(0),
+    "train.early_stop.mode": one_of(BEST_MODES),
+    "train.early_stop.patience": COUNT,
     "train.eval_every": COUNT,
     "train.grad_accum_steps": COUNT,
     "train.log_every": COUNT,
