@@ -54,7 +54,9 @@ def test_early_stop_ends_the_run_with_its_reason_and_a_final_checkpoint(watched:
     assert (watched / "checkpoints" / "latest").read_text().strip() == "step_8"
 
 
-def test_the_best_checkpoint_survives_pruning_and_export_best_writes_it(watched: Path, tmp_path: Path) -> None:
+def test_the_best_checkpoint_survives_pruning_and_export_best_writes_it(
+    watched: Path, tmp_path: Path
+) -> None:
     base = watched / "checkpoints"
     # keep=2: step_4 was pruned, step_2 (the best) was not
     assert [p.name for p in checkpoint.good_checkpoints(watched)] == ["step_8", "step_6", "step_2"]
