@@ -26,6 +26,7 @@ from launcher.config.checkpoint import CheckpointConfig
 from launcher.config.compile import CompileConfig
 from launcher.config.data import DataConfig
 from launcher.config.distill import DistillConfig
+from launcher.config.eval import EvalConfig
 from launcher.config.launcher import LauncherConfig
 from launcher.config.log import LogConfig
 from launcher.config.logger import LoggerConfig
@@ -136,6 +137,7 @@ class RunSpec:
     memory: MemoryConfig = field(default_factory=MemoryConfig)
     compile: CompileConfig = field(default_factory=CompileConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     log: LogConfig = field(default_factory=LogConfig)
     logger: LoggerConfig = field(default_factory=LoggerConfig)

@@ -27,8 +27,10 @@ from launcher.components.checkpoint_async import AsyncSaver, StagedFiles, backgr
 from launcher.components.checkpoint_files import CheckpointFiles
 from launcher.components.loggers import observers
 from launcher.components.schedule_free import averaged_weights, ready_to_load, train_mode
+from launcher.config.eval import RECORD_PREFIX
 from launcher.parallel.state_bytes import is_dtensor
-from launcher.rank import collection, evaluation, host_memory
+from launcher.rank import collection, host_memory
+from launcher.rank.evaluators import build_evaluators
 from launcher.rank.loop_parts import Components
 from launcher.rank.metric_watch import EXIT_REASON, MetricWatch
 from launcher.rank.nonfinite import ADVICE, NonFiniteGuard, NonFiniteStop
@@ -66,6 +68,8 @@ class Engine:
         self._schedule_started = False  # torch checks the schedule's order at its first step only
         self._history: dict[str, list] = {"tokens_per_s": [], "loss": []}
         self._eval: dict[str, float] = {}
+        self.evaluators = build_evaluators(self.spec)
+        """The held-out loss and the benchmark evaluators, each with its cadence (launcher.rank.evaluators)."""
         self.watch = MetricWatch(self.spec)
         """checkpoint.keep_best and train.early_stop over the evaluations (launcher.rank.metric_watch)."""
         self.observers = observers.Observers()
@@ -238,9 +242,8 @@ class Engine:
             collection.collect()
             self.guard.check_loss_scale(record["loss_scale"], self.step)
             show(loss=f"{record['loss']:.4f}", tps=f"{record['tokens_per_s']:,.0f}")
-        evaluates = (t.eval_every and self.step % t.eval_every == 0) or (last and t.evaluates_at_end())
         early = False
-        if evaluates and (scores := self.evaluate()):  # a source without held-out sequences makes none
+        if scores := self.evaluate(last=last):  # none due, or a source without held-out sequences: none
             records.append({"step": self.step, "session": self.session, **scores})
             collection.collect(full=True)
             early = self.watch.observe(self.step, scores)  # train.early_stop: this step is the last
@@ -371,11 +374,11 @@ class Engine:
         sums = dict.fromkeys(("tokens", "processed", "samples", "terms"), 0)
         return {"loss": torch.zeros((), device=self.device), **sums}
 
-    def evaluate(self) -> dict[str, float]:
-        """Held-out loss and perplexity at this step (launcher.rank.evaluation; every rank calls it), {} without held-out sequences."""
-        scores = evaluation.evaluate(self.parts, self.step)
-        if scores:
-            self._eval = scores
+    def evaluate(self, *, last: bool = False) -> dict[str, float]:
+        """The evaluators due after this step (launcher.rank.evaluators; every rank calls it): their records,
+        {} when none ran or a source has no held-out sequences."""
+        scores = self.evaluators.run_due(self.parts, self.step, last=last)
+        self._eval.update(scores)
         return scores
 
     def summary(self, exit_reason: str, wall_time_s: float) -> dict[str, Any]:
@@ -386,6 +389,7 @@ class Engine:
             "final_loss": self._history["loss"][-1] if self._history["loss"] else None,
             "eval_loss": self._eval.get("eval_loss"),
             "eval_ppl": self._eval.get("eval_ppl"),
+            **{key: value for key, value in self._eval.items() if key.startswith(RECORD_PREFIX)},
             "median_tokens_per_s": statistics.median(rates) if rates else None,
             "peak_mem_bytes": metrics.peak_memory_bytes(self.device.type),
             "wall_time_s": wall_time_s,
