@@ -34,9 +34,51 @@ class LmEvalConfig:
     """Most new tokens of a generate_until request whose task sets no max_gen_toks."""
 
 
+GENERATION_TASK = "generation"
+"""The generation checks' records: `eval/generation/accuracy` and `eval/generation/pass@K`."""
+GENERATION_MATCHES = ("exact", "numeric", "math_verify", "regex")
+"""How an extracted answer is compared with the reference (regex: the reference is a pattern matched whole)."""
+
+
 @dataclass(frozen=True, kw_only=True)
 class GenerationEvalConfig:
     """Generation checks: prompts with reference answers scored by verifiers (docs/eval.md, "Generation checks")."""
+
+    prompts: str | None = None
+    """A JSONL file, one object per line with a prompt and its reference answer; null: the evaluator is off."""
+    prompt_field: str = "prompt"
+    """The field of each line holding the prompt text."""
+    answer_field: str = "answer"
+    """The field holding the reference answer (a string or a number; for match=regex, the pattern)."""
+    chat: bool = False
+    """Render each prompt as a user turn through the tokenizer's chat template (with the generation prompt)."""
+    extract: str = "none"
+    """How the answer is taken from a completion: none (all of it), last_number, boxed, tag:NAME; a|b tries in order."""
+    match: str = "exact"
+    """How it is compared with the reference: exact, numeric (0.5 == 1/2), math_verify (needs math-verify), regex."""
+    samples: int = 1
+    """Completions per prompt (n of the pass@k estimator); more than 1 needs temperature > 0."""
+    pass_at: tuple[int, ...] = ()
+    """The k of each `pass@k` record (each at most samples), by the unbiased estimator of Chen et al. (2021)."""
+    temperature: float = 0.0
+    """0: greedy; above 0: sampled, each completion seeded by seed and its prompt and sample number."""
+    top_p: float = 1.0
+    """Sample from the smallest set of most likely tokens whose probability reaches top_p."""
+    seed: int = 0
+    """The sampling seed: the same prompts and seed give the same completions on any world size."""
+    max_new_tokens: int = 64
+    """Most tokens generated per completion (it also ends at the tokenizer's eos)."""
+    batch_size: int = 8
+    """Completions decoded together on each data-parallel rank."""
+    limit: int | None = None
+    """Score the file's first `limit` prompts only; null: all of them."""
+
+    def metrics(self) -> list[str]:
+        """The records this evaluator writes ([] when it is off)."""
+        if self.prompts is None:
+            return []
+        ks = [f"pass@{k}" for k in self.pass_at]
+        return [f"{RECORD_PREFIX}{GENERATION_TASK}/{name}" for name in ("accuracy", *ks)]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -58,7 +100,7 @@ class EvalConfig:
 
     def has_benchmarks(self) -> bool:
         """Whether any evaluator beyond the held-out loss is configured."""
-        return bool(self.lm_eval.tasks)
+        return bool(self.lm_eval.tasks) or self.generation.prompts is not None
 
 
 def lm_eval_record(task: str, metric: str) -> str:

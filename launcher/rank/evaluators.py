@@ -18,6 +18,7 @@ from typing import Protocol, runtime_checkable
 
 from launcher.config.eval import LOSS_METRICS
 from launcher.rank import evaluation
+from launcher.rank.eval_generation import GenerationChecks
 from launcher.rank.loop_parts import Components
 from launcher.spec import RunSpec
 
@@ -107,4 +108,7 @@ def build_evaluators(spec: RunSpec) -> Evaluators:
     items = []
     if e.loss:
         items.append(Scheduled(evaluator=HeldOutLoss(), every=t.eval_every, at_end=t.evaluates_at_end()))
+    if e.generation.prompts is not None:
+        benchmark = {"every": e.benchmark_every(t.eval_every), "at_end": t.eval_at_end is not False}
+        items.append(Scheduled(evaluator=GenerationChecks(), **benchmark))
     return Evaluators(items)

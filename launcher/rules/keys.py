@@ -31,6 +31,7 @@ from launcher.config import (
 )
 from launcher.config.best import MODES as BEST_MODES
 from launcher.config.compile import MODES
+from launcher.config.eval import GENERATION_MATCHES
 from launcher.config.launcher import BACKENDS
 from launcher.config.optimizer import ADJUST_LR_FNS
 from launcher.config.scheduler import DECAY_SHAPES, SCHEDULES
@@ -110,6 +111,20 @@ KEYS: dict[str, Domain] = {
     "eval.lm_eval.max_gen_tokens": COUNT,
     "eval.lm_eval.num_fewshot": at_least(0),
     "eval.lm_eval.tasks": text("task names: launcher.rules.evaluation lists the local tasks when one is unknown"),
+    "eval.generation.answer_field": NAME,
+    "eval.generation.batch_size": COUNT,
+    "eval.generation.chat": FLAG,
+    "eval.generation.extract": text("an extraction: launcher.rules.eval_generation judges it"),
+    "eval.generation.limit": COUNT,
+    "eval.generation.match": one_of(GENERATION_MATCHES),
+    "eval.generation.max_new_tokens": COUNT,
+    "eval.generation.pass_at": text("k values: launcher.rules.eval_generation judges them"),
+    "eval.generation.prompt_field": NAME,
+    "eval.generation.prompts": PATH,
+    "eval.generation.samples": COUNT,
+    "eval.generation.seed": SEED,
+    "eval.generation.temperature": at_least(0, "0: greedy"),
+    "eval.generation.top_p": within(0, 1, low_open=True),
     "eval.loss": FLAG,
     "launcher.backend": one_of(BACKENDS),
     "launcher.device": one_of(DEVICES),
