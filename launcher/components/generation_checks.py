@@ -67,7 +67,7 @@ def read_checks(cfg: GenerationEvalConfig) -> list[Check]:
         lines = path.read_text(encoding="utf-8").splitlines()
     except (OSError, UnicodeDecodeError) as err:
         raise PromptsFileError(
-            f"eval.generation.prompts: cannot read {path} ({type(err).__name__}: {err}). Give a readable JSONL file."
+            f"cannot read the prompts file {path} ({type(err).__name__}: {err}). Give a readable JSONL file."
         ) from None
     checks: list[Check] = []
     for number, text in enumerate(lines, start=1):
@@ -81,7 +81,7 @@ def read_checks(cfg: GenerationEvalConfig) -> list[Check]:
             reason = _problem(record, cfg)
         if reason is not None:
             raise PromptsFileError(
-                f"eval.generation.prompts: {path}, line {number}: {reason}. Each line is one JSON object such as "
+                f"{path}, line {number}: {reason}. Each line is one JSON object such as "
                 f'{{"{cfg.prompt_field}": "2+3=", "{cfg.answer_field}": "5"}}; fix or remove the line.'
             )
         answer = record[cfg.answer_field]
@@ -89,7 +89,7 @@ def read_checks(cfg: GenerationEvalConfig) -> list[Check]:
         if cfg.limit is not None and len(checks) == cfg.limit:
             break
     if not checks:
-        raise PromptsFileError(f"eval.generation.prompts: {path} holds no prompt (every line is blank).")
+        raise PromptsFileError(f"{path} holds no prompt (every line is blank).")
     return checks
 
 

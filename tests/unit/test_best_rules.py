@@ -40,8 +40,17 @@ def test_keep_best_needs_a_checkpoint_at_every_evaluation() -> None:
     assert "checkpoint.every=null writes none" in off[("checkpoint.keep_best", "checkpoint.every")]
     apart = _errors(*KEEP, "checkpoint.every=4")
     message = apart[("checkpoint.keep_best", "train.eval_every", "checkpoint.every")]
-    assert "train.eval_every=10 is not a multiple of checkpoint.every=4" in message
+    assert (
+        "eval_loss is measured every 10 steps (train.eval_every), not a multiple of checkpoint.every=4"
+        in message
+    )
     assert "checkpoint.every=10" in message  # the fix
+    score = _errors(*KEEP, "checkpoint.keep_best=eval/generation/accuracy", "eval.generation.prompts=p.jsonl",
+                    "eval.every=15")  # fmt: skip
+    assert (
+        "(eval.every), not a multiple of checkpoint.every=10"
+        in score[("checkpoint.keep_best", "eval.every", "checkpoint.every")]
+    )
     end = _errors(*KEEP, "train.max_steps=25", "checkpoint.save_final=false")
     assert "Set checkpoint.save_final=true" in end[("checkpoint.keep_best", "checkpoint.save_final")]
 
@@ -54,7 +63,7 @@ def test_bad_patience_min_delta_and_mode_are_refused() -> None:
     assert "'lower'" in errors[("checkpoint.keep_best_mode",)]
     counts = _errors("train.early_stop.metric=eval_loss", "train.eval_every=null", "train.eval_at_end=true")
     assert (
-        "train.eval_every=null evaluates only at the end"
+        "train.eval_every=null measures eval_loss only at the end"
         in counts[("train.early_stop.metric", "train.eval_every")]
     )
 
