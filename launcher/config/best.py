@@ -12,6 +12,8 @@ from dataclasses import dataclass
 
 MODES = ("auto", "min", "max")
 """How a metric improves: auto (from its name, `direction`), min (lower is better), max (higher is better)."""
+FINISHED = ("completed", "early_stopped")
+"""summary.json's exit reasons of a run that finished (exit status 0): a sweep's point or trial that counts."""
 LOWER_IS_BETTER = ("loss", "ppl", "perplexity", "bits_per_byte", "error")
 """Words in a metric's name that make `auto` mean min (`eval_loss`, `word_perplexity`); any other name means max
 (accuracy, pass@k, exact_match)."""
