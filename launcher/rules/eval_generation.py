@@ -7,6 +7,7 @@ from collections.abc import Iterator
 
 from launcher.components.generation_checks import PromptsFileError, read_checks
 from launcher.components.rewards.verifiers import extraction_problem, math_verify_installed
+from launcher.parallel.registry import STRATEGIES
 from launcher.rules.hardware import Hardware
 from launcher.rules.values import Rule
 from launcher.spec import RunSpec, SpecError
@@ -57,12 +58,14 @@ def _layout(spec: RunSpec, hw: Hardware) -> Iterator[SpecError]:
         return
     split = {"parallel.pp_size": p.pp_size > 1, "parallel.cp_size": p.cp_size > 1}
     split["parallel.sequence_parallel"] = p.sequence_parallel
+    split["parallel.strategy"] = STRATEGIES[p.strategy].wrap == "engine"  # DeepSpeed's engine holds the model
     for key, on in split.items():
         if on:
             yield SpecError(
                 (f"{KEY}.prompts", key),
-                f"the generation checks decode whole sequences on a model part holding every layer, which {key} "
-                "splits. Run them after training on the exported model (train-eval), or drop the generation checks.",
+                f"the generation checks decode whole sequences on a model part holding every layer as training "
+                f"holds it, which {key}={getattr(p, key.split('.')[1])} does not offer. Run them after training "
+                "(train-eval on the run), or train with another layout, or drop the generation checks.",
             )
 
 

@@ -88,7 +88,11 @@ def test_the_rules_refuse_before_launch(tmp_path: Path) -> None:
         in errors[("eval.generation.pass_at", "eval.generation.samples")]
     )
     assert "names no tag: write tag:NAME" in errors[("eval.generation.extract",)]
-    assert "parallel.pp_size splits" in errors[("eval.generation.prompts", "parallel.pp_size")]
+    assert "parallel.pp_size=2 does not offer" in errors[("eval.generation.prompts", "parallel.pp_size")]
+    engine = {e.keys: e.message for e in precheck([*base, "parallel=zero3"])}
+    assert "parallel.strategy=deepspeed does not offer" in " ".join(
+        engine[("eval.generation.prompts", "parallel.strategy")].split()
+    )
     assert precheck([*base, "checkpoint.keep_best=eval/generation/accuracy", "checkpoint.every=10"]) == []
 
 
