@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from launcher.components import eval_tasks
+from launcher.components import eval_tasks, quiet
 from launcher.components.data.hf_tokenizer import open_folder
 from launcher.components.precision import cast_weights, eval_dtype
 from launcher.components.schedule_free import averaged_weights
@@ -26,6 +26,9 @@ from launcher.config.tokenizer import TokenizerConfig
 from launcher.parallel.runner import ModelRunner
 from launcher.rank.loop_parts import Components
 from launcher.spec import RunSpec
+
+PROGRESS = ("it/s]", "s/it]")
+"""The harness's progress bars (tqdm lines), held back unless log.verbose (launcher.components.quiet)."""
 
 
 class ByteTokens:
@@ -109,7 +112,7 @@ class LmEvalEvaluator:
         limit = int(limit) if limit is not None and limit >= 1 else limit
         logging.getLogger("lm_eval").setLevel(logging.ERROR)
         manager = TaskManager(include_path=str(self.cfg.include_path), include_defaults=False)
-        with averaged_weights(parts.strategy.optimizer), kept_random_state():
+        with averaged_weights(parts.strategy.optimizer), kept_random_state(), quiet.held_prints(PROGRESS):
             model.eval()
             with cast_weights(model, dtype, enabled=spec.precision.eval_cast):
                 results = lm_eval.simple_evaluate(
