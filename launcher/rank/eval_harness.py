@@ -27,8 +27,8 @@ from launcher.parallel.runner import ModelRunner
 from launcher.rank.loop_parts import Components
 from launcher.spec import RunSpec
 
-PROGRESS = ("it/s]", "s/it]")
-"""The harness's progress bars (tqdm lines), held back unless log.verbose (launcher.components.quiet)."""
+PROGRESS = ("it/s]", "s/it]", "examples/s]")
+"""The harness's and datasets' progress bars (tqdm lines), held back unless log.verbose (launcher.components.quiet)."""
 
 
 class ByteTokens:

@@ -227,10 +227,11 @@ class RankLM(TemplateLM):
         """Greedy new ids of each prompt (stopping at eos), the whole group taking the same steps."""
         if self.pipelined:
             return self._greedy_by_passes(prompts, max_new_tokens)
+        eos = self.eot_token_id  # a folder's tokenizer may declare none: then only max_gen_toks stops
         with autocast(self.dtype, self.device.type):
             done = generation.generate(
-                self.model, prompts, max_new_tokens=max_new_tokens, stop_ids=[self.eot_token_id],
-                context=self.context, vocab_limit=len(self.tokenizer), pad_id=self.eot_token_id,
+                self.model, prompts, max_new_tokens=max_new_tokens, stop_ids=[] if eos is None else [eos],
+                context=self.context, vocab_limit=len(self.tokenizer), pad_id=eos or 0,
             )  # fmt: skip
         return [completion.ids for completion in done]
 
@@ -255,7 +256,7 @@ class RankLM(TemplateLM):
         """Each row's most likely next token (right-padded rows), agreed on by every rank of the replica."""
         rows = [text[-self.context :] for text in texts]
         width = max(len(row) for row in rows)
-        ids = torch.full((len(rows), width), self.eot_token_id, dtype=torch.long)
+        ids = torch.full((len(rows), width), self.eot_token_id or 0, dtype=torch.long)
         for i, row in enumerate(rows):
             ids[i, : len(row)] = torch.tensor(row)
         picks = _LastTokens([len(row) for row in rows], len(self.tokenizer))
