@@ -108,7 +108,11 @@ def build_evaluators(spec: RunSpec) -> Evaluators:
     items = []
     if e.loss:
         items.append(Scheduled(evaluator=HeldOutLoss(), every=t.eval_every, at_end=t.evaluates_at_end()))
+    benchmark = {"every": e.benchmark_every(t.eval_every), "at_end": t.eval_at_end is not False}
+    if e.lm_eval.tasks:
+        from launcher.rank.eval_harness import LmEvalEvaluator  # lm-eval: imported only when tasks are set
+
+        items.append(Scheduled(evaluator=LmEvalEvaluator(e.lm_eval), **benchmark))
     if e.generation.prompts is not None:
-        benchmark = {"every": e.benchmark_every(t.eval_every), "at_end": t.eval_at_end is not False}
         items.append(Scheduled(evaluator=GenerationChecks(), **benchmark))
     return Evaluators(items)

@@ -11,6 +11,7 @@ import math
 from collections.abc import Iterator
 
 from launcher.components.data.mixture import resolve
+from launcher.components.eval_tasks import planned_records
 from launcher.config.eval import LOSS_METRICS, RECORD_PREFIX, lm_eval_record
 from launcher.rules.hardware import Hardware
 from launcher.rules.values import Rule
@@ -25,15 +26,25 @@ def _benchmarks_run(spec: RunSpec) -> bool:
 
 
 def produced(spec: RunSpec) -> list[str]:
-    """The metric names this run's evaluations write (empty when it evaluates never), known before launch; an
-    lm_eval task's metrics, named by its YAML, as `eval/<task>/<metric>`."""
+    """The metric names this run's evaluations write (empty when it evaluates never), known before launch."""
     names = []
     if spec.eval.loss and spec.train.evaluates():
         names += [*LOSS_METRICS, *(f"eval_loss/{source.name}" for source in resolve(spec.data))]
     if _benchmarks_run(spec):
-        names += [lm_eval_record(task, "<metric>") for task in spec.eval.lm_eval.tasks]
+        names += _lm_eval_records(spec)
         names += spec.eval.generation.metrics()
     return names
+
+
+def _lm_eval_records(spec: RunSpec) -> list[str]:
+    """The lm-evaluation-harness tasks' records (from their YAMLs), else `eval/<task>/<metric>` for each task named
+    where its folder does not read (the lm_eval rules say why)."""
+    if not spec.eval.lm_eval.tasks:
+        return []
+    try:
+        return sorted(planned_records(spec.eval.lm_eval))
+    except Exception:  # lm-eval missing, a folder without tasks: launcher.rules.evaluation reports it
+        return [lm_eval_record(task, "<metric>") for task in spec.eval.lm_eval.tasks]
 
 
 def _is_produced(metric: str, names: list[str]) -> bool:

@@ -31,6 +31,14 @@ def test_a_metric_no_evaluation_produces_is_refused_with_the_list() -> None:
     assert "produces the metric 'eval/generation/accuracy'" in errors[("checkpoint.keep_best",)]
     assert "The metrics it produces: eval_loss, eval_ppl." in errors[("checkpoint.keep_best",)]
     assert "Did you mean eval_loss?" in errors[("train.early_stop.metric",)]
+    tasks = [
+        "eval.lm_eval.tasks=[tiny_choice,tiny_answer]",
+        f"eval.lm_eval.include_path={Path(__file__).parents[1] / 'assets' / 'lm_eval_tasks'}",
+    ]
+    harness = _errors(*KEEP, *tasks, "checkpoint.keep_best=eval/tiny_choice/accuracy",
+                      "train.early_stop.metric=eval/tiny_answer/exact_match")  # fmt: skip
+    assert list(harness) == [("checkpoint.keep_best",)]  # the tasks' metrics, read from their YAMLs
+    assert "Did you mean eval/tiny_choice/acc?" in harness[("checkpoint.keep_best",)]
     never = _errors("train.early_stop.metric=eval_loss", "train.eval_every=null", "train.eval_at_end=false")
     assert "this run makes no evaluation" in never[("train.early_stop.metric",)]
 

@@ -55,7 +55,7 @@ class LogLines:
         self._console, self._total = context.console, context.max_steps
 
     def on_record(self, record: dict[str, Any]) -> None:
-        """Print the step's loss, rate and learning rate, or the evaluation's loss."""
+        """Print the step's loss, rate and learning rate, or the evaluation's loss and scores."""
         step = record.get("step")
         scores = [f"{key} {value:.4g}" for key, value in record.items() if key.startswith("eval/")]
         if "eval_loss" in record or scores:
@@ -65,6 +65,8 @@ class LogLines:
                 else []
             )
             line = f"eval step {step}: {', '.join(loss + scores)}"
+        elif "loss" not in record:  # a step's checkpoint time alone (launcher.rank.engine): no line
+            return
         else:
             line = (
                 f"step {step}/{self._total}: loss {record['loss']:.4f} lr {record['lr']:.3g} "
