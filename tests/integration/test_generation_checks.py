@@ -29,7 +29,7 @@ CHECKS = [  # prompt, the reference pattern, the same test in plain Python (on t
     ("for i in range(", ".*s.*", lambda t: "s" in t),
     ("if x is None:\n", ".*", lambda t: True),
 ]
-SAMPLES, BATCH, NEW_TOKENS = 4, 8, 16
+SAMPLES, BATCH, NEW_TOKENS = 4, 8, 8
 
 
 def _prompts(base: Path) -> Path:
