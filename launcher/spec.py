@@ -21,10 +21,12 @@ import yaml
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from launcher.config.aliases import alias_hint
+from launcher.config.best import EarlyStopConfig
 from launcher.config.checkpoint import CheckpointConfig
 from launcher.config.compile import CompileConfig
 from launcher.config.data import DataConfig
 from launcher.config.distill import DistillConfig
+from launcher.config.eval import EvalConfig
 from launcher.config.launcher import LauncherConfig
 from launcher.config.log import LogConfig
 from launcher.config.logger import LoggerConfig
@@ -81,6 +83,7 @@ class TrainConfig:
     """Optimizer steps the skipped share is measured over (once this session has run that many)."""
     stop_after: int | None = None
     """End this session after this optimizer step, with a checkpoint; the schedule still spans max_steps."""
+    early_stop: EarlyStopConfig = field(default_factory=EarlyStopConfig)
     advice: bool = True
     """Print run-time advice (input-bound steps, loss spikes, fp16 scale collapse, ...) once each, and list it
     in summary.json; false silences it (docs/monitoring.md)."""
@@ -136,6 +139,7 @@ class RunSpec:
     memory: MemoryConfig = field(default_factory=MemoryConfig)
     compile: CompileConfig = field(default_factory=CompileConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     log: LogConfig = field(default_factory=LogConfig)
     logger: LoggerConfig = field(default_factory=LoggerConfig)

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from launcher.components import checkpoint_best
 from launcher.components.checkpoint_files import (
     MARKER,
     CheckpointFiles,
@@ -225,6 +226,7 @@ def commit(run_dir: Path, partial: Path, final: Path, step: int, info: dict[str,
     session continues from), record it as this session's, prune."""
     state = session(run_dir)
     _commit(partial, final, step, {PARENT: state.newest_sealed or state.resumed_from, **info})
+    checkpoint_best.after_commit(final.parent, info)  # checkpoint.keep_best: checkpoints/best
     _sealed(run_dir, final)
     prune(run_dir, keep)
 
@@ -357,8 +359,8 @@ def prune(run_dir: Path, keep: int) -> None:
 
     A checkpoint counts toward `keep` only when this session sealed it or its files match their
     digests (read once per session); one that does not is moved to checkpoints/damaged/. The
-    session's newest checkpoint stays, the one it resumed from stays until a newer one verifies, and
-    the one written before the current run of non-finite steps stays, whatever `keep` says.
+    session's newest checkpoint stays, the one it resumed from until a newer one verifies, the one written
+    before the current run of non-finite steps and the one checkpoints/best names, whatever `keep` says.
     """
     keep = max(keep, 1)
     counted: list[Path] = []
@@ -367,9 +369,8 @@ def prune(run_dir: Path, keep: int) -> None:
             break
         if _verifies(run_dir, path):
             counted.append(path)
-    left = good_checkpoints(run_dir, warn=False)
-    state, base = session(run_dir), root(run_dir)
-    keepers = {*counted, protected(left)}
+    left, state, base = good_checkpoints(run_dir, warn=False), session(run_dir), root(run_dir)
+    keepers = {*counted, protected(left), checkpoint_best.named(base)}
     if state.newest_sealed is not None:  # kept even below higher-numbered ones of an earlier timeline
         keepers.add(base / state.newest_sealed)
     origin = state.resumed_from

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from launcher.components import checkpoint
+from launcher.components import checkpoint, checkpoint_best
 from launcher.components.checkpoint_lineage import descent
 from launcher.components.files.safe_load import RefusedFile, named_global
 
@@ -83,13 +83,16 @@ def damaged_after_resume(run_dir: Path, unloadable: dict[Path, str]) -> list[str
 
 
 def abandon_branches(run_dir: Path, resumed: Path) -> list[str]:
-    """Rank 0, after resuming from `resumed` (one of this run's): move every checkpoint that is neither it nor one of
-    its ancestors to checkpoints/abandoned/, and point `latest` at it; a line for each moved."""
+    """Rank 0, after resuming from `resumed` (one of this run's): move every checkpoint that is neither it, one of its
+    ancestors nor the best its manifest records (checkpoint.keep_best) to checkpoints/abandoned/, and point `latest`
+    (and checkpoints/best) at what it records; a line for each moved."""
     if not checkpoint.is_own(run_dir, resumed):
         return []
     dirs = checkpoint.step_dirs(run_dir)
     start = next((p for p in dirs if p.name == Path(resumed).name), None)
     line = set(descent(start, dirs)) if start is not None else set(dirs)
+    best = checkpoint_best.recorded(Path(resumed))
+    line.update(p for p in dirs if p.name == best)
     lines = []
     for path in dirs:
         if path not in line:
@@ -100,4 +103,5 @@ def abandon_branches(run_dir: Path, resumed: Path) -> list[str]:
             )
     if lines:
         checkpoint.point_latest(checkpoint.root(run_dir), Path(resumed).name)
+        checkpoint_best.point(checkpoint.root(run_dir), best)
     return lines

@@ -163,7 +163,8 @@ def summary_table(summary: dict[str, Any]) -> Table:
     """The end-of-run table printed on rank 0."""
     table = Table(title="run summary", show_header=False)
     for key, value in summary.items():
-        if isinstance(value, float):
-            value = f"{value:.4g}"
-        table.add_row(key, str(value))
+        for name, item in value.items() if isinstance(value, dict) else [("", value)]:  # best_checkpoint, ...
+            table.add_row(
+                f"{key}.{name}" if name else key, f"{item:.4g}" if isinstance(item, float) else str(item)
+            )
     return table

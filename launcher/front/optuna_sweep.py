@@ -26,6 +26,7 @@ from omegaconf import DictConfig, OmegaConf
 from rich.console import Console
 from rich.markup import escape
 
+from launcher.config.best import FINISHED
 from launcher.exits import ExitStatus
 from launcher.front import compose, rundir, sweep, sweep_status, sweep_study
 from launcher.front.command_line import CONFIG_FLAGS, CommandLine
@@ -236,7 +237,7 @@ def _point(study: Study, line: CommandLine, trial: Any) -> tuple[sweep.Point | N
 def _objective(run_dir: Path, metric: str) -> tuple[float | None, str | None]:
     """The trial's value from its summary.json, or why it has none."""
     summary = sweep_status._read_json(run_dir / "summary.json") or {}
-    if summary.get("exit_reason") != "completed":
+    if summary.get("exit_reason") not in FINISHED:
         return None, f"the run ended {summary.get('exit_reason') or 'without a summary.json'} ({run_dir})"
     value = summary.get(metric)
     if isinstance(value, bool) or not isinstance(value, (int, float)) or value != value:

@@ -27,6 +27,7 @@ from rich.console import Console
 from rich.markup import escape  # overrides such as hydra.searchpath=[...] are not markup
 
 from launcher.components import checkpoint
+from launcher.config.best import FINISHED
 from launcher.config.redact import redacted_container
 from launcher.exits import ExitStatus
 from launcher.front import compose, dryrun, rundir, sweep_status
@@ -132,7 +133,7 @@ def prepare(point: Point, label: str = "sweep point") -> list[SpecError]:
     """Decide skip / resume for a point from its directory, then validate it; its problems (`label` names the point)."""
     summary = sweep_status._read_json(point.run_dir / "summary.json") or {}
     job = _active_job(point.run_dir)
-    if summary.get("exit_reason") == "completed":
+    if summary.get("exit_reason") in FINISHED:
         point.skip = f"already completed in {point.run_dir}, skipped"
     elif job is not None:
         point.skip = f"job {job} is still queued or running, not submitted again"

@@ -19,6 +19,7 @@ from typing import Any
 
 from launcher.components.files import records
 from launcher.components.files.safe_load import RefusedFile
+from launcher.config.best import FINISHED
 from launcher.front import sweep_study
 from launcher.launch import job_state
 
@@ -58,7 +59,7 @@ def _point_row(point_dir: Path, metric: str | None = None) -> dict[str, Any]:
     summary = _checked(records.read_summary, point_dir / "summary.json", problems)
     status = "unreadable" if problems else summary.get("exit_reason") or "no summary"  # never a winner
     state = job_state(point_dir)
-    known = state is not None and state.state is not None and status != "completed"
+    known = state is not None and state.state is not None and status not in FINISHED
     if known and (state.active or not summary):
         status = state.state.lower()
     return {
@@ -88,7 +89,7 @@ def collect(sweep_dir: Path) -> dict[str, Any]:
     shared = set.intersection(*(set(r["overrides"]) for r in rows)) if len(rows) > 1 else set()
     for row in rows:  # what tells the points apart (overrides common to all are noise in the table)
         row["swept"] = [o for o in row["overrides"] if o not in shared]
-    done = [r for r in rows if r["status"] == "completed"]
+    done = [r for r in rows if r["status"] in FINISHED]
     by = "eval_loss" if done and all(r["eval_loss"] is not None for r in done) else "final_loss"
     by = study["metric"] if study else by
     ranked = [r for r in done if isinstance(r[by], (int, float))]
@@ -159,7 +160,7 @@ def _num(value: float | None) -> str:
 
 def failed(result: dict[str, Any]) -> list[dict[str, Any]]:
     """Points that ended without completing (queued or running ones are not failures)."""
-    return [r for r in result["points"] if r["status"] != "completed" and r not in _active(result)]
+    return [r for r in result["points"] if r["status"] not in FINISHED and r not in _active(result)]
 
 
 def not_a_sweep(folder: Path) -> str | None:
@@ -189,7 +190,7 @@ def main(argv: list[str] | None = None) -> None:
         print(f"error: {problem}", file=sys.stderr)
         sys.exit(2)
     result = report(args.sweep_dir, wait=args.wait)
-    sys.exit(0 if all(r["status"] == "completed" for r in result["points"]) and result["points"] else 1)
+    sys.exit(0 if all(r["status"] in FINISHED for r in result["points"]) and result["points"] else 1)
 
 
 if __name__ == "__main__":

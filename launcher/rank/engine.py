@@ -27,10 +27,13 @@ from launcher.components.checkpoint_async import AsyncSaver, StagedFiles, backgr
 from launcher.components.checkpoint_files import CheckpointFiles
 from launcher.components.loggers import observers
 from launcher.components.schedule_free import averaged_weights, ready_to_load, train_mode
+from launcher.config.eval import RECORD_PREFIX
 from launcher.config.reward import checkpoint_record
 from launcher.parallel.state_bytes import is_dtensor
-from launcher.rank import collection, evaluation, host_memory
+from launcher.rank import collection, host_memory
+from launcher.rank.evaluators import build_evaluators
 from launcher.rank.loop_parts import Components
+from launcher.rank.metric_watch import EXIT_REASON, MetricWatch
 from launcher.rank.nonfinite import ADVICE, NonFiniteGuard, NonFiniteStop
 from launcher.rank.preemption import StopSignal
 from launcher.rank.rng import restore_rng, rng_state
@@ -66,6 +69,10 @@ class Engine:
         self._schedule_started = False  # torch checks the schedule's order at its first step only
         self._history: dict[str, list] = {"tokens_per_s": [], "loss": []}
         self._eval: dict[str, float] = {}
+        self.evaluators = build_evaluators(self.spec)
+        """The held-out loss and the benchmark evaluators, each with its cadence (launcher.rank.evaluators)."""
+        self.watch = MetricWatch(self.spec)
+        """checkpoint.keep_best and train.early_stop over the evaluations (launcher.rank.metric_watch)."""
         self.observers = observers.Observers()
         """Rank 0's watchers of this session's records (log lines, trackers, advisor); the worker finishes them."""
         dist = parts.dist
@@ -86,6 +93,7 @@ class Engine:
             # the source's position before the next step's batches, which the loop has drawn already
             "data": self._next.data_state if self._next is not None else self.parts.source.state_dict(),
             **self.guard.state_dict(),
+            **self.watch.state_dict(),
         }
 
     def _write_checkpoint(self, out: CheckpointFiles | StagedFiles) -> None:
@@ -116,6 +124,7 @@ class Engine:
         self.step = state["step"]
         self.session = int(state.get("session", 0)) + 1
         self.guard.load_state_dict(state)
+        self.watch.load_state_dict(state, own=checkpoint.is_own(self.run_dir, directory))
         self.guard.start_session(self.step)
         restore_rng(directory, rank=self.parts.dist.rank, seed=self.spec.train.seed, step=self.step)
         self.resumed_from = str(directory)
@@ -152,7 +161,11 @@ class Engine:
             )
         if dist.is_main and (warning := checkpoint.space_warning(self.run_dir)):
             self.console.print(f"[yellow]warning:[/] {warning}")
-        info = {"nonfinite_skips": self.guard.nonfinite_skips, **checkpoint_record(self.spec.reward)}
+        info = {
+            "nonfinite_skips": self.guard.nonfinite_skips,
+            **checkpoint_record(self.spec.reward),
+            **self.watch.manifest(self.step),
+        }
         if self.saver is not None:
             return self.saver.start(self.step, self._write_checkpoint, info=info)
         return checkpoint.save(
@@ -205,6 +218,8 @@ class Engine:
         self.guard.check_final_loss(self._history["loss"][-1] if self._history["loss"] else None, self.step)
         if self.step >= t.max_steps:
             reason = "completed"
+        elif self.watch.stopped:
+            reason = EXIT_REASON
         else:
             reason = self.stop.reason(signum) if signum else "stopped_after"
         summary = self.summary(reason, time.perf_counter() - started)
@@ -232,16 +247,18 @@ class Engine:
             collection.collect()
             self.guard.check_loss_scale(record["loss_scale"], self.step)
             show(loss=f"{record['loss']:.4f}", tps=f"{record['tokens_per_s']:,.0f}")
-        evaluates = (t.eval_every and self.step % t.eval_every == 0) or (last and t.evaluates_at_end())
-        if evaluates and (scores := self.evaluate()):  # a source without held-out sequences makes none
+        early = False
+        if scores := self.evaluate(last=last):  # none due, or a source without held-out sequences: none
             records.append({"step": self.step, "session": self.session, **scores})
             collection.collect(full=True)
-        stopping = self.step == t.stop_after
+            early = self.watch.observe(self.step, scores)  # train.early_stop: this step is the last
+        stopping = self.step == t.stop_after or early
         # A stop signal on any rank stops every rank after this same step: agreed on with the next step's
         # count of terms (one collective, launcher.rank.step_inputs).
         signum = None if last else self._prepare_next_step()
         every, final = self.spec.checkpoint.every, last or stopping or bool(signum)
-        if (every and self.step % every == 0) or signum or (final and self.spec.checkpoint.save_final):
+        periodic = bool(every) and self.step % every == 0
+        if periodic or signum or early or (final and self.spec.checkpoint.save_final):  # early stop: always
             held = {"time_checkpoint_s": round(self.save(wait=final), 6)}  # the session's last: written
             if records and "loss" in records[0]:
                 records[0].update(held)
@@ -362,11 +379,11 @@ class Engine:
         sums = dict.fromkeys(("tokens", "processed", "samples", "terms"), 0)
         return {"loss": torch.zeros((), device=self.device), **sums}
 
-    def evaluate(self) -> dict[str, float]:
-        """Held-out loss and perplexity at this step (launcher.rank.evaluation; every rank calls it), {} without held-out sequences."""
-        scores = evaluation.evaluate(self.parts, self.step)
-        if scores:
-            self._eval = scores
+    def evaluate(self, *, last: bool = False) -> dict[str, float]:
+        """The evaluators due after this step (launcher.rank.evaluators; every rank calls it): their records,
+        {} when none ran or a source has no held-out sequences."""
+        scores = self.evaluators.run_due(self.parts, self.step, last=last)
+        self._eval.update(scores)
         return scores
 
     def summary(self, exit_reason: str, wall_time_s: float) -> dict[str, Any]:
@@ -377,6 +394,7 @@ class Engine:
             "final_loss": self._history["loss"][-1] if self._history["loss"] else None,
             "eval_loss": self._eval.get("eval_loss"),
             "eval_ppl": self._eval.get("eval_ppl"),
+            **{key: value for key, value in self._eval.items() if key.startswith(RECORD_PREFIX)},
             "median_tokens_per_s": statistics.median(rates) if rates else None,
             "peak_mem_bytes": metrics.peak_memory_bytes(self.device.type),
             "wall_time_s": wall_time_s,
@@ -386,4 +404,5 @@ class Engine:
             "resumed_from": self.resumed_from,
             "sessions": self.session + 1,
             "world_size": self.parts.dist.world_size,
+            **self.watch.summary(),
         }

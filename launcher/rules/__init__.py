@@ -11,12 +11,15 @@ from __future__ import annotations
 import re
 
 from launcher.rules import (
+    best,
     choices,
     context,
     data,
     ddp,
     deepspeed,
     distill,
+    eval_generation,
+    evaluation,
     flash,
     hf_model,
     keys,
@@ -55,6 +58,8 @@ AREAS = (
     model,
     precision,
     loop,
+    best,
+    eval_generation,
     schedule,
     data,
     mixture,
@@ -78,6 +83,7 @@ AREAS = (
     flash,
     records,
     loggers,
+    evaluation,
     ddp,
     sharding,
     pipeline,

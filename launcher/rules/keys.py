@@ -30,7 +30,9 @@ from launcher.config import (
     quantization,
     reward,
 )
+from launcher.config.best import MODES as BEST_MODES
 from launcher.config.compile import MODES
+from launcher.config.eval import GENERATION_MATCHES
 from launcher.config.launcher import BACKENDS
 from launcher.config.optimizer import ADJUST_LR_FNS
 from launcher.config.scheduler import DECAY_SHAPES, SCHEDULES
@@ -59,6 +61,8 @@ KEYS: dict[str, Domain] = {
     "checkpoint.async_save": FLAG,
     "checkpoint.every": at_least(1, "null: no periodic checkpoints"),
     "checkpoint.keep": COUNT,
+    "checkpoint.keep_best": text("a metric an evaluation writes: launcher.rules.best lists this run's"),
+    "checkpoint.keep_best_mode": one_of(BEST_MODES),
     "checkpoint.save_final": FLAG,
     "checkpoint.verify": FLAG,
     "compile.dynamic": FLAG,
@@ -101,6 +105,28 @@ KEYS: dict[str, Domain] = {
     "distill.teacher": PATH,
     "distill.temperature": above(0),
     "dry_run": text("false, true, all or simulate: launcher.rules.choices judges it"),
+    "eval.every": at_least(1, "null: the held-out loss's steps, train.eval_every"),
+    "eval.lm_eval.batch_size": COUNT,
+    "eval.lm_eval.include_path": PATH,
+    "eval.lm_eval.limit": above(0),
+    "eval.lm_eval.max_gen_tokens": COUNT,
+    "eval.lm_eval.num_fewshot": at_least(0),
+    "eval.lm_eval.tasks": text("task names: launcher.rules.evaluation lists the local tasks when one is unknown"),
+    "eval.generation.answer_field": NAME,
+    "eval.generation.batch_size": COUNT,
+    "eval.generation.chat": FLAG,
+    "eval.generation.extract": text("an extraction: launcher.rules.eval_generation judges it"),
+    "eval.generation.limit": COUNT,
+    "eval.generation.match": one_of(GENERATION_MATCHES),
+    "eval.generation.max_new_tokens": COUNT,
+    "eval.generation.pass_at": text("k values: launcher.rules.eval_generation judges them"),
+    "eval.generation.prompt_field": NAME,
+    "eval.generation.prompts": PATH,
+    "eval.generation.samples": COUNT,
+    "eval.generation.seed": SEED,
+    "eval.generation.temperature": at_least(0, "0: greedy"),
+    "eval.generation.top_p": within(0, 1, low_open=True),
+    "eval.loss": FLAG,
     "launcher.backend": one_of(BACKENDS),
     "launcher.device": one_of(DEVICES),
     "launcher.master_addr": text("a host name or address"),
@@ -304,6 +330,10 @@ KEYS: dict[str, Domain] = {
     "train.advice": FLAG,
     "train.eval_at_end": FLAG,
     "train.eval_batches": COUNT,
+    "train.early_stop.metric": text("a metric an evaluation writes: launcher.rules.best lists this run's"),
+    "train.early_stop.min_delta": at_least(0),
+    "train.early_stop.mode": one_of(BEST_MODES),
+    "train.early_stop.patience": COUNT,
     "train.eval_every": COUNT,
     "train.grad_accum_steps": COUNT,
     "train.log_every": COUNT,

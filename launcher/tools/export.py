@@ -1,7 +1,7 @@
-"""`train-export SOURCE OUT [--format pt|hf] [--merge | --adapter | --qat-convert] [--force]`: a run's weights outside the launcher.
+"""`train-export SOURCE OUT [--format pt|hf] [--merge | --adapter | --qat-convert] [--best] [--force]`: a run's weights outside the launcher.
 
 SOURCE is a `checkpoints/step_N` directory or a run directory (its newest complete checkpoint is
-used). The run's spec.yaml names the strategy; that strategy's module (the registry entry's)
+used; with `--best`, the one checkpoints/best names: the best value of `checkpoint.keep_best`). The run's spec.yaml names the strategy; that strategy's module (the registry entry's)
 provides `consolidate(directory)`, which gathers sharded or engine-specific files offline in this
 one process. With `--merge`, `launcher.tools.merge.merge_checkpoint` folds LoRA adapters (and
 dequantizes int8/nf4 weights) instead. Either way the result loads at world size 1 into
@@ -55,7 +55,7 @@ class MismatchError(RuntimeError):
     """The exported model does not reproduce the launcher's logits (a conversion bug, not bad input)."""
 
 
-__all__ = ["ExportError", "MismatchError", "consolidate", "export", "locate", "main"]
+__all__ = ["ExportError", "MismatchError", "best_checkpoint", "consolidate", "export", "locate", "main"]
 
 
 def locate(path: Path) -> tuple[Path, Path]:
@@ -75,6 +75,25 @@ def locate(path: Path) -> tuple[Path, Path]:
             "or a step_N directory)."
         )
     return good[0], path
+
+
+def best_checkpoint(run_dir: Path) -> Path:
+    """The complete checkpoint a run directory's checkpoints/best names (`--best`); ExportError naming the fix."""
+    from launcher.components.checkpoint_best import named
+
+    run_dir = Path(run_dir)
+    if run_dir.name.startswith("step_") or not (run_dir / "spec.yaml").is_file():
+        raise ExportError(f"--best reads a run directory (with spec.yaml and checkpoints/), not {run_dir}.")
+    best = named(checkpoint.root(run_dir))
+    if best is None:
+        raise ExportError(
+            f"{run_dir} has no best checkpoint ({checkpoint.root(run_dir)}/best is missing or names no checkpoint): "
+            "the run did not set checkpoint.keep_best=<metric>, or no evaluation was checkpointed yet. Export a "
+            "step directory, or the newest checkpoint without --best."
+        )
+    if (reason := checkpoint.problem(best)) is not None:
+        raise ExportError(f"the best checkpoint {best} is not complete: {reason}.")
+    return best
 
 
 def consolidate(step_dir: Path, spec: RunSpec) -> dict[str, torch.Tensor]:
@@ -226,6 +245,7 @@ SWITCHES = {
     "--adapter": "write the LoRA/DoRA adapters alone as a PEFT folder (PeftModel.from_pretrained(base, OUT))",
     "--force": "replace an existing OUT file or non-empty OUT folder",
     "--qat-convert": "a QAT run: write the really quantized model (torchao convert of its qat.scheme) as a .pt state dict",
+    "--best": "export the checkpoint checkpoints/best names (the best value of the run's checkpoint.keep_best)",
 }
 """train-export's on/off options and their help, in the order --help lists them."""
 
@@ -241,6 +261,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.add_argument(flag, action="store_true", help=text)
     args = parser.parse_args(argv)
     try:
+        if args.best:
+            args.checkpoint = best_checkpoint(args.checkpoint)
         if args.adapter:
             used = export_adapter(args.checkpoint, args.out, merge=args.merge, force=args.force)
         else:

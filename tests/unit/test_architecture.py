@@ -270,7 +270,7 @@ def _inner(module: str) -> str:
 # Inside a part, which of its sub-folders each sub-folder may import ("" = the part's own modules).
 INNER_ALLOWED: dict[str, dict[str, set[str]]] = {
     "components": {
-        "": {"data", "model", "loggers", "files"},
+        "": {"data", "model", "loggers", "files", "rewards"},
         "data": {"model", "files"},
         "model": {"files"},
         "objectives": {"model"},

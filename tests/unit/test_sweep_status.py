@@ -31,3 +31,20 @@ def test_a_sweep_folder_is_not_refused(tmp_path) -> None:
     (tmp_path / "0").mkdir()
     (tmp_path / "0" / sweep_status.POINT_FILE).write_text('{"num": 0, "overrides": ["a=1"]}')
     assert sweep_status.not_a_sweep(tmp_path) is None
+
+
+def test_a_point_that_stopped_early_is_finished_and_may_win(tmp_path) -> None:
+    """train.early_stop ends a run with exit status 0 and exit_reason early_stopped: a finished point, not a failure."""
+    import json
+
+    for num, (reason, loss) in enumerate(
+        [("completed", 2.5), ("early_stopped", 2.1), ("stopped_after", 1.0)]
+    ):
+        point = tmp_path / str(num)
+        point.mkdir()
+        (point / sweep_status.POINT_FILE).write_text(json.dumps({"num": num, "overrides": [f"a={num}"]}))
+        summary = {"exit_reason": reason, "steps": 8, "final_loss": loss, "eval_loss": loss}
+        (point / "summary.json").write_text(json.dumps(summary))
+    result = sweep_status.collect(tmp_path)
+    assert result["winner"]["point"] == 1, result
+    assert [r["point"] for r in sweep_status.failed(result)] == [2]

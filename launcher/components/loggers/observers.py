@@ -55,10 +55,18 @@ class LogLines:
         self._console, self._total = context.console, context.max_steps
 
     def on_record(self, record: dict[str, Any]) -> None:
-        """Print the step's loss, rate and learning rate, or the evaluation's loss."""
+        """Print the step's loss, rate and learning rate, or the evaluation's loss and scores."""
         step = record.get("step")
-        if "eval_loss" in record:
-            line = f"eval step {step}: eval_loss {record['eval_loss']:.4f} ppl {record['eval_ppl']:.4g}"
+        scores = [f"{key} {value:.4g}" for key, value in record.items() if key.startswith("eval/")]
+        if "eval_loss" in record or scores:
+            loss = (
+                [f"eval_loss {record['eval_loss']:.4f} ppl {record['eval_ppl']:.4g}"]
+                if "eval_loss" in record
+                else []
+            )
+            line = f"eval step {step}: {', '.join(loss + scores)}"
+        elif "loss" not in record:  # a step's checkpoint time alone (launcher.rank.engine): no line
+            return
         else:
             line = (
                 f"step {step}/{self._total}: loss {record['loss']:.4f} lr {record['lr']:.3g} "

@@ -46,6 +46,8 @@ def tag(key: str) -> str:
         return f"time/{key.removeprefix('time_')}"
     if key.startswith("eval_loss/"):  # a mixture's per-source held-out loss
         return f"eval/loss/{key.removeprefix('eval_loss/')}"
+    if key.startswith("eval/"):  # a benchmark evaluator's score: eval/<task>/<metric> as recorded
+        return key
     return f"train/{key}"
 
 

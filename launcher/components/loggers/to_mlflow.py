@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from launcher.components.loggers.records import flat_spec, read_run_id, scalars, write_run_id
+from launcher.config.best import FINISHED
 
 if TYPE_CHECKING:
     from launcher.components.loggers.observers import RunContext
@@ -94,8 +95,9 @@ class MlflowLogger:
             self.highest.update(dict.fromkeys(values, step))
 
     def on_finish(self, summary: dict[str, Any]) -> None:
-        """End the MLflow run: FINISHED when training completed, KILLED for a session that stopped early."""
-        completed = summary.get("exit_reason") == "completed"
+        """End the MLflow run: FINISHED when training completed (or train.early_stop ended it), KILLED for a session
+        that stopped before (stop_after, a signal)."""
+        completed = summary.get("exit_reason") in FINISHED
         self.client.set_terminated(self.run_id, "FINISHED" if completed else "KILLED")
         self._finished = True
 
