@@ -52,6 +52,10 @@ def test_the_test_tasks_are_valid_and_their_metrics_known_before_launch() -> Non
     assert not built.errors
     expected = {"eval/tiny_choice/acc", "eval/tiny_choice/acc_norm", "eval/tiny_answer/exact_match"}
     assert build_evaluators(built.spec).metrics(built.spec) == expected | {"eval_loss", "eval_ppl"}
+    assert eval_tasks.planned_metrics(built.spec.eval) == expected | {
+        "eval_loss",
+        "eval_ppl",
+    }  # for the rules
     assert tag("eval/tiny_choice/acc") == "eval/tiny_choice/acc"  # trackers: the record's own name
 
 
