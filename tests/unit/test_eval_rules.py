@@ -102,6 +102,8 @@ def test_train_eval_refuses_what_it_cannot_evaluate(tmp_path, capsys) -> None:
     assert "neither a run directory" in capsys.readouterr().err
     assert train_eval.main([str(tmp_path), "model.n_layer=3"]) == 2
     assert "`model.n_layer=3` cannot be set here" in capsys.readouterr().err
+    assert train_eval.main([str(tmp_path), "parallel=ddp"]) == 2  # a run's spec.yaml holds keys, not presets
+    assert "parallel.strategy=ddp launcher.nproc=2" in capsys.readouterr().err
     (tmp_path / "config.json").write_text("{}")  # a Hugging Face folder, but no task named
     assert (
         train_eval.main([str(tmp_path), "eval.lm_eval.tasks=[nope]", f"eval.lm_eval.include_path={TASKS}"])
