@@ -11,10 +11,11 @@ read tasks through this module; lm-eval is imported where it is used.
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from launcher.config.eval import LmEvalConfig, lm_eval_record
+from launcher.config.eval import LOSS_METRICS, EvalConfig, LmEvalConfig, lm_eval_record
 
 BUILDERS = ("json", "csv", "parquet", "text", "arrow")
 """`datasets` builders that read local files named by `dataset_kwargs.data_files`."""
@@ -134,9 +135,7 @@ def leaf_tasks(name: str, index: dict[str, dict[str, Any]], seen: set[str] | Non
         return [name]
     members = entry.get("task") or []
     members = [members] if isinstance(members, str) else members
-    return [
-        leaf for member in members if isinstance(member, str) for leaf in leaf_tasks(member, index, seen)
-    ]
+    return [leaf for member in members if isinstance(member, str) for leaf in leaf_tasks(member, index, seen)]
 
 
 def planned_records(cfg: LmEvalConfig) -> set[str]:
@@ -151,3 +150,11 @@ def planned_records(cfg: LmEvalConfig) -> set[str]:
             if isinstance(path, str):
                 records |= {lm_eval_record(leaf, metric) for metric in task_metrics(task_config(path))}
     return records
+
+
+def planned_metrics(cfg: EvalConfig, source_names: Iterable[str] = ()) -> set[str]:
+    """Every record the evaluators of `cfg` will produce, known before launch (for rules that name a metric,
+    such as keeping the best checkpoint): the held-out loss's (with `eval_loss/<name>` per named source of a
+    mixture) and each task's `eval/<task>/<metric>`. launcher.rank.evaluators gives the same per evaluator."""
+    loss = {*LOSS_METRICS, *(f"eval_loss/{name}" for name in source_names)} if cfg.loss else set()
+    return loss | planned_records(cfg.lm_eval)

@@ -50,10 +50,20 @@ def plan(source: Path, overrides: list[str], out: Path | None) -> Plan | SpecErr
             f"`{wrong[0]}` cannot be set here: train-eval evaluates the model SOURCE holds, and takes eval.* "
             "(the evaluators), parallel=... and launcher.nproc=N (ranks on this machine) only.",
         )
+    nproc = [item.partition("=")[2] for item in overrides if item.startswith("launcher.nproc=")]
+    if nproc and nproc[-1].isdigit() and int(nproc[-1]) > 1:
+        overrides = [*overrides, "launcher.backend=local"]  # a run trained inline: its ranks on this machine
     if (source / "config.json").is_file() and not (source / "spec.yaml").exists():
         out = out or source.parent / f"{source.name}-eval"
         hf = ["model=hf", f"model.path={source.resolve()}", "eval.loss=false"]
         return Plan(config_path=None, overrides=[*hf, *overrides], checkpoint=None, out=out)
+    presets = [item for item in overrides if item.startswith(("parallel=", "+parallel="))]
+    if presets:
+        return SpecError(
+            ("train-eval",),
+            f"`{presets[0]}` picks a preset, and a run's spec.yaml holds keys, not presets: set the keys "
+            "instead, e.g. parallel.strategy=ddp launcher.nproc=2 (the checkpoint loads on any layout).",
+        )
     if source.name.startswith("step_"):
         reason = checkpoint.problem(source) if source.is_dir() else "it does not exist"
         if reason is not None:

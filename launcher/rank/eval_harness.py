@@ -16,6 +16,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import torch
+from torch.nn.parallel import DistributedDataParallel
 
 from launcher.components import eval_tasks, quiet
 from launcher.components.data.hf_tokenizer import open_folder
@@ -103,8 +104,11 @@ class LmEvalEvaluator:
         if self._tokenizer is None:
             self._tokenizer = run_tokenizer(spec.tokenizer)
         dtype = eval_dtype(spec.precision)
+        bare = (
+            model.module if isinstance(model, DistributedDataParallel) else model
+        )  # generation calls it directly
         lm = RankLM(
-            model=model, runner=parts.runner, dist=parts.dist, tokenizer=self._tokenizer,
+            model=bare, runner=parts.runner, dist=parts.dist, tokenizer=self._tokenizer,
             context=spec.model.max_seq_len, dtype=dtype, batch_size=self.cfg.batch_size,
             max_gen_tokens=self.cfg.max_gen_tokens, pipelined=not isinstance(parts.runner, ModelRunner),
         )  # fmt: skip

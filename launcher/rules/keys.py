@@ -111,7 +111,9 @@ KEYS: dict[str, Domain] = {
     "eval.lm_eval.limit": above(0),
     "eval.lm_eval.max_gen_tokens": COUNT,
     "eval.lm_eval.num_fewshot": at_least(0),
-    "eval.lm_eval.tasks": text("task names: launcher.rules.evaluation lists the local tasks when one is unknown"),
+    "eval.lm_eval.tasks": text(
+        "task names: launcher.rules.evaluation lists the local tasks when one is unknown"
+    ),
     "eval.generation.answer_field": NAME,
     "eval.generation.batch_size": COUNT,
     "eval.generation.chat": FLAG,

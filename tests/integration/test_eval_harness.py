@@ -1,7 +1,8 @@
 """lm-evaluation-harness tasks on the model as trained: two local tasks (tests/assets/lm_eval_tasks: a
 multiple-choice loglikelihood task and a generate_until task scored by exact match) on 2 FSDP2 ranks every 2
 steps, the same scores as the `lm_eval` command line on the step's Hugging Face export, and `train-eval` on the
-run directory. In the extended tier: `train-eval` on that export, and the comparison with LoRA and a pipeline.
+run directory. In the extended tier: `train-eval` on that export, and the comparison with LoRA, a pipeline and
+tensor parallel.
 
 One 4-step run is shared by the module; each run's step-2 export and its command-line scores are made once.
 """
@@ -33,6 +34,7 @@ CASES = {
     "fsdp": ["parallel=fsdp"],
     "lora": ["parallel=fsdp", "quantization=lora", "quantization.lora.rank=4"],
     "pp": ["parallel=pp", "train.micro_batch_size=8"],
+    "tp": ["parallel=tp", "train.micro_batch_size=8"],
 }
 _runs: dict[str, Path] = {}
 _cli: dict[str, tuple[Path, dict[str, float]]] = {}
@@ -137,9 +139,9 @@ def test_train_eval_on_a_hugging_face_folder_equals_the_command_line(command_lin
     assert_same_scores(results["scores"], theirs)
 
 
-@pytest.mark.extended  # the command-line comparison above (FSDP2), with LoRA adapters and a 2-stage pipeline
-@pytest.mark.parametrize("name", ["lora", "pp"])
-def test_lora_and_pipeline_scores_equal_the_command_line(name, run, command_line) -> None:
+@pytest.mark.extended  # the command-line comparison above (FSDP2), with LoRA adapters, a 2-stage pipeline, 2-way TP
+@pytest.mark.parametrize("name", ["lora", "pp", "tp"])
+def test_lora_pipeline_and_tp_scores_equal_the_command_line(name, run, command_line) -> None:
     _, theirs = command_line(name)
     records = eval_records(run(name))
     assert sorted(records) == [2, 4]

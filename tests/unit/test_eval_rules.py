@@ -52,6 +52,10 @@ def test_the_test_tasks_are_valid_and_their_metrics_known_before_launch() -> Non
     assert not built.errors
     expected = {"eval/tiny_choice/acc", "eval/tiny_choice/acc_norm", "eval/tiny_answer/exact_match"}
     assert build_evaluators(built.spec).metrics(built.spec) == expected | {"eval_loss", "eval_ppl"}
+    assert eval_tasks.planned_metrics(built.spec.eval) == expected | {
+        "eval_loss",
+        "eval_ppl",
+    }  # for the rules
     assert tag("eval/tiny_choice/acc") == "eval/tiny_choice/acc"  # trackers: the record's own name
 
 
@@ -98,6 +102,8 @@ def test_train_eval_refuses_what_it_cannot_evaluate(tmp_path, capsys) -> None:
     assert "neither a run directory" in capsys.readouterr().err
     assert train_eval.main([str(tmp_path), "model.n_layer=3"]) == 2
     assert "`model.n_layer=3` cannot be set here" in capsys.readouterr().err
+    assert train_eval.main([str(tmp_path), "parallel=ddp"]) == 2  # a run's spec.yaml holds keys, not presets
+    assert "parallel.strategy=ddp launcher.nproc=2" in capsys.readouterr().err
     (tmp_path / "config.json").write_text("{}")  # a Hugging Face folder, but no task named
     assert (
         train_eval.main([str(tmp_path), "eval.lm_eval.tasks=[nope]", f"eval.lm_eval.include_path={TASKS}"])
