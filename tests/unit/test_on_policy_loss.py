@@ -32,7 +32,9 @@ def test_generalized_jsd_matches_trl(beta: float, temperature: float) -> None:
     assert float(ours) == pytest.approx(float(theirs), abs=1e-6)
     # and their gradients with respect to the student's logits (ours is recomputed chunk by chunk)
     mine, trl = student.clone().requires_grad_(), student.clone().requires_grad_()
-    (jsd_loss_sum(mine, teacher, labels, beta=beta, temperature=temperature, chunk_rows=5) / counted).backward()
+    (
+        jsd_loss_sum(mine, teacher, labels, beta=beta, temperature=temperature, chunk_rows=5) / counted
+    ).backward()
     GKDTrainer.generalized_jsd_loss(trl, teacher, labels, beta=beta, temperature=temperature).backward()
     torch.testing.assert_close(mine.grad, trl.grad, atol=1e-6, rtol=0)
 

@@ -99,7 +99,9 @@ def jsd_loss_sum(
         raise ValueError(f"beta must lie in [0, 1], got {beta}")
     mask = (labels != ignore_index).float()
     total = torch.zeros((), dtype=torch.float32, device=labels.device)
-    for rows, teacher_rows, mask_rows, head in _rows(student_logits, teacher_logits.detach(), mask, chunk_rows):
+    for rows, teacher_rows, mask_rows, head in _rows(
+        student_logits, teacher_logits.detach(), mask, chunk_rows
+    ):
         total = total + checkpoint(
             _chunk_jsd, rows, teacher_rows, mask_rows, temperature, beta, head,
             use_reentrant=False, preserve_rng_state=False,
@@ -190,5 +192,7 @@ def frozen_model(objective: ObjectiveConfig, distill: DistillConfig, *, adapters
 def build(objective: ObjectiveConfig, distill: DistillConfig, frozen: Frozen | None) -> OnPolicyDistiller:
     """The on-policy distillation objective over the placed teacher."""
     if frozen is None:
-        raise ValueError("on-policy distillation needs its teacher placed (launcher.rank.objective places it)")
+        raise ValueError(
+            "on-policy distillation needs its teacher placed (launcher.rank.objective places it)"
+        )
     return OnPolicyDistiller(frozen, distill)
