@@ -70,7 +70,8 @@ from launcher.rank.engine import Components
 from launcher.rank.micro_batch import fit_micro_batch
 from launcher.rank.mixture_data import build_mixture
 from launcher.rank.objective import RankObjective, build_objective
-from launcher.rank.sources import TokenSource
+from launcher.rank.on_policy_source import build_source
+from launcher.rank.sources import StepSource, TokenSource
 from launcher.spec import RunSpec
 
 
@@ -250,7 +251,10 @@ def build(spec: RunSpec, dist: DistContext, run_dir: Path | None = None) -> Comp
     scheduler = build_scheduler(strategy.optimizer, spec.scheduler, spec.train.max_steps)
     corpus = None if spec.data.sources else _corpus(spec, dist)  # loaded once: the reference reads it first
     ref_logps = trainable.rank_objective.precompute(spec, dist, corpus)  # objective.reference=precompute
-    source = _data(spec, dist, batch, corpus, ref_logps)
+    if spec.distill.on_policy:  # prompts completed by the student each step (launcher.rank.on_policy_source)
+        source: StepSource = build_source(spec, corpus, dist)
+    else:
+        source = _data(spec, dist, batch, corpus, ref_logps)
     return Components(
         spec=spec,
         batch=batch,

@@ -109,6 +109,14 @@ def jsd_loss_sum(
     return total
 
 
+def _row_sum(batch: dict[str, torch.Tensor], key: str, labels: torch.Tensor) -> torch.Tensor:
+    """The rows flagged `key` (0 for a batch without the flag: the micro-batch search's made-up batches)."""
+    import torch
+
+    flags = batch.get(key)
+    return torch.zeros((), device=labels.device) if flags is None else flags.float().sum()
+
+
 class OnPolicyDistiller:
     """The on-policy distillation objective over the placed teacher (the Objective protocol).
 
@@ -161,7 +169,7 @@ class OnPolicyDistiller:
         rows = float(labels.shape[0])
         sums = [
             loss.detach(), kl, counted.float(), torch.tensor(rows, device=labels.device),
-            batch[CLIPPED].float().sum(), batch[SAMPLED].float().sum(),
+            _row_sum(batch, CLIPPED, labels), _row_sum(batch, SAMPLED, labels),
         ]  # fmt: skip
         self._sums = sums if self._sums is None else [a + b for a, b in zip(self._sums, sums, strict=True)]
         return loss, counted
