@@ -31,7 +31,7 @@ import torch
 from torch import nn
 
 from launcher.components.data.interleave import HeldOut
-from launcher.components.data.prompts import Prompts, read_prompts
+from launcher.components.data.corpus_prompts import Prompts, read_prompts
 from launcher.components.data.tokens import Corpus
 from launcher.components.model.generation import Completion, Sampling, generate
 from launcher.components.objectives.on_policy import CLIPPED, SAMPLED, OnPolicyDistiller

@@ -3,7 +3,7 @@ room in data.seq_len for distill.max_new_tokens sampled tokens (the ranks read t
 
 from __future__ import annotations
 
-from launcher.components.data.prompts import read_prompts
+from launcher.components.data.corpus_prompts import read_prompts
 from launcher.components.data.tokens import TokenStore
 from launcher.front.pair_data import train_arrays
 from launcher.spec import RunSpec, SpecError
@@ -11,7 +11,7 @@ from launcher.spec import RunSpec, SpecError
 KEYS = ("distill.mode", "data.path")
 
 
-def prompt_errors(spec: RunSpec) -> list[SpecError]:
+def distill_prompt_errors(spec: RunSpec) -> list[SpecError]:
     """Why the corpus gives on-policy distillation no prompt, or prompts too long for data.seq_len; [] when fine."""
     d = spec.distill
     if not d.on_policy or spec.data.sources:  # a mixture is refused by launcher.rules.distill
