@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 DATA_KINDS = ("stdlib", "text", "jsonl", "files")
-FORMATS = ("text", "instruction", "chat", "sharegpt", "pretokenized", "preference", "kto", "auto")
+FORMATS = ("text", "instruction", "chat", "sharegpt", "pretokenized", "preference", "kto", "prompt", "auto")
 TRAIN_ON = ("completion", "all")
 TRAIN_REASONING = ("auto", "true", "false")
 BATCHING = ("fixed", "group_by_length", "token_budget")
@@ -46,7 +46,7 @@ class DataConfig:
     val_path: str | None = None
     """Held-out records from these files instead of a data.val_fraction share of data.path."""
     format: str = "text"
-    """Record layout: text (data.field), instruction (alpaca), chat (messages), sharegpt (conversations), pretokenized (input_ids), preference (prompt, chosen, rejected), kto (prompt, completion, label), auto (chosen from the first record)."""
+    """Record layout: text (data.field), instruction (alpaca), chat (messages), sharegpt (conversations), pretokenized (input_ids), preference (prompt, chosen, rejected), kto (prompt, completion, label), prompt (prompt or messages, for grpo/rloo), auto (chosen from the first record)."""
     field: str = "text"
     """The record field holding the text (text), the conversation (chat, sharegpt) or the token ids (pretokenized)."""
     template: str | None = None

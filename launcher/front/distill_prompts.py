@@ -3,7 +3,7 @@ room in data.seq_len for distill.max_new_tokens sampled tokens (the ranks read t
 
 from __future__ import annotations
 
-from launcher.components.data.corpus_prompts import read_prompts
+from launcher.components.data.corpus_prompts import prompt_spans
 from launcher.components.data.tokens import TokenStore
 from launcher.front.pair_data import train_arrays
 from launcher.spec import RunSpec, SpecError
@@ -17,7 +17,7 @@ def distill_prompt_errors(spec: RunSpec) -> list[SpecError]:
     if not d.on_policy or spec.data.sources:  # a mixture is refused by launcher.rules.distill
         return []
     tokens, flags = train_arrays(spec, spec.data)
-    prompts = read_prompts(
+    prompts = prompt_spans(
         TokenStore(tokens, flags), prompt_tokens=d.prompt_tokens, max_new_tokens=d.max_new_tokens
     )
     if not len(prompts):

@@ -19,13 +19,17 @@ from launcher.components.data.mixture import single_configs
 from launcher.components.data.sources import RecordError
 from launcher.components.files.safe_load import RefusedFile
 from launcher.front.data_sizes import size_errors
-from launcher.front.pair_data import pair_data_errors
 from launcher.front.distill_prompts import distill_prompt_errors
+from launcher.front.pair_data import pair_data_errors
 from launcher.spec import RunSpec, SpecError
 
 
 def prepare_data(spec: RunSpec, console: Console | None = None) -> list[SpecError]:
     """Make sure the tokenized corpus of `spec` is in the cache and enough for the run; the problems that stop it."""
+    if spec.data.format == "prompt":  # online RL's prompts: read whole, no token cache
+        from launcher.front.prompt_data import prompt_errors
+
+        return prompt_errors(spec)
     from launcher.components.data.tokens import (  # numpy: only a run that starts needs it
         build_cache,
         uses_cache,

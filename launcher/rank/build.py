@@ -28,7 +28,8 @@ The order, and why:
 7. data, last, sharded by data-parallel rank with the chosen batch split (tokenized once, cached, and
    loaded once: a precomputed reference reads the same corpus first), as the loop's step-input source
    (launcher.rank.sources.TokenSource); the ranks of a context-parallel group read the same batches
-   and each keeps its chunks of them.
+   and each keeps its chunks of them. Online RL (grpo, rloo) reads prompts instead, and its source samples
+   each step's batches with the policy (launcher.rank.rollouts).
 """
 
 from __future__ import annotations
@@ -59,6 +60,7 @@ from launcher.components.model.on_meta import builds_on_meta
 from launcher.components.objectives import Objective
 from launcher.components.precision import apply_backend_flags, apply_fp8, cast_parameters, train_dtype
 from launcher.components.scheduler import build_scheduler
+from launcher.config.objective import ONLINE
 from launcher.parallel import pretrained
 from launcher.parallel.dims import DistContext
 from launcher.parallel.parallelize import data_parallel_wrap, parallelize, run_mesh
@@ -70,7 +72,6 @@ from launcher.rank.engine import Components
 from launcher.rank.micro_batch import fit_micro_batch
 from launcher.rank.mixture_data import build_mixture
 from launcher.rank.objective import RankObjective, build_objective
-from launcher.rank.on_policy_source import build_source
 from launcher.rank.sources import StepSource, TokenSource
 from launcher.spec import RunSpec
 
@@ -249,11 +250,20 @@ def build(spec: RunSpec, dist: DistContext, run_dir: Path | None = None) -> Comp
     )
     pruner, qat_switch, device = trainable.pruner, trainable.qat_switch, dist.device
     scheduler = build_scheduler(strategy.optimizer, spec.scheduler, spec.train.max_steps)
-    corpus = None if spec.data.sources else _corpus(spec, dist)  # loaded once: the reference reads it first
-    ref_logps = trainable.rank_objective.precompute(spec, dist, corpus)  # objective.reference=precompute
-    if spec.distill.on_policy:  # prompts completed by the student each step (launcher.rank.on_policy_source)
-        source: StepSource = build_source(spec, corpus, dist)
+    source: StepSource
+    if spec.objective.name in ONLINE:  # grpo, rloo: the policy samples each step's batches
+        from launcher.rank.rollout_build import build_rollouts
+
+        source = build_rollouts(spec, trainable.dtype, run_dir)
+    elif spec.distill.on_policy:  # the student samples each step's batches, the teacher scores them
+        from launcher.rank.on_policy_source import build_source
+
+        corpus = None if spec.data.format == "prompt" else _corpus(spec, dist)  # prompt records: read whole
+        source = build_source(spec, corpus, dist, trainable.dtype, run_dir)
     else:
+        # loaded once: a precomputed reference reads it first
+        corpus = None if spec.data.sources else _corpus(spec, dist)
+        ref_logps = trainable.rank_objective.precompute(spec, dist, corpus)  # objective.reference=precompute
         source = _data(spec, dist, batch, corpus, ref_logps)
     return Components(
         spec=spec,

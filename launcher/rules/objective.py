@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from launcher.config.objective import DPO_LOSSES, NAMES, NEEDS_REFERENCE, REFERENCES
+from launcher.config.objective import DPO_LOSSES, NAMES, NEEDS_REFERENCE, ONLINE, REFERENCES
 from launcher.rules.hardware import Hardware
 from launcher.rules.values import Rule
 from launcher.spec import RunSpec, SpecError
@@ -27,6 +27,8 @@ def _settings(spec: RunSpec, hw: Hardware) -> Iterator[SpecError]:
         yield SpecError(
             ("objective.name",), f"must be one of {', '.join(NAMES)}, got {o.name!r}: pick objective=dpo."
         )
+        return
+    if o.name in ONLINE:  # grpo and rloo: launcher.rules.online
         return
     if o.loss not in DPO_LOSSES:
         yield SpecError(("objective.loss",), f"must be one of {', '.join(DPO_LOSSES)}, got {o.loss!r}.")

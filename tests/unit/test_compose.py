@@ -38,6 +38,8 @@ INVALID_ALONE = {
     ("objective", "simpo"): ("objective.name", "data.format"),
     ("objective", "orpo"): ("objective.name", "data.format"),
     ("objective", "kto"): ("objective.name", "data.format"),
+    ("objective", "grpo"): ("objective.name", "data.format"),  # prompt data to name
+    ("objective", "rloo"): ("objective.name", "data.format"),
     ("optimizer", "adamw_schedule_free"): ("optimizer.name", "scheduler.name"),  # scheduler=constant
 }
 # Options whose mesh needs several ranks: composed with that many local ranks.

@@ -9,10 +9,13 @@ next tokens, at most `max_new_tokens` of them (what GKD trains on off-policy).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
+from launcher.components.data.prompts import Prompt, decode
+from launcher.components.data.tokenizer import Tokenizer
 from launcher.components.data.tokens import START, TRAINED, TokenStore
 
 
@@ -53,7 +56,7 @@ def _windows(starts: np.ndarray, ends: np.ndarray, width: int) -> tuple[np.ndarr
     return starts[owner] + (np.arange(len(owner)) - first) * width, ends[owner]
 
 
-def read_prompts(store: TokenStore, *, prompt_tokens: int, max_new_tokens: int) -> Prompts:
+def prompt_spans(store: TokenStore, *, prompt_tokens: int, max_new_tokens: int) -> Prompts:
     """The prompts of every document of `store`: a prompted record's prompt, or a text document's windows."""
     tokens, flags = np.asarray(store.tokens), np.asarray(store.flags)
     total = len(tokens)
@@ -72,3 +75,17 @@ def read_prompts(store: TokenStore, *, prompt_tokens: int, max_new_tokens: int) 
     ends = np.minimum(splits + max_new_tokens, np.concatenate([doc_ends[prompted], text_ends])[order])
     keep = ends > splits
     return Prompts(tokens=tokens, starts=starts[keep], splits=splits[keep], ends=ends[keep])
+
+
+class CorpusPrompts(Sequence[Prompt]):
+    """The prompts of `spans` as the rollout source reads them (Prompt records), made one at a time when read."""
+
+    def __init__(self, spans: Prompts, tokenizer: Tokenizer) -> None:
+        self.spans, self.tokenizer = spans, tokenizer
+
+    def __len__(self) -> int:
+        return len(self.spans)
+
+    def __getitem__(self, index: int) -> Prompt:  # type: ignore[override]  # one prompt, never a slice
+        ids = self.spans.prompt(index)
+        return Prompt(ids=tuple(ids), text=decode(self.tokenizer, ids))

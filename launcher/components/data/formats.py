@@ -10,6 +10,7 @@
 - sharegpt: `data.field` (default `conversations`) holds `{from, value}` turns, read as chat.
 - pretokenized: `data.field` (default `input_ids`) holds token ids, optional `labels` (-100 = not trained).
 - preference, kto: pairs.py. A preference pair read as chat or sharegpt is refused (it would drop both responses).
+- prompt: prompts.py, the prompts online RL samples from (nothing trained: the completions are the policy's).
 
 Every problem is a RecordError naming the record (`where`), the key and the fix.
 """
@@ -200,6 +201,10 @@ def encode_record(
     record = _checked(record, where)
     if cfg.format == "pretokenized":
         return _pretokenized(record, cfg, tokenizer.vocab_size, where)
+    if cfg.format == "prompt":
+        from launcher.components.data.prompts import encode_prompt
+
+        return encode_prompt(record, tok_cfg, tokenizer, where)
     if cfg.format in ("preference", "kto"):
         from launcher.components.data.pairs import encode_pair
 

@@ -91,8 +91,11 @@ def uses_cache(cfg: DataConfig, tok: TokenizerConfig) -> bool:
 
     The default job's 11 MB of stdlib source took about 0.5 s to read and encode before every run
     (1.5 s on a busy machine) against 0.05-0.12 s to memory-map from the cache, the same tokens;
-    one plain text file (data.kind=text) is read again each run.
+    one plain text file (data.kind=text) is read again each run; prompts (data.format=prompt) are read by
+    each rank as it starts (launcher.components.data.prompts).
     """
+    if cfg.format == "prompt":
+        return False
     return tok.reads_folder or cfg.kind in ("jsonl", "files", "stdlib") or cfg.cache_dir is not None
 
 

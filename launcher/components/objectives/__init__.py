@@ -12,7 +12,8 @@ Every objective is one module of this package, listed in `OBJECTIVES` (nothing r
 - `cross_entropy`: summed token cross-entropy over labels != -100 (`launcher.components.model.loss.lm_loss`);
 - `distillation`: cross-entropy mixed with a frozen teacher's KD term (objective=sft with distill.teacher);
 - `on_policy`: the generalised JSD to a frozen teacher over the student's own samples (distill.mode=on_policy);
-- `preference`: dpo, simpo, orpo and kto over pairs (or kto rows), dpo and kto against a reference.
+- `preference`: dpo, simpo, orpo and kto over pairs (or kto rows), dpo and kto against a reference;
+- `policy_gradient`: grpo and rloo over rollouts the policy samples (launcher.rank.rollouts), a reference with beta > 0.
 
 Each module has `frozen_model(objective, distill, *, adapters) -> FrozenModel | None`, the frozen model
 it reads beside the policy declared as data, and `build(objective, distill, frozen) -> Objective`,
@@ -50,6 +51,8 @@ OBJECTIVES: dict[str, str] = {
     "simpo": "preference",
     "orpo": "preference",
     "kto": "preference",
+    "grpo": "policy_gradient",
+    "rloo": "policy_gradient",
 }
 """objective.name -> the module of this package that implements it (one entry per option of the group)."""
 WITH_TEACHER = "distillation"
