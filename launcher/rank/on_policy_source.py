@@ -173,9 +173,10 @@ def build_source(
         spec.objective, num_generations=1, max_completion_length=cfg.max_new_tokens, num_iterations=1,
         temperature=cfg.sampling_temperature, top_k=cfg.top_k, top_p=cfg.top_p, log_rollouts=0,
     )  # fmt: skip
+    prompts: Any = CorpusPrompts(spans, tokenizer)  # a lazy sequence of Prompt records
     rollouts = RolloutSource(
-        CorpusPrompts(spans, tokenizer), objective=sampling,  # type: ignore[arg-type]  # a lazy sequence tokenizer=tokenizer, scoring=RowFlags(),
-        seed=spec.train.seed, context=seq_len, dtype=dtype, run_dir=run_dir,
+        prompts, objective=sampling, tokenizer=tokenizer, scoring=RowFlags(), seed=spec.train.seed,
+        context=seq_len, dtype=dtype, run_dir=run_dir,
     )  # fmt: skip
     held_out = (HeldOut(name="", sequences=val, weight=1.0),)
     return OnPolicySource(rollouts, spans, eval_spans, cfg=cfg, seed=spec.train.seed, held_out=held_out)
