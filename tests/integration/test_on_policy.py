@@ -12,8 +12,8 @@ from conftest import TINY, losses, run_inline, run_ranks
 from launcher.components.metrics import read_metrics
 
 SHAPE = ["data.seq_len=32", "data.packing=false", "train.log_every=1", "scheduler.warmup_steps=2"]
-# The teacher: TINY (2 blocks of 64) trained 30 steps on the default data; the student: 1 block of 32.
-TEACHER = [*TINY, "train.max_steps=30", "train.eval_every=null", "checkpoint.every=30", "optimizer.lr=1e-2"]
+# The teacher: TINY (2 blocks of 64) trained 20 steps on the default data; the student: 1 block of 32.
+TEACHER = [*TINY, "train.max_steps=20", "train.eval_every=null", "checkpoint.every=20", "optimizer.lr=1e-2"]
 STUDENT = [*TINY, *SHAPE, "model.n_layer=1", "model.d_model=32", "optimizer.lr=1e-2"]
 ON_POLICY = [
     "distill=on_policy",
@@ -36,12 +36,12 @@ def _records(run_dir: Path, key: str) -> dict[int, dict]:
 
 def test_on_policy_distillation_lowers_held_out_kl(teacher, tmp_path) -> None:
     run_dir = tmp_path / "student"
-    args = [*STUDENT, *ON_POLICY, f"distill.teacher={teacher}", "train.max_steps=40", "train.eval_every=5"]
+    args = [*STUDENT, *ON_POLICY, f"distill.teacher={teacher}", "train.max_steps=16", "train.eval_every=8"]
     assert run_inline([*args, "checkpoint.every=null"], run_dir) == 0
     evals = _records(run_dir, "eval_kl")
-    assert sorted(evals) == list(range(5, 41, 5))
-    first, last = evals[5]["eval_kl"], evals[40]["eval_kl"]
-    assert last < 0.8 * first, (first, last)  # measured: 0.0 -> 0.0
+    assert sorted(evals) == [8, 16]
+    first, last = evals[8]["eval_kl"], evals[16]["eval_kl"]
+    assert last < 0.5 * first, (first, last)  # measured: 0.91 at step 8 -> 0.38 at step 16
     steps = _records(run_dir, "kl")
     assert all(r["on_policy"] == 1.0 and 0 < r["completion_len"] <= 12 for r in steps.values())
     assert steps[1]["loss"] == pytest.approx(steps[1]["kl"])  # beta 1, temperature 1: the loss is the KL
@@ -78,6 +78,9 @@ def test_resume_is_bitwise_exact(teacher, one_process, tmp_path) -> None:
     assert {r["on_policy"] for r in straight.values()} == {0.0, 1.0}  # lmbda 0.5: both kinds of step ran
 
 
+# Extended: two processes cost the most of this file; the rollout source's seeding per prompt slot is what makes
+# the rows the same, and the resume test above runs the same source and objective in one process.
+@pytest.mark.extended
 def test_two_ddp_ranks_equal_one_process(teacher, one_process, tmp_path) -> None:
     """Each rank samples its prompt slots with their own seeds: the same rows and losses as one process."""
     args = [*RUN, f"distill.teacher={teacher}", "parallel=ddp", "train.micro_batch_size=2"]
