@@ -81,15 +81,17 @@ def test_resume_is_bitwise_exact(teacher, one_process, tmp_path) -> None:
 # Extended: two processes cost the most of this file; the rollout source's seeding per prompt slot is what makes
 # the rows the same, and the resume test above runs the same source and objective in one process.
 @pytest.mark.extended
-def test_two_ddp_ranks_equal_one_process(teacher, one_process, tmp_path) -> None:
-    """Each rank samples its prompt slots with their own seeds: the same rows and losses as one process."""
-    args = [*RUN, f"distill.teacher={teacher}", "parallel=ddp", "train.micro_batch_size=2"]
-    result = run_ranks(args, tmp_path / "ddp")
+@pytest.mark.parametrize("parallel", ["ddp", "fsdp"])
+def test_two_ranks_equal_one_process(teacher, one_process, tmp_path, parallel: str) -> None:
+    """Each rank samples its prompt slots with their own seeds (FSDP2: the student's and the teacher's shards
+    gathered in every forward): the same rows and losses as one process."""
+    args = [*RUN, f"distill.teacher={teacher}", f"parallel={parallel}", "train.micro_batch_size=2"]
+    result = run_ranks(args, tmp_path / parallel)
     assert result.returncode == 0, result.stderr[-2000:]
-    two, one = _records(tmp_path / "ddp", "kl"), _records(one_process, "kl")
+    two, one = _records(tmp_path / parallel, "kl"), _records(one_process, "kl")
     assert sorted(two) == list(range(1, 7))
     for step, record in two.items():
         assert record["completion_len"] == one[step]["completion_len"], step
         for key in ("loss", "kl"):
             assert record[key] == pytest.approx(one[step][key], abs=1e-5), (step, key)
-    assert losses(tmp_path / "ddp").keys() == losses(one_process).keys()
+    assert losses(tmp_path / parallel).keys() == losses(one_process).keys()
