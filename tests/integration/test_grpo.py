@@ -40,10 +40,10 @@ def task(tmp_path_factory) -> list[str]:
 
 SMALL = [
     "objective.max_completion_length=4", "objective.num_generations=4", "objective.log_rollouts=2",
-    "optimizer.lr=1e-2", "train.max_steps=4", "checkpoint.every=2",
+    "objective.beta=0.04", "optimizer.lr=1e-2", "train.max_steps=4", "checkpoint.every=2",
 ]  # fmt: skip
-"""A short run: 2 prompts x 4 completions of up to 4 tokens per step."""
-KEYS = ("loss", "reward", "reward/digit_distance", "equal_groups", "completion_length", "entropy")
+"""A short run: 2 prompts x 4 completions of up to 4 tokens per step, a KL to a frozen copy of the initial policy."""
+KEYS = ("loss", "reward", "reward/digit_distance", "equal_groups", "completion_length", "entropy", "kl")
 
 
 def _records(run_dir: Path) -> dict[int, dict]:
@@ -109,3 +109,22 @@ def test_grpo_raises_the_reward_of_the_toy_task(task, tmp_path: Path) -> None:
     assert run_inline([*args, f"run_dir={run_dir}"], run_dir) == 0
     rewards = [r["reward"] for r in _records(run_dir).values()]
     assert rewards[0] < 0.1 and rewards[-1] > rewards[0] + 0.15, rewards
+
+
+@pytest.mark.extended  # LoRA on a Hugging Face folder: the default tier's runs hold the loop on the built-in GPT
+def test_grpo_with_lora_on_a_hugging_face_llama_raises_the_reward(task, tmp_path: Path) -> None:
+    """Rollouts sampled with the adapters applied, the KL taken to the base (adapters off), the reward rising."""
+    from hf_assets import make_hf_model
+
+    folder = make_hf_model("llama", tmp_path / "llama")  # 256 ids: the byte tokenizer's
+    run_dir = tmp_path / "lora"
+    args = [
+        *[a for a in task if not a.startswith("model.")], "model=hf", f"model.path={folder}", "quantization=lora",
+        "objective.beta=0.04", "objective.max_completion_length=1", "objective.num_generations=8",
+        "train.micro_batch_size=32", "optimizer.lr=2e-2", "train.max_steps=40", "train.log_every=5",
+        "checkpoint.every=null",
+    ]  # fmt: skip
+    assert run_inline([*args, f"run_dir={run_dir}"], run_dir) == 0
+    records = list(_records(run_dir).values())
+    assert all(r["kl"] >= 0 for r in records)  # k3's estimate of the KL to the base, adapters off
+    assert records[-1]["reward"] > records[0]["reward"] + 0.15, [r["reward"] for r in records]
