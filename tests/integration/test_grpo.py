@@ -112,19 +112,19 @@ def test_grpo_raises_the_reward_of_the_toy_task(task, tmp_path: Path) -> None:
 
 
 @pytest.mark.extended  # LoRA on a Hugging Face folder: the default tier's runs hold the loop on the built-in GPT
-def test_grpo_with_lora_on_a_hugging_face_llama_raises_the_reward(task, tmp_path: Path) -> None:
-    """Rollouts sampled with the adapters applied, the KL taken to the base (adapters off), the reward rising."""
+def test_grpo_with_lora_on_a_hugging_face_llama(task, tmp_path: Path) -> None:
+    """Rollouts sampled and trained through the adapters, the KL taken to the base with the adapters off: 0 at the
+    first step (LoRA's B starts at zero), above 0 once the adapters moved the policy."""
     from hf_assets import make_hf_model
 
     folder = make_hf_model("llama", tmp_path / "llama")  # 256 ids: the byte tokenizer's
     run_dir = tmp_path / "lora"
     args = [
         *[a for a in task if not a.startswith("model.")], "model=hf", f"model.path={folder}", "quantization=lora",
-        "objective.beta=0.04", "objective.max_completion_length=1", "objective.num_generations=8",
-        "train.micro_batch_size=32", "optimizer.lr=2e-2", "train.max_steps=40", "train.log_every=5",
-        "checkpoint.every=null",
+        "objective.beta=0.04", "objective.max_completion_length=2", "objective.num_generations=4",
+        "train.micro_batch_size=8", "optimizer.lr=2e-2", "train.max_steps=6", "checkpoint.every=null",
     ]  # fmt: skip
     assert run_inline([*args, f"run_dir={run_dir}"], run_dir) == 0
-    records = list(_records(run_dir).values())
-    assert all(r["kl"] >= 0 for r in records)  # k3's estimate of the KL to the base, adapters off
-    assert records[-1]["reward"] > records[0]["reward"] + 0.15, [r["reward"] for r in records]
+    records = _records(run_dir)
+    assert records[1]["kl"] == pytest.approx(0.0, abs=1e-6)
+    assert records[6]["kl"] > 1e-6 and all(r["reward"] >= 0 for r in records.values())
