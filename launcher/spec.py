@@ -39,6 +39,7 @@ from launcher.config.prune import PruneConfig
 from launcher.config.qat import QatConfig
 from launcher.config.quantization import QuantizationConfig
 from launcher.config.redact import redacted
+from launcher.config.reward import RewardConfig
 from launcher.config.scheduler import SchedulerConfig
 from launcher.config.sweep import SweepConfig
 from launcher.config.tokenizer import TokenizerConfig
@@ -129,6 +130,7 @@ class RunSpec:
     quantization: QuantizationConfig = field(default_factory=QuantizationConfig)
     distill: DistillConfig = field(default_factory=DistillConfig)
     objective: ObjectiveConfig = field(default_factory=ObjectiveConfig)
+    reward: RewardConfig = field(default_factory=RewardConfig)
     qat: QatConfig = field(default_factory=QatConfig)
     prune: PruneConfig = field(default_factory=PruneConfig)
     memory: MemoryConfig = field(default_factory=MemoryConfig)

@@ -15,6 +15,8 @@ import statistics
 from collections import deque
 from typing import Any
 
+from launcher.components.advice_rl import rl_rules
+
 GiB = 1024**3
 
 DATA_WAIT_FRACTION = 0.10
@@ -308,4 +310,5 @@ def record_rules(*, bf16_capable: bool) -> list[Any]:
         ReservedMemory(),
         PreferenceStuck(),
         ChosenFalling(),
+        *rl_rules(),
     ]

@@ -208,10 +208,12 @@ def enrich(cfg: DictConfig) -> tuple[DictConfig, list[SpecError]]:
     """The composed config with what the launcher decides written in, one pure step after another; or a step's problems.
 
     The launch backend (auto), the tokenizer (auto), add_bos and model.vocab_size, data.format (auto), a default
-    warmup that does not fit the run and a folder model's real shape: spec.yaml then holds every decision.
+    warmup that does not fit the run, the reward files' digests and a folder model's real shape: spec.yaml then
+    holds every decision.
     """
     from launcher.front.data_format import fill_format
     from launcher.front.model_dims import fill_folder_dims
+    from launcher.front.reward_files import fill_digests
     from launcher.front.vocab import fill_vocab
     from launcher.front.warmup import fill_warmup_ratio, fit_warmup
 
@@ -223,6 +225,9 @@ def enrich(cfg: DictConfig) -> tuple[DictConfig, list[SpecError]]:
     if errors:
         return cfg, errors
     cfg, errors = fill_warmup_ratio(cfg)  # scheduler.warmup_ratio -> its warmup_steps
+    if errors:
+        return cfg, errors
+    cfg, errors = fill_digests(cfg)  # reward.functions -> each file's sha256, checked against a recorded one
     if errors:
         return cfg, errors
     return fill_folder_dims(fit_warmup(cfg)), []  # dims before the rules: they judge the model that trains

@@ -15,6 +15,7 @@ from launcher.config.distill import KD_CHUNK_ROWS
 from launcher.config.model import ModelConfig, vocab_size
 from launcher.config.qat import SCALE_BYTES
 from launcher.plan.preference import preference_reference
+from launcher.plan.rollouts import rollout_cache
 from launcher.spec import RunSpec, load_spec
 
 PRUNE_MASK_BYTES = 1
@@ -81,7 +82,7 @@ def distill_teacher(spec: RunSpec) -> tuple[int, str] | None:
     )
 
 
-TERMS = (prune_masks, qat_scales, distill_teacher, preference_reference)
+TERMS = (prune_masks, qat_scales, distill_teacher, preference_reference, rollout_cache)
 """Every compression term, in the order the plan's notes list them."""
 
 

@@ -27,6 +27,7 @@ from launcher.components.checkpoint_async import AsyncSaver, StagedFiles, backgr
 from launcher.components.checkpoint_files import CheckpointFiles
 from launcher.components.loggers import observers
 from launcher.components.schedule_free import averaged_weights, ready_to_load, train_mode
+from launcher.config.reward import checkpoint_record
 from launcher.parallel.state_bytes import is_dtensor
 from launcher.rank import collection, evaluation, host_memory
 from launcher.rank.loop_parts import Components
@@ -151,7 +152,7 @@ class Engine:
             )
         if dist.is_main and (warning := checkpoint.space_warning(self.run_dir)):
             self.console.print(f"[yellow]warning:[/] {warning}")
-        info = {"nonfinite_skips": self.guard.nonfinite_skips}
+        info = {"nonfinite_skips": self.guard.nonfinite_skips, **checkpoint_record(self.spec.reward)}
         if self.saver is not None:
             return self.saver.start(self.step, self._write_checkpoint, info=info)
         return checkpoint.save(

@@ -34,7 +34,7 @@ def build_rollouts(
     tokenizer = load_tokenizer(spec.tokenizer)
     prompts = [p for _, p in read_prompts(spec.data, spec.tokenizer, tokenizer, cache_root(spec.data))]
     if scoring is None:
-        scoring = RewardScoring(reward_set(spec), spec.objective, dtype)
+        scoring = RewardScoring(reward_set(spec), spec.objective, dtype, spec.train.max_steps)
     return RolloutSource(
         prompts, objective=spec.objective, tokenizer=tokenizer, scoring=scoring, seed=spec.train.seed,
         context=spec.data.seq_len, dtype=dtype, run_dir=run_dir,

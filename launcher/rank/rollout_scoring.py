@@ -42,7 +42,16 @@ class Scores(Protocol):
 class Rewards(Protocol):
     """The reward group's RewardSet as the rollouts use it."""
 
-    def score(self, prompts: list[str], completions: list[str], fields: list[dict[str, Any]]) -> Scores:
+    def score(
+        self,
+        prompts: list[str],
+        completions: list[str],
+        fields: list[dict[str, Any]],
+        *,
+        completion_ids: list[list[int]] | None = None,
+        step: int = 0,
+        max_steps: int = 0,
+    ) -> Scores:
         """Rewards of each (prompt, completion) with the record's other fields; raises RewardError naming the function."""
         ...
 
@@ -64,8 +73,10 @@ def _mean_std(total: float, squares: float, count: float) -> tuple[float, float]
 class RewardScoring:
     """The rollout source's Scoring for grpo and rloo: rewards, advantages, keep; and their metrics."""
 
-    def __init__(self, rewards: Rewards, cfg: ObjectiveConfig, dtype: torch.dtype) -> None:
-        self.rewards, self.cfg, self.dtype = rewards, cfg, dtype
+    def __init__(
+        self, rewards: Rewards, cfg: ObjectiveConfig, dtype: torch.dtype, max_steps: int = 0
+    ) -> None:
+        self.rewards, self.cfg, self.dtype, self.max_steps = rewards, cfg, dtype, max_steps
         self.device = torch.device("cpu")  # where the all-reduce of the longest completion runs
         self.functions: list[str] | None = None
         self._sums: list[float] | None = None
@@ -75,9 +86,7 @@ class RewardScoring:
         """reward, advantages and keep [rows] of a step's rollouts."""
         if tdist.is_available() and tdist.is_initialized() and tdist.get_backend() != "gloo":
             self.device = ctx.dist.device
-        scores = self.rewards.score(
-            [p.text for p in rollouts.prompts], rollouts.texts, [dict(p.fields) for p in rollouts.prompts]
-        )
+        scores = self._scores(rollouts)
         lengths = torch.tensor([len(c) for c in rollouts.completions])
         reward = torch.tensor(scores.total, dtype=torch.float32) + overlong_penalty(lengths, self.cfg)
         shaped = reward
@@ -95,6 +104,28 @@ class RewardScoring:
             keep = keep * (~truncated).float()
         self._add(reward, scores.per_function, equal, lengths, truncated)
         return {"reward": reward, "advantages": advantages, "keep": keep}
+
+    def _scores(self, rollouts: Rollouts) -> Scores:
+        """The reward set's scores; a reward that fails on any rank stops every rank here (one all-reduce), the
+        failing rank with its RewardError, the others with one that names the failure elsewhere."""
+        from launcher.components.rewards import RewardError
+
+        failure: RewardError | None = None
+        try:
+            scores = self.rewards.score(
+                [p.text for p in rollouts.prompts], rollouts.texts, [dict(p.fields) for p in rollouts.prompts],
+                completion_ids=rollouts.completions, step=rollouts.step, max_steps=self.max_steps,
+            )  # fmt: skip
+        except RewardError as err:
+            failure = err
+        failed = torch.tensor([0.0 if failure is None else 1.0], device=self.device)
+        if tdist.is_available() and tdist.is_initialized():
+            tdist.all_reduce(failed, op=tdist.ReduceOp.MAX)
+        if failure is not None:
+            raise failure
+        if float(failed.item()) > 0:
+            raise RewardError("(on another rank)", "(that rank's prompt)", "see that rank's error above")
+        return scores
 
     def _kl(self, rollouts: Rollouts, ctx: SourceContext) -> torch.Tensor:
         """rloo's per-row KL: the sampling policy's summed log-ratio to the reference (both forwards under no_grad)."""
@@ -122,7 +153,8 @@ class RewardScoring:
         values = [float(reward.sum()), float((reward**2).sum()), float(len(reward))]
         for name in self.functions:
             own = torch.tensor(per_function[name], dtype=torch.float64)
-            values += [float(own.sum()), float((own**2).sum())]
+            own = own[~torch.isnan(own)]  # a user function's None: not scored
+            values += [float(own.sum()), float((own**2).sum()), float(len(own))]
         values += [float(equal.sum()), float(len(equal)), float(lengths.sum()), float(truncated.sum())]
         self._sums = (
             values if self._sums is None else [a + b for a, b in zip(self._sums, values, strict=True)]
@@ -132,7 +164,7 @@ class RewardScoring:
     def record(self, data_sum: Callable[[list[float]], list[float]]) -> dict[str, float]:
         """The interval's reward, per-function reward, equal-group and completion-length metrics."""
         functions = self.functions or []
-        width = 3 + 2 * len(functions) + 4
+        width = 3 + 3 * len(functions) + 4
         sums = data_sum(self._sums if self._sums is not None else [0.0] * width)
         longest = torch.tensor([float(self._longest)], device=self.device)
         if tdist.is_available() and tdist.is_initialized():
@@ -141,7 +173,7 @@ class RewardScoring:
         rows = sums[2]
         record = dict(zip(("reward", "reward_std"), _mean_std(sums[0], sums[1], rows), strict=True))
         for k, name in enumerate(functions):
-            mean, std = _mean_std(sums[3 + 2 * k], sums[4 + 2 * k], rows)
+            mean, std = _mean_std(*sums[3 + 3 * k : 6 + 3 * k])
             record[f"reward/{name}"], record[f"reward_std/{name}"] = mean, std
         equal, groups, length, clipped = sums[-4:]
         record.update({

@@ -22,6 +22,7 @@ from launcher.components import checkpoint, checkpoint_aside, checkpoint_files, 
 from launcher.components.device import resolve_device
 from launcher.components.files.safe_load import RefusedFile, refusal_in
 from launcher.components.memory import apply_cuda_alloc_conf
+from launcher.components.rewards import RewardError, stop_message
 from launcher.exits import ExitStatus, for_signal
 from launcher.parallel.deepspeed import accelerator_env
 from launcher.parallel.dims import DistContext, shutdown
@@ -288,6 +289,13 @@ def _run(spec_path: Path, stop: StopSignal) -> int:
     except ResumeError as err:
         console.print(f"error: {err}", markup=False)
         summary, code = engine.summary("resume_failed", time.perf_counter() - started), ExitStatus.FAILED
+    except (
+        RewardError
+    ) as err:  # online RL: a reward raised or returned a bad value (launcher.rank.rollout_scoring)
+        engine.finish_saves()  # every rank stops at the same step: the save in flight is committed
+        newest = next(iter(checkpoint.good_checkpoints(run_dir, warn=False)), None)
+        console.print(f"error: {stop_message(err, engine.step + 1, newest)}", markup=False)
+        summary, code = engine.summary("reward_failed", time.perf_counter() - started), ExitStatus.FAILED
     except RefusedFile as err:  # while building: a teacher's or a model folder's file that is not plain data
         console.print(f"error: {err}", markup=False)
         code = ExitStatus.FAILED

@@ -28,6 +28,7 @@ from launcher.config import (
     prune,
     qat,
     quantization,
+    reward,
 )
 from launcher.config.compile import MODES
 from launcher.config.launcher import BACKENDS
@@ -278,6 +279,23 @@ KEYS: dict[str, Domain] = {
     ),
     "quantization.method": one_of(quantization.METHODS),
     "quantization.nf4_backend": one_of(quantization.NF4_BACKENDS),
+    "reward.allow_changed_files": FLAG,
+    "reward.answer.extract": text(
+        "last_number, boxed, tag:NAME or none, joined by |: launcher.rules.reward judges it"
+    ),
+    "reward.answer.field": text("a record field's name"),
+    "reward.answer.match": one_of(reward.MATCHES),
+    "reward.answer.weight": at_least(0, "null: off"),
+    "reward.digests": text(
+        "sha256 digests the launcher writes and checks against the files (launcher.front.reward_files)"
+    ),
+    "reward.format.pattern": text("a Python regex: launcher.rules.reward compiles it"),
+    "reward.format.weight": at_least(0, "null: off"),
+    "reward.function_weights": at_least(0),
+    "reward.functions": text("path/to/file.py:function entries: launcher.rules.reward loads each"),
+    "reward.length.max_tokens": COUNT,
+    "reward.length.soft_tokens": STEP,
+    "reward.length.weight": at_least(0, "null: off"),
     "resume": text("auto or a checkpoint path: launcher.rules.resume judges it"),
     "run_dir": text("a directory: launcher.rules.launch checks that it can be created and written"),
     "scheduler.decay_ratio": within(0, 1, low_open=True),

@@ -3,7 +3,7 @@
 What does not compose is refused with the fix: a pipeline, tensor or context parallelism (the objective
 rules refuse them for every non-sft objective), DeepSpeed (its engine owns the module: generation over
 ZeRO-3 partitions is not done), packing, a step whose completions do not make whole groups, fewer than
-two completions per prompt, and an online objective without data.format=prompt. The prompts' own sizes
+two completions per prompt, an online objective without data.format=prompt, or without a reward. The prompts' own sizes
 (a prompt longer than data.seq_len - objective.max_completion_length, too few prompts) are checked
 when they are read, before launch (launcher.front.prompt_data).
 """
@@ -45,6 +45,14 @@ def _data(spec: RunSpec, hw: Hardware) -> Iterator[SpecError]:
         yield SpecError(
             ("objective.name", "data.sources"),
             f"objective={o.name} reads one data.path; remove data.sources.",
+        )
+    if d.format == "prompt" and not spec.reward.configured():
+        yield SpecError(
+            ("objective.name", "reward"),
+            f"objective={o.name} learns from rewards, and none is configured: choose a preset (`reward=math`: the "
+            "record's `answer` against the completion's last number or \\boxed{}), set a built-in "
+            "(reward.answer.weight=1, or reward.format.weight=1 with reward.format.pattern=...), or name your own "
+            "function (reward.functions=[path/to/rewards.py:fn], TRL's signature). docs/rl.md shows each.",
         )
 
 

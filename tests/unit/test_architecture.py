@@ -276,6 +276,7 @@ INNER_ALLOWED: dict[str, dict[str, set[str]]] = {
         "objectives": {"model"},
         "loggers": set(),
         "files": set(),
+        "rewards": set(),
     },
 }
 

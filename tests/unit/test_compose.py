@@ -43,6 +43,10 @@ INVALID_ALONE: dict[tuple[str, str], tuple[str, ...] | list[tuple[str, ...]]] = 
     ("objective", "grpo"): ("objective.name", "data.format"),  # prompt data to name
     ("objective", "rloo"): ("objective.name", "data.format"),
     ("optimizer", "adamw_schedule_free"): ("optimizer.name", "scheduler.name"),  # scheduler=constant
+    ("reward", "math"): ("reward", "objective.name"),  # rewards are read by objective=grpo or rloo
+    ("reward", "math_verify"): ("reward", "objective.name"),
+    ("reward", "format"): ("reward", "objective.name"),
+    ("reward", "r1"): ("reward", "objective.name"),
 }
 # Options whose mesh needs several ranks: composed with that many local ranks.
 NEEDS_RANKS = {

@@ -10,8 +10,9 @@ Token log-probs are those of logits / objective.temperature, as TRL's GRPOTraine
 The formulas and names follow TRL 1.16 (tests/unit/test_policy_gradient_trl.py drives TRL's own loss code
 on the same rollouts):
 
-- grpo: per token -min(r A, clip(r, 1 - eps, 1 + eps_high) A) + beta KL, KL = exp(ref - logp) - (ref - logp) - 1
-  (the reference's log-probs, a forward of the frozen model); summed as objective.loss_type says:
+- grpo: per token -min(r A, clip(r, 1 - eps, 1 + eps_high) A) + beta r KL, KL = exp(ref - logp) - (ref - logp) - 1
+  (the reference's log-probs, a forward of the frozen model; r weighs it as TRL's default use_bias_correction_kl
+  does, the unbiased reverse-KL gradient); summed as objective.loss_type says:
   grpo, each row's token mean (count: rows); bnpo, the micro batch's token mean (count: 1 per micro batch);
   dr_grpo, tokens / max_completion_length (count: rows x max_completion_length); dapo, tokens over the
   whole step's completion tokens (count: tokens). The loop divides the step's summed loss by its count
@@ -125,7 +126,9 @@ class PolicyGradient:
         kl = None
         if self.cfg.beta != 0.0:
             ref = self.reference_logps(batch) if "ref_logps" not in batch else batch["ref_logps"].float()
-            kl = torch.exp(ref - logps) - (ref - logps) - 1
+            kl = (
+                torch.exp(ref - logps) - (ref - logps) - 1
+            ) * ratio  # TRL's use_bias_correction_kl (its default)
             loss = loss + self.cfg.beta * kl
         return loss * mask, ratio, kl
 
@@ -139,9 +142,11 @@ class PolicyGradient:
             return (per_token.sum(-1) / mask.sum(-1).clamp(min=1)).sum(), ratio, kl
         if kind == "bnpo":
             return per_token.sum() / mask.sum().clamp(min=1), ratio, kl
-        if kind == "dr_grpo":
-            return per_token.sum() / self.cfg.max_completion_length, ratio, kl
-        return per_token.sum(), ratio, kl  # dapo: the loop divides by the step's tokens
+        return (
+            per_token.sum(),
+            ratio,
+            kl,
+        )  # dr_grpo, dapo: the loop divides by rows x max length, or the tokens
 
     def loss_sum(
         self, outputs: torch.Tensor | HeadOutputs, batch: dict[str, torch.Tensor], *, train: bool = True
