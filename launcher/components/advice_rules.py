@@ -89,7 +89,7 @@ class DataWait:
             for k, v in record.items()
             if k.startswith("time_") and k.endswith("_s") and _finite(v) and k != "time_checkpoint_s"
         }
-        if "time_data_s" not in phases:
+        if "time_data_s" not in phases or "on_policy" in record:  # on-policy: the data phase is sampling
             return None
         self._seen += 1
         if self._seen == 1:  # the first log interval is warm-up

@@ -139,7 +139,7 @@ def _pair_problems(
     return []
 
 
-def _arrays(spec: RunSpec, data: DataConfig) -> tuple[np.ndarray, np.ndarray]:
+def train_arrays(spec: RunSpec, data: DataConfig) -> tuple[np.ndarray, np.ndarray]:
     """The training side's token ids and flags, read from the cache (numpy only: no torch before launch)."""
     folder = build_cache(data, spec.tokenizer)[0]
     meta = json.loads((folder / "meta.json").read_text())
@@ -152,7 +152,7 @@ def _arrays(spec: RunSpec, data: DataConfig) -> tuple[np.ndarray, np.ndarray]:
 def usable_pairs(spec: RunSpec) -> int:
     """The pairs (kto examples) of a single-source spec that the ranks keep: every one that can train."""
     data = spec.data
-    counts = _pair_counts(spec, data, _arrays(spec, data))
+    counts = _pair_counts(spec, data, train_arrays(spec, data))
     return counts.get("pairs", 0) - sum(counts.get(why, 0) for why in WHY)
 
 
@@ -162,7 +162,7 @@ def pair_data_errors(spec: RunSpec, console: Console) -> list[SpecError]:
     for data in single_configs(spec.data):
         if not uses_cache(data, spec.tokenizer):  # one text file: data_sizes refuses it empty
             continue
-        arrays = _arrays(spec, data)
+        arrays = train_arrays(spec, data)
         empty = _empty_source(spec, data, arrays)
         if empty is not None:
             errors.append(empty)

@@ -19,6 +19,7 @@ from launcher.components.data.mixture import single_configs
 from launcher.components.data.sources import RecordError
 from launcher.components.files.safe_load import RefusedFile
 from launcher.front.data_sizes import size_errors
+from launcher.front.distill_prompts import distill_prompt_errors
 from launcher.front.pair_data import pair_data_errors
 from launcher.spec import RunSpec, SpecError
 
@@ -77,7 +78,7 @@ def prepare_data(spec: RunSpec, console: Console | None = None) -> list[SpecErro
             markup=False,
             highlight=False,
         )
-    return pair_data_errors(spec, console) or _sizes(spec)
+    return pair_data_errors(spec, console) or distill_prompt_errors(spec) or _sizes(spec)
 
 
 def _record_error(spec: RunSpec, err: RecordError) -> SpecError:

@@ -255,6 +255,11 @@ def build(spec: RunSpec, dist: DistContext, run_dir: Path | None = None) -> Comp
         from launcher.rank.rollout_build import build_rollouts
 
         source = build_rollouts(spec, trainable.dtype, run_dir)
+    elif spec.distill.on_policy:  # the student samples each step's batches, the teacher scores them
+        from launcher.rank.on_policy_source import build_source
+
+        corpus = None if spec.data.format == "prompt" else _corpus(spec, dist)  # prompt records: read whole
+        source = build_source(spec, corpus, dist, trainable.dtype, run_dir)
     else:
         # loaded once: a precomputed reference reads it first
         corpus = None if spec.data.sources else _corpus(spec, dist)

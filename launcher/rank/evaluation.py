@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from typing import Protocol, runtime_checkable
 
 import torch
 
@@ -11,6 +12,15 @@ from launcher.components.data.sequences import PackedSequences, val_batches
 from launcher.components.precision import cast_weights, eval_dtype
 from launcher.components.schedule_free import averaged_weights
 from launcher.rank.loop_parts import Components
+
+
+@runtime_checkable
+class ScoresHeldOut(Protocol):
+    """A step-input source that adds its own held-out scores to an evaluation (on-policy distillation: eval_kl)."""
+
+    def held_out_scores(self, parts: Components) -> dict[str, float]:
+        """Record keys measured on held-out data with the model as it is (collective: every rank calls it)."""
+        ...
 
 
 @torch.no_grad()
@@ -62,4 +72,8 @@ def evaluate(parts: Components, step: int) -> dict[str, float]:
         per_source = {f"eval_loss/{name}": value for name, value in losses.items()}
     else:
         loss, per_source = losses[""], {}
-    return {"eval_loss": loss, "eval_ppl": math.exp(min(loss, 50.0)), "eval_step": step, **per_source}
+    scores = {"eval_loss": loss, "eval_ppl": math.exp(min(loss, 50.0)), "eval_step": step, **per_source}
+    if isinstance(parts.source, ScoresHeldOut):  # a source that also measures its own (on-policy: eval_kl)
+        with averaged_weights(parts.strategy.optimizer):
+            scores.update(parts.source.held_out_scores(parts))
+    return scores

@@ -134,5 +134,49 @@ def _teacher(spec: RunSpec, hw: Hardware) -> Iterator[SpecError]:
         )
 
 
-RULES: tuple[Rule, ...] = (_settings, _teacher)
+def _on_policy(spec: RunSpec, hw: Hardware) -> Iterator[SpecError]:
+    d, data = spec.distill, spec.data
+    if d.teacher is None or d.mode != "on_policy":
+        return
+    if spec.objective.name != "sft":
+        yield SpecError(
+            ("distill.mode", "objective.name"),
+            f"on-policy distillation trains the student on its own samples alone; objective={spec.objective.name} "
+            "would need pairs it does not make. Use objective=sft with distill=on_policy, or distill=none.",
+        )
+    if data.packing:
+        yield SpecError(
+            ("distill.mode", "data.packing"),
+            "on-policy distillation makes one row per prompt and its sampled completion, so there is nothing to "
+            "pack: set data.packing=false.",
+        )
+    if data.sources:
+        yield SpecError(
+            ("distill.mode", "data.sources"),
+            "on-policy distillation reads its prompts from one corpus (data.path), not a mixture: set data.path "
+            "and leave data.sources empty.",
+        )
+    if data.format in ("preference", "kto"):
+        yield SpecError(
+            ("distill.mode", "data.format"),
+            f"data.format={data.format} holds pairs; on-policy distillation reads prompts from text, instruction, "
+            "chat or sharegpt records. Point data.path at such records.",
+        )
+    if spec.parallel.cp_size > 1:
+        yield SpecError(
+            ("distill.mode", "parallel.cp_size"),
+            f"on-policy distillation samples whole sequences on each rank; context parallelism "
+            f"(parallel.cp_size={spec.parallel.cp_size}) splits them and does not decode. Set parallel.cp_size=1.",
+        )
+    room = data.seq_len - d.max_new_tokens
+    if d.prompt_tokens > room:
+        yield SpecError(
+            ("distill.prompt_tokens", "distill.max_new_tokens", "data.seq_len"),
+            f"a prompt of distill.prompt_tokens={d.prompt_tokens} tokens and distill.max_new_tokens="
+            f"{d.max_new_tokens} new ones do not fit data.seq_len={data.seq_len}: the prompt may hold at most "
+            f"{max(room, 0)}. Lower distill.prompt_tokens or distill.max_new_tokens, or raise data.seq_len.",
+        )
+
+
+RULES: tuple[Rule, ...] = (_settings, _teacher, _on_policy)
 """This module's rules, in the order they report."""

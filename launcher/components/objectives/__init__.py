@@ -11,6 +11,7 @@ Every objective is one module of this package, listed in `OBJECTIVES` (nothing r
 
 - `cross_entropy`: summed token cross-entropy over labels != -100 (`launcher.components.model.loss.lm_loss`);
 - `distillation`: cross-entropy mixed with a frozen teacher's KD term (objective=sft with distill.teacher);
+- `on_policy`: the generalised JSD to a frozen teacher over the student's own samples (distill.mode=on_policy);
 - `preference`: dpo, simpo, orpo and kto over pairs (or kto rows), dpo and kto against a reference;
 - `policy_gradient`: grpo and rloo over rollouts the policy samples (launcher.rank.rollouts), a reference with beta > 0.
 
@@ -56,6 +57,8 @@ OBJECTIVES: dict[str, str] = {
 """objective.name -> the module of this package that implements it (one entry per option of the group)."""
 WITH_TEACHER = "distillation"
 """The module that trains objective=sft when distill.teacher is set (the rules refuse a teacher elsewhere)."""
+ON_POLICY = "on_policy"
+"""The module that trains objective=sft when distill.mode=on_policy (the student samples, the teacher scores)."""
 SOURCES = ("teacher", "copy", "adapters_off")
 """Where a frozen model comes from: a teacher folder, a frozen copy of the initial policy, the policy's base."""
 
@@ -119,7 +122,9 @@ class ObjectiveModule(Protocol):
 def module_name(objective: ObjectiveConfig, distill: DistillConfig) -> str:
     """The module of this package that trains the run: the group's entry, or distillation with a teacher."""
     name = OBJECTIVES[objective.name]
-    return WITH_TEACHER if name == OBJECTIVES["sft"] and distill.teacher is not None else name
+    if name != OBJECTIVES["sft"] or distill.teacher is None:
+        return name
+    return ON_POLICY if distill.on_policy else WITH_TEACHER
 
 
 def objective_module(objective: ObjectiveConfig, distill: DistillConfig) -> ObjectiveModule:

@@ -1,0 +1,130 @@
+"""GRPO end to end on the real loop: rollouts sampled by the policy, scored by a TRL-style reward function in a user
+file (the reward group reads it unchanged), trained; the same run on 2 DDP ranks (and, extended, 2 FSDP2 ranks)
+equals one process step by step, and a resumed run continues bitwise.
+
+The toy task (docs/rl.md): a prompt `=7` asks for its last digit again; the reward is 1 for that digit, falling
+by 0.2 per byte away from it, so a random byte-level model starts near 0.02.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from conftest import losses, run_inline, run_ranks
+from launcher.components.metrics import read_metrics
+
+REWARD = '''
+def digit_distance(prompts, completions, answer, **kwargs):
+    """1 when the completion starts with the record's digit, falling by 0.2 per byte away from it."""
+    return [max(0.0, 1 - abs(ord(c[0]) - ord(a)) / 5) if c else 0.0 for c, a in zip(completions, answer)]
+'''
+
+
+@pytest.fixture(scope="module")
+def task(tmp_path_factory) -> list[str]:
+    """The toy task's prompts and reward file, as overrides."""
+    folder = tmp_path_factory.mktemp("digits")
+    lines = [json.dumps({"prompt": f"={d % 10}", "answer": str(d % 10)}) for d in range(7, 207, 3)]
+    (folder / "digits.jsonl").write_text("\n".join(lines) + "\n")
+    (folder / "rewards.py").write_text(REWARD)
+    return [
+        "objective=grpo", "data=jsonl", f"data.path={folder / 'digits.jsonl'}", "data.format=prompt",
+        f"reward.functions=[{folder / 'rewards.py'}:digit_distance]", "data.seq_len=16",
+        "model.n_layer=2", "model.d_model=64", "model.n_head=2", "scheduler=constant", "log.progress=false",
+        "log.summary_table=false", "train.log_every=1",
+    ]  # fmt: skip
+
+
+SMALL = [
+    "objective.max_completion_length=4", "objective.num_generations=4", "objective.log_rollouts=2",
+    "objective.beta=0.04", "optimizer.lr=1e-2", "train.max_steps=4", "checkpoint.every=2",
+]  # fmt: skip
+"""A short run: 2 prompts x 4 completions of up to 4 tokens per step, a KL to a frozen copy of the initial policy."""
+KEYS = ("loss", "reward", "reward/digit_distance", "equal_groups", "completion_length", "entropy", "kl")
+
+
+def _records(run_dir: Path) -> dict[int, dict]:
+    return {r["step"]: r for r in read_metrics(run_dir / "metrics.jsonl") if "loss" in r}
+
+
+@pytest.fixture(scope="module")
+def one_process(task, tmp_path_factory) -> Path:
+    run_dir = tmp_path_factory.mktemp("grpo") / "one"
+    assert run_inline([*task, *SMALL, "train.micro_batch_size=8", f"run_dir={run_dir}"], run_dir) == 0
+    return run_dir
+
+
+def test_a_run_logs_its_rollouts_and_metrics(one_process: Path) -> None:
+    records = _records(one_process)
+    assert set(records) == {1, 2, 3, 4}
+    for key in (*KEYS, "reward_std", "completion_length_max", "clipped_share", "clip_ratio/region_mean",
+                "generation_share", "generated_tokens_per_s"):  # fmt: skip
+        assert all(key in r for r in records.values()), key
+    assert 0 < records[1]["generation_share"] < 1
+    lines = [json.loads(line) for line in (one_process / "rollouts.jsonl").read_text().splitlines()]
+    assert [line["step"] for line in lines] == [1, 1, 2, 2, 3, 3, 4, 4]  # objective.log_rollouts=2 per step
+    assert lines[0]["prompt"].startswith("=") and {"completion", "reward", "advantage", "truncated"} <= set(
+        lines[0]
+    )
+
+
+def test_grpo_resumes_bitwise(task, one_process: Path, tmp_path: Path) -> None:
+    split = tmp_path / "split"
+    args = [*task, *SMALL, "train.micro_batch_size=8", f"run_dir={split}"]
+    assert run_inline([*args, "train.stop_after=2"], split) == 0
+    assert run_inline([*args, "resume=auto"], split) == 0
+    assert losses(split) == losses(one_process)
+    assert [r["reward"] for r in _records(split).values()] == [
+        r["reward"] for r in _records(one_process).values()
+    ]
+
+
+STRATEGIES = {"ddp": "parallel=ddp", "fsdp": "parallel=fsdp"}
+
+
+# FSDP2 in the extended tier: DDP holds the rollouts' world-size invariance; FSDP2 adds generation over gathered shards.
+@pytest.mark.parametrize(
+    "name", [pytest.param(n, marks=pytest.mark.extended) if n == "fsdp" else n for n in STRATEGIES]
+)
+def test_grpo_on_two_ranks_matches_one_process(task, one_process: Path, tmp_path: Path, name: str) -> None:
+    two = tmp_path / name
+    args = [*task, *SMALL, STRATEGIES[name], "launcher=local", "launcher.nproc=2", "train.micro_batch_size=4"]
+    proc = run_ranks([*args, f"run_dir={two}"], two, nproc=2, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    one, other = _records(one_process), _records(two)
+    assert one.keys() == other.keys() == {1, 2, 3, 4}
+    for step in one:
+        for key in KEYS:
+            assert other[step][key] == pytest.approx(one[step][key], rel=1e-5, abs=1e-6), (step, key)
+
+
+def test_grpo_raises_the_reward_of_the_toy_task(task, tmp_path: Path) -> None:
+    """A short run shows the reward rising; docs/rl.md's bench run (scripts/bench_grpo.py) takes it to the end."""
+    run_dir = tmp_path / "learn"
+    args = [*task, "objective.max_completion_length=1", "objective.num_generations=8", "train.micro_batch_size=32",
+            "optimizer.lr=1e-2", "train.max_steps=24", "train.log_every=4", "checkpoint.every=null"]  # fmt: skip
+    assert run_inline([*args, f"run_dir={run_dir}"], run_dir) == 0
+    rewards = [r["reward"] for r in _records(run_dir).values()]
+    assert rewards[0] < 0.1 and rewards[-1] > rewards[0] + 0.15, rewards
+
+
+@pytest.mark.extended  # LoRA on a Hugging Face folder: the default tier's runs hold the loop on the built-in GPT
+def test_grpo_with_lora_on_a_hugging_face_llama(task, tmp_path: Path) -> None:
+    """Rollouts sampled and trained through the adapters, the KL taken to the base with the adapters off: 0 at the
+    first step (LoRA's B starts at zero), above 0 once the adapters moved the policy."""
+    from hf_assets import make_hf_model
+
+    folder = make_hf_model("llama", tmp_path / "llama")  # 256 ids: the byte tokenizer's
+    run_dir = tmp_path / "lora"
+    args = [
+        *[a for a in task if not a.startswith("model.")], "model=hf", f"model.path={folder}", "quantization=lora",
+        "objective.beta=0.04", "objective.max_completion_length=2", "objective.num_generations=4",
+        "train.micro_batch_size=8", "optimizer.lr=2e-2", "train.max_steps=6", "checkpoint.every=null",
+    ]  # fmt: skip
+    assert run_inline([*args, f"run_dir={run_dir}"], run_dir) == 0
+    records = _records(run_dir)
+    assert records[1]["kl"] == pytest.approx(0.0, abs=1e-6)
+    assert records[6]["kl"] > 1e-6 and all(r["reward"] >= 0 for r in records.values())
