@@ -15,38 +15,18 @@ a training forward leaves them in `pending` for the objective (launcher.componen
 and adds its expert counts to `step_counts` (the bias update, launcher.components.model.moe_balance) and
 to the log interval's sums. Forwards without gradients (evaluation, decoding) and the recomputation of
 activation checkpointing in backward count nothing.
-
-With expert parallelism (`ExpertGroup`, set by launcher.parallel.expert_parallel) this rank holds
-E / ep_size consecutive experts; the sorted token copies travel to the ranks holding their experts and
-back by all-to-all (launcher.parallel.expert_dispatch).
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from launcher.config.model import ModelConfig, expert_width
-
-if TYPE_CHECKING:
-    from torch.distributed import ProcessGroup
-
-
-@dataclass(frozen=True, kw_only=True)
-class ExpertGroup:
-    """The expert-parallel group of a rank: which experts it holds and the group the tokens travel in."""
-
-    group: ProcessGroup
-    """The ranks that split the experts between them (one expert-parallel group)."""
-    rank: int
-    """This rank's position in the group: it holds experts [rank * local, (rank + 1) * local)."""
-    size: int
-    """Ranks in the group (parallel.ep_size)."""
 
 
 def _in_backward() -> bool:
@@ -104,8 +84,6 @@ class MoE(nn.Module):
         self.w_down = nn.Parameter(torch.empty(moe.num_experts, width, cfg.d_model))
         self.shared = shared
         self.dropout = nn.Dropout(cfg.dropout)
-        self.expert_group: ExpertGroup | None = None
-        """Set under expert parallelism: w_up and w_down then hold this rank's experts only."""
         self.pending: torch.Tensor | None = None
         """The last training forward's weighted auxiliary losses per row [B] (the objective takes them)."""
         self.step_counts = torch.zeros(moe.num_experts)
@@ -140,7 +118,7 @@ class MoE(nn.Module):
         order = torch.argsort(assigned, stable=True)
         token = keep.nonzero().squeeze(1)[order] // self.top_k
         counts = torch.bincount(assigned, minlength=self.num_experts)
-        rows = self._experts(flat[token], counts)
+        rows = expert_mlp(flat[token], self.w_up, self.w_down, counts.tolist())
         combined = torch.zeros_like(flat).index_add_(
             0, token, rows * weights.reshape(-1)[keep][order, None].to(rows.dtype)
         )
@@ -160,14 +138,6 @@ class MoE(nn.Module):
         one_hot = F.one_hot(flat, self.num_experts)
         position = ((one_hot.cumsum(0) - 1) * one_hot).sum(-1)
         return position < capacity
-
-    def _experts(self, rows: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
-        """Sorted token copies through their experts: here, or on the ranks holding them (expert parallel)."""
-        if self.expert_group is None:
-            return expert_mlp(rows, self.w_up, self.w_down, counts.tolist())
-        from launcher.parallel.expert_dispatch import dispatch_compute_combine
-
-        return dispatch_compute_combine(rows, counts, self.w_up, self.w_down, self.expert_group)
 
     def _account(
         self, logits: torch.Tensor, probs: torch.Tensor, chosen: torch.Tensor, counts: torch.Tensor,
