@@ -45,6 +45,8 @@ class ModelShape:
     """The built-in GPT config whose activations match this model's (the config itself for kind=gpt)."""
     llama_layer: LlamaLayer | None = None
     """A Llama-style decoder layer's widths (None: the GPT or another family, counted as `equivalent`)."""
+    num_active_params: int | None = None
+    """Parameters one token runs through (top_k of each MoE block's experts), for FLOPs and MFU; None: all."""
 
 
 def _gpt_linears(cfg: ModelConfig) -> dict[str, tuple[int, int]]:
@@ -57,7 +59,12 @@ def _gpt_linears(cfg: ModelConfig) -> dict[str, tuple[int, int]]:
 
 def gpt_shape(cfg: ModelConfig) -> ModelShape:
     """The built-in GPT's shape, from the model keys."""
-    return ModelShape(num_params=config_num_params(cfg), block_linears=_gpt_linears(cfg), equivalent=cfg)
+    return ModelShape(
+        num_params=config_num_params(cfg),
+        block_linears=_gpt_linears(cfg),
+        equivalent=cfg,
+        num_active_params=config_num_params(cfg, active=True),
+    )
 
 
 @lru_cache(maxsize=8)
