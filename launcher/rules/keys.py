@@ -203,6 +203,7 @@ KEYS: dict[str, Domain] = {
     "parallel.bucket_mb": above(0),
     "parallel.comm_hook": one_of(COMM_HOOKS),
     "parallel.cp_size": COUNT,
+    "parallel.ep_size": COUNT,
     "parallel.cpu_offload": FLAG,
     "parallel.deepspeed_config": PATH,
     "parallel.find_unused_parameters": FLAG,

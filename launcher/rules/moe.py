@@ -6,7 +6,8 @@ folder's config.json decides its own experts. What the MoE blocks do not compose
 the reason: tensor parallel (its plan splits a dense MLP), pipelines and context parallel (not built for
 the routing's bookkeeping yet), DeepSpeed (its engine owns the gradient reduction), torch.compile (the
 routing's per-step bookkeeping breaks its graphs), and objectives other than sft (the auxiliary losses
-are counted per trained token).
+are counted per trained token). Expert parallelism (parallel.ep_size) needs experts to split, a world
+size and an expert count it divides, and DDP (the only strategy it is built on so far).
 """
 
 from __future__ import annotations
@@ -106,5 +107,39 @@ def _composition(spec: RunSpec, hw: Hardware) -> Iterator[SpecError]:
             )
 
 
-RULES: tuple[Rule, ...] = (_numbers, _composition)
+def _expert_parallel(spec: RunSpec, hw: Hardware) -> Iterator[SpecError]:
+    ep, moe, world = spec.parallel.ep_size, spec.model.moe, spec.launcher.world_size
+    if ep <= 1:
+        return
+    if moe.num_experts <= 0:
+        yield SpecError(
+            ("parallel.ep_size", "model.moe.num_experts"),
+            "splits the experts of MoE blocks over ranks, and this model has none. Use a model with experts "
+            "(e.g. `model=gpt_moe_tiny`) or parallel.ep_size=1.",
+        )
+        return
+    if moe.num_experts % ep:
+        yield SpecError(
+            ("parallel.ep_size", "model.moe.num_experts"),
+            f"each rank of an expert-parallel group holds num_experts / ep_size experts, so "
+            f"model.moe.num_experts ({moe.num_experts}) must be a multiple of parallel.ep_size ({ep}). "
+            "Change either.",
+        )
+    if world % ep:
+        yield SpecError(
+            ("parallel.ep_size", "launcher.nproc", "launcher.nnodes"),
+            f"the world size ({world} = launcher.nnodes x launcher.nproc) must be a multiple of parallel.ep_size "
+            f"({ep}): the data-parallel ranks form groups of ep_size that split the experts. Change launcher.nproc "
+            "or parallel.ep_size.",
+        )
+    if spec.parallel.data_parallel != "ddp":
+        yield SpecError(
+            ("parallel.ep_size", "parallel.strategy"),
+            f"expert parallelism is built on DDP so far; parallel.strategy={spec.parallel.strategy} does not "
+            "compose with it yet (FSDP2 would shard the expert slices of a group as if they were one tensor). "
+            "Use `parallel=ddp`, or parallel.ep_size=1.",
+        )
+
+
+RULES: tuple[Rule, ...] = (_numbers, _composition, _expert_parallel)
 """This module's rules, in the order they report."""

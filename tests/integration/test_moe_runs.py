@@ -3,9 +3,9 @@
 Real gloo ranks, fp32, model=gpt_moe_tiny made small, 3 steps of a global batch of 8 sequences, the
 auxiliary and z losses and loss-free balancing on: 2 DDP ranks must give one process's per-step losses
 (cross-entropy plus the auxiliary losses) to 1e-5, since the auxiliary losses are per sequence and the
-bias update sums the step's expert counts over the ranks; resumed from its step-2 checkpoint (which holds
-the routing biases) the DDP run gives the straight run's step 3 bitwise. FSDP2 on 2 ranks is the
-extended variant of the same property.
+bias update sums the step's expert counts over the ranks. Extended variants: the DDP run resumed from its
+step-2 checkpoint (which holds the routing biases) gives the straight run's step 3 bitwise, and FSDP2 on
+2 ranks matches one process too.
 """
 
 from __future__ import annotations
@@ -44,18 +44,64 @@ def _same(run: dict[int, float], reference: dict[int, float]) -> None:
         assert run[step] == pytest.approx(loss, rel=1e-5), (step, run[step], loss)
 
 
-def test_moe_ddp_matches_one_process_and_resumes_bitwise(reference, tmp_path) -> None:
-    ddp = [*BASE, "parallel=ddp", "train.micro_batch_size=4"]
-    straight = _ranks(ddp, tmp_path / "straight")
-    _same(straight, losses(reference))
+@pytest.fixture(scope="module")
+def ddp(reference, tmp_path_factory) -> tuple[list[str], Path]:
+    """2 DDP ranks of 4 sequences each (checked against one process); its arguments and run directory."""
+    args, run_dir = (
+        [*BASE, "parallel=ddp", "train.micro_batch_size=4"],
+        tmp_path_factory.mktemp("ddp") / "run",
+    )
+    _same(_ranks(args, run_dir), losses(reference))
+    return args, run_dir
+
+
+def test_moe_ddp_matches_one_process(reference, ddp) -> None:
+    """Per-step losses (cross-entropy + auxiliary losses) to 1e-5; the routing numbers are recorded."""
     record = read_metrics(reference / "metrics.jsonl")[-1]
     assert record["moe_aux_loss"] > 0 and record["moe_load_max_over_mean"] >= 1.0
     assert record["moe_dropped_tokens"] == 0  # dropless
-    step_2 = tmp_path / "straight" / "checkpoints" / "step_2"
-    resumed = _ranks([*ddp, f"resume={step_2}"], tmp_path / "resumed")
-    assert resumed == {3: straight[3]}
+    assert read_metrics(ddp[1] / "metrics.jsonl")[-1]["moe_load/1"] == pytest.approx(record["moe_load/1"])
+
+
+@pytest.mark.extended  # a further run of the DDP test's job; resume of the plain GPT is proved by test_local_ddp
+def test_moe_ddp_resumes_bitwise_with_the_routing_biases(ddp, tmp_path) -> None:
+    args, run_dir = ddp
+    resumed = _ranks([*args, f"resume={run_dir / 'checkpoints' / 'step_2'}"], tmp_path / "resumed")
+    assert resumed == {3: losses(run_dir)[3]}
 
 
 @pytest.mark.extended  # the DDP test above proves the property; FSDP2 shards the same blocks
 def test_moe_fsdp_matches_one_process(reference, tmp_path) -> None:
     _same(_ranks([*BASE, "parallel=fsdp", "train.micro_batch_size=4"], tmp_path / "fsdp"), losses(reference))
+
+
+@pytest.fixture(scope="module")
+def ep2(reference, tmp_path_factory) -> tuple[list[str], Path]:
+    """Expert parallel 2 on 2 DDP ranks (each holding 4 of the 8 experts), checked against one process."""
+    args = [*BASE, "parallel=ddp", "parallel.ep_size=2", "train.micro_batch_size=4"]
+    run_dir = tmp_path_factory.mktemp("ep2") / "run"
+    _same(_ranks(args, run_dir), losses(reference))
+    return args, run_dir
+
+
+def test_expert_parallel_matches_one_process_and_its_checkpoint_resumes_at_ep1(
+    ep2, reference, tmp_path
+) -> None:
+    """Tokens to their experts' ranks by all-to-all: one process's losses; the checkpoint holds whole experts."""
+    _, run_dir = ep2
+    held = [read_metrics(d / "metrics.jsonl")[-1]["param_bytes"] for d in (run_dir, reference)]
+    assert held[0] < held[1]  # each rank holds half the experts
+    step_2 = run_dir / "checkpoints" / "step_2"
+    assert run_inline([*BASE, "train.micro_batch_size=8", f"resume={step_2}"], tmp_path / "ep1") == 0
+    assert losses(tmp_path / "ep1")[3] == pytest.approx(losses(run_dir)[3], rel=1e-5)
+
+
+@pytest.mark.extended  # the ep 2 test above proves the checkpoint holds whole experts; ep 4 cuts them finer
+def test_expert_parallel_resumes_bitwise_and_at_ep4(ep2, tmp_path) -> None:
+    args, run_dir = ep2
+    step_2 = run_dir / "checkpoints" / "step_2"
+    assert _ranks([*args, f"resume={step_2}"], tmp_path / "again") == {3: losses(run_dir)[3]}
+    ep4 = [*BASE, "parallel=ddp", "parallel.ep_size=4", "train.micro_batch_size=2", f"resume={step_2}"]
+    proc = run_ranks([*ep4, "launcher=local", "launcher.nproc=4"], tmp_path / "ep4", nproc=4, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    assert losses(tmp_path / "ep4")[3] == pytest.approx(losses(run_dir)[3], rel=1e-5)

@@ -4,9 +4,8 @@ Each token's router logits become expert scores (softmax over the experts, or an
 per expert); the top_k experts by score plus the loss-free balancing bias (DeepSeek-V3: the bias only
 chooses, the weights are the unbiased scores, renormalized over the chosen when top_k > 1) take it.
 The experts are stacked weights [E, d_model, d_ff] and [E, d_ff, d_model]; the token copies are sorted
-by expert and each expert multiplies its contiguous rows: one grouped GEMM (`torch._grouped_mm`) on
-CUDA in bf16, a loop over the experts elsewhere (the CPU kernel's backward fails on an expert that
-received no token). Dropless by default; with moe.capacity_factor an expert keeps the first
+by expert and each expert multiplies its contiguous rows (launcher.components.model.experts: a grouped
+GEMM on CUDA, a loop elsewhere; under expert parallelism on the ranks holding the experts). Dropless by default; with moe.capacity_factor an expert keeps the first
 ceil(factor x assignments / E) of a micro batch's assignments in token order and the rest are dropped.
 
 The auxiliary losses (load balancing, Switch/Mixtral form, and the router z-loss) are computed per
@@ -26,28 +25,13 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from launcher.components.model.experts import ExpertGroup, dispatch_compute_combine, expert_mlp
 from launcher.config.model import ModelConfig, expert_width
 
 
 def _in_backward() -> bool:
     """Whether autograd's engine is running this code (activation checkpointing recomputing a forward)."""
     return torch._C._current_graph_task_id() != -1
-
-
-def expert_mlp(x: torch.Tensor, w_up: torch.Tensor, w_down: torch.Tensor, counts: list[int]) -> torch.Tensor:
-    """Rows of `x` sorted by expert ([sum(counts), d]) through their experts' MLPs (w_up [E, d, f], w_down [E, f, d])."""
-    if x.is_cuda and hasattr(torch, "_grouped_mm"):
-        dtype = torch.get_autocast_dtype("cuda") if torch.is_autocast_enabled("cuda") else x.dtype
-        if dtype == torch.bfloat16:  # the grouped GEMM kernel's dtype
-            offsets = torch.tensor(counts, device=x.device).cumsum(0).to(torch.int32)
-            hidden = torch._grouped_mm(x.to(dtype), w_up.to(dtype), offs=offsets)
-            hidden = F.gelu(hidden, approximate="tanh")
-            return torch._grouped_mm(hidden, w_down.to(dtype), offs=offsets)
-    outputs = []
-    for e, rows in enumerate(x.split(counts)):
-        if rows.shape[0]:
-            outputs.append(F.gelu(rows @ w_up[e], approximate="tanh") @ w_down[e])
-    return torch.cat(outputs) if outputs else x.new_zeros((0, w_down.shape[-1]))
 
 
 class Router(nn.Module):
@@ -84,6 +68,8 @@ class MoE(nn.Module):
         self.w_down = nn.Parameter(torch.empty(moe.num_experts, width, cfg.d_model))
         self.shared = shared
         self.dropout = nn.Dropout(cfg.dropout)
+        self.expert_group: ExpertGroup | None = None
+        """Set under expert parallelism (launcher.parallel.expert_parallel): w_up and w_down hold this rank's experts."""
         self.pending: torch.Tensor | None = None
         """The last training forward's weighted auxiliary losses per row [B] (the objective takes them)."""
         self.step_counts = torch.zeros(moe.num_experts)
@@ -118,7 +104,10 @@ class MoE(nn.Module):
         order = torch.argsort(assigned, stable=True)
         token = keep.nonzero().squeeze(1)[order] // self.top_k
         counts = torch.bincount(assigned, minlength=self.num_experts)
-        rows = expert_mlp(flat[token], self.w_up, self.w_down, counts.tolist())
+        if self.expert_group is None:
+            rows = expert_mlp(flat[token], self.w_up, self.w_down, counts.tolist())
+        else:
+            rows = dispatch_compute_combine(flat[token], counts, self.w_up, self.w_down, self.expert_group)
         combined = torch.zeros_like(flat).index_add_(
             0, token, rows * weights.reshape(-1)[keep][order, None].to(rows.dtype)
         )
