@@ -1,4 +1,4 @@
-"""Expert parallelism (parallel.ep_size > 1) of the built-in GPT's MoE blocks under DDP.
+"""Expert parallelism (parallel.ep_size > 1) of the built-in GPT's MoE blocks under DDP and FSDP2.
 
 The world's ranks form groups of ep_size consecutive ranks; each rank of a group holds E / ep_size
 consecutive experts of every MoE block (`apply`: its slice of the stacked weights, cut from the same
@@ -8,12 +8,14 @@ group: rank % ep_size alike) are the experts' replicas.
 
 `ExpertShards` is what the strategy asks of them:
 
-- DDP ignores the expert weights (they differ between the ranks of a group); after the step's backward
-  their gradients are summed over the replicas and divided by the world size, as DDP averages the rest
-  (a rank's expert gradient already holds every group rank's tokens, brought back by the all-to-all);
-- the clipping norm adds the squared norms of the group's expert gradients to the replicated rest;
-- checkpoints hold whole experts (gathered over the group for model.pt and the optimizer's moments, cut
-  to this rank's slice on load), so a checkpoint of any ep_size resumes at any other, or in one process.
+- DDP and FSDP2 leave the expert weights alone (they differ between the ranks of a group; FSDP2 does not
+  shard them further); after the step's backward their gradients are summed over the replicas and divided
+  by the world size, as DDP and FSDP2 average the rest (a rank's expert gradient already holds every group
+  rank's tokens, brought back by the all-to-all);
+- the clipping norm adds the squared norms of the group's expert gradients to the rest's;
+- checkpoints hold whole experts: under DDP gathered over the group for model.pt and the optimizer's
+  moments and cut to this rank's slice on load; under FSDP2 the slices are DTensors of the whole
+  experts, which DCP saves and reshards. A checkpoint of any ep_size resumes at any other, or in one process.
 """
 
 from __future__ import annotations
@@ -24,9 +26,11 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.distributed.tensor import DTensor
 
 from launcher.components.model.experts import ExpertGroup
 from launcher.components.model.moe_balance import moe_blocks
+from launcher.parallel.pipeline_stage import local_tensor
 
 EXPERT_WEIGHTS = ("w_up", "w_down")
 """The stacked expert weights of an MoE block (launcher.components.model.moe.MoE), split along dim 0."""
@@ -55,24 +59,27 @@ class ExpertShards:
         for param in self.params.values():
             if param.grad is None:
                 continue
+            grad = local_tensor(param.grad)
             if self.replicas is not None:
-                dist.all_reduce(param.grad, group=self.replicas)
-            param.grad.div_(self.world_size)
+                dist.all_reduce(grad, group=self.replicas)
+            grad.div_(self.world_size)
 
     def clip(self, params: list[torch.Tensor], max_norm: float | None) -> torch.Tensor:
         """Clip by the global norm (this rank's replicated gradients and its group's experts); returns it."""
         dense = [p.grad for p in params if id(p) not in self.ids]
-        experts = [p.grad for p in params if id(p) in self.ids]
-        squared = torch.nn.utils.get_total_norm(dense).to(torch.float32) ** 2 if dense else torch.zeros(())
-        expert_sq = (
-            torch.nn.utils.get_total_norm(experts).to(torch.float32) ** 2 if experts else torch.zeros(())
-        )
+        experts = [local_tensor(p.grad) for p in params if id(p) in self.ids]
+        squared, expert_sq = torch.zeros(()), torch.zeros(())
+        if dense:  # under FSDP2 DTensor shards: the norm of the whole gradients
+            norm = torch.nn.utils.get_total_norm(dense, foreach=any(isinstance(g, DTensor) for g in dense))
+            squared = (norm.full_tensor() if isinstance(norm, DTensor) else norm).to(torch.float32) ** 2
+        if experts:
+            expert_sq = torch.nn.utils.get_total_norm(experts).to(torch.float32) ** 2
         dist.all_reduce(expert_sq, group=self.group.group)
         total = (squared + expert_sq).sqrt()
         if max_norm is not None:
             coef = (max_norm / (total + 1e-6)).clamp(max=1.0)
             for p in params:
-                p.grad.mul_(coef.to(p.grad.dtype))
+                local_tensor(p.grad).mul_(coef.to(p.grad.dtype))
         return total
 
     def _gather(self, local: torch.Tensor) -> torch.Tensor:
@@ -121,32 +128,31 @@ class ExpertShards:
         return self._map_optimizer(state, optimizer, self._slice)
 
 
-def _groups(world_size: int, ep_size: int, rank: int) -> tuple[ExpertGroup, dist.ProcessGroup | None]:
-    """This rank's expert-parallel group and replica group (every rank creates every group, in one order)."""
-    mine = replicas = None
-    for start in range(0, world_size, ep_size):
-        ranks = list(range(start, start + ep_size))
-        group = dist.new_group(ranks)
-        if rank in ranks:
-            mine = group
-    for first in range(ep_size):
-        ranks = list(range(first, world_size, ep_size))
-        group = dist.new_group(ranks) if len(ranks) > 1 else None
-        if rank in ranks:
-            replicas = group
-    return ExpertGroup(group=mine, rank=rank % ep_size, size=ep_size), replicas
+def apply(model: nn.Module, ep_size: int, rank: int, world_size: int, *, dtensors: bool) -> ExpertShards:
+    """Keep this rank's slice of every MoE block's experts, route through the group; the shards' record.
 
+    The groups are the axes of a (world / ep_size, ep_size) mesh: "ep" the consecutive ranks that split
+    the experts, "replica" the ranks holding the same ones. `dtensors` (FSDP2): each slice is a DTensor of
+    the whole expert tensor over that mesh (replicated, sharded along the experts), so DCP saves whole
+    experts and reshards them to any ep_size, and the optimizer's foreach kernels meet only DTensors.
+    """
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Replicate, Shard
 
-def apply(model: nn.Module, ep_size: int, rank: int, world_size: int) -> ExpertShards:
-    """Keep this rank's slice of every MoE block's experts, route through the group; the shards' record."""
-    group, replicas = _groups(world_size, ep_size, rank)
+    device = next(model.parameters()).device.type
+    mesh = init_device_mesh(device, (world_size // ep_size, ep_size), mesh_dim_names=("replica", "ep"))
+    group = ExpertGroup(group=mesh["ep"].get_group(), rank=rank % ep_size, size=ep_size)
+    replicas = mesh["replica"].get_group() if world_size > ep_size else None
     params: dict[str, nn.Parameter] = {}
     for index, block in moe_blocks(model).items():
         block.expert_group = group
         for name in EXPERT_WEIGHTS:
             whole = getattr(block, name)
             local = whole.shape[0] // ep_size
-            piece = nn.Parameter(whole.detach()[group.rank * local : (group.rank + 1) * local].clone())
-            setattr(block, name, piece)
-            params[f"blocks.{index}.mlp.{name}"] = piece
+            piece = whole.detach()[group.rank * local : (group.rank + 1) * local].clone()
+            if dtensors:
+                piece = DTensor.from_local(piece, mesh, [Replicate(), Shard(0)], run_check=False)
+            param = nn.Parameter(piece)
+            setattr(block, name, param)
+            params[f"blocks.{index}.mlp.{name}"] = param
     return ExpertShards(params=params, group=group, replicas=replicas, world_size=world_size)

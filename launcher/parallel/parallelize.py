@@ -87,7 +87,9 @@ def parallelize(
     if spec.parallel.ep_size > 1:
         from launcher.parallel import expert_parallel
 
-        part.expert_shards = expert_parallel.apply(part, spec.parallel.ep_size, dist.rank, dist.world_size)
+        part.expert_shards = expert_parallel.apply(
+            part, spec.parallel.ep_size, dist.rank, dist.world_size, dtensors=wrap == "fsdp"
+        )
     # 1. tensor parallelism splits the blocks' projections into DTensors over the mesh's tp axis
     if dims.tp > 1:
         # DTensor and DCP take about a second to import: only a tensor-parallel run pays for them

@@ -7,7 +7,7 @@ the reason: tensor parallel (its plan splits a dense MLP), pipelines and context
 the routing's bookkeeping yet), DeepSpeed (its engine owns the gradient reduction), torch.compile (the
 routing's per-step bookkeeping breaks its graphs), and objectives other than sft (the auxiliary losses
 are counted per trained token). Expert parallelism (parallel.ep_size) needs experts to split, a world
-size and an expert count it divides, and DDP (the only strategy it is built on so far).
+size and an expert count it divides, and DDP or FSDP2 (the strategies it is built on so far).
 """
 
 from __future__ import annotations
@@ -132,12 +132,12 @@ def _expert_parallel(spec: RunSpec, hw: Hardware) -> Iterator[SpecError]:
             f"({ep}): the data-parallel ranks form groups of ep_size that split the experts. Change launcher.nproc "
             "or parallel.ep_size.",
         )
-    if spec.parallel.data_parallel != "ddp":
+    if spec.parallel.data_parallel not in ("ddp", "fsdp") or spec.parallel.replicate_degree > 1:
         yield SpecError(
             ("parallel.ep_size", "parallel.strategy"),
-            f"expert parallelism is built on DDP so far; parallel.strategy={spec.parallel.strategy} does not "
-            "compose with it yet (FSDP2 would shard the expert slices of a group as if they were one tensor). "
-            "Use `parallel=ddp`, or parallel.ep_size=1.",
+            f"expert parallelism is built on DDP and FSDP2 so far (without hybrid replicas); "
+            f"parallel.strategy={spec.parallel.strategy} does not compose with it yet. Use `parallel=ddp` or "
+            "`parallel=fsdp`, or parallel.ep_size=1.",
         )
 
 

@@ -105,3 +105,15 @@ def test_expert_parallel_resumes_bitwise_and_at_ep4(ep2, tmp_path) -> None:
     proc = run_ranks([*ep4, "launcher=local", "launcher.nproc=4"], tmp_path / "ep4", nproc=4, timeout=600)
     assert proc.returncode == 0, proc.stderr[-4000:]
     assert losses(tmp_path / "ep4")[3] == pytest.approx(losses(run_dir)[3], rel=1e-5)
+
+
+@pytest.mark.extended  # the ep 2 DDP test above proves the dispatch; FSDP2 shards the rest over 4 ranks
+def test_expert_parallel_under_fsdp2_matches_one_process_and_resumes_at_ep1(reference, tmp_path) -> None:
+    """parallel=fsdp parallel.ep_size=2 on 4 ranks: two groups of 2 split the experts, FSDP2 shards the rest."""
+    args = [*BASE, "parallel=fsdp", "parallel.ep_size=2", "train.micro_batch_size=2"]
+    proc = run_ranks([*args, "launcher=local", "launcher.nproc=4"], tmp_path / "fsdp", nproc=4, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    _same(losses(tmp_path / "fsdp"), losses(reference))
+    step_2 = tmp_path / "fsdp" / "checkpoints" / "step_2"
+    assert run_inline([*BASE, "train.micro_batch_size=8", f"resume={step_2}"], tmp_path / "ep1") == 0
+    assert losses(tmp_path / "ep1")[3] == pytest.approx(losses(tmp_path / "fsdp")[3], rel=1e-5)

@@ -24,6 +24,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.distributed.tensor import DTensor
 
 from launcher.components.model.experts import ExpertGroup, dispatch_compute_combine, expert_mlp
 from launcher.config.model import ModelConfig, expert_width
@@ -106,8 +107,9 @@ class MoE(nn.Module):
         counts = torch.bincount(assigned, minlength=self.num_experts)
         if self.expert_group is None:
             rows = expert_mlp(flat[token], self.w_up, self.w_down, counts.tolist())
-        else:
-            rows = dispatch_compute_combine(flat[token], counts, self.w_up, self.w_down, self.expert_group)
+        else:  # this rank's experts (under FSDP2 DTensor slices of the whole)
+            w_up, w_down = (w.to_local() if isinstance(w, DTensor) else w for w in (self.w_up, self.w_down))
+            rows = dispatch_compute_combine(flat[token], counts, w_up, w_down, self.expert_group)
         combined = torch.zeros_like(flat).index_add_(
             0, token, rows * weights.reshape(-1)[keep][order, None].to(rows.dtype)
         )
