@@ -15,8 +15,11 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Iterator
+from pathlib import Path
 
+from launcher.components import checkpoint
 from launcher.config.moe import ROUTERS, MoEConfig
+from launcher.parallel.checkpoint_layout import checkpoint_kind
 from launcher.rules.hardware import Hardware
 from launcher.rules.values import Rule, choice
 from launcher.spec import RunSpec, SpecError
@@ -141,5 +144,20 @@ def _expert_parallel(spec: RunSpec, hw: Hardware) -> Iterator[SpecError]:
         )
 
 
-RULES: tuple[Rule, ...] = (_numbers, _composition, _expert_parallel)
+def _expert_parallel_resume(spec: RunSpec, hw: Hardware) -> Iterator[SpecError]:
+    if spec.parallel.ep_size <= 1 or spec.parallel.data_parallel != "ddp" or spec.resume is None:
+        return
+    run_dir = Path(spec.run_dir) if spec.run_dir else None
+    found = checkpoint.resolve_resume(spec.resume, run_dir) if spec.resume != "auto" or run_dir else None
+    kind = checkpoint_kind(found[0]) if found else "files"
+    if kind != "files":
+        yield SpecError(
+            ("resume", "parallel.ep_size", "parallel.strategy"),
+            f"expert parallelism under DDP resumes from a whole-model checkpoint (single or ddp), and "
+            f"{found[0]} was written by {kind}. Resume it with `parallel=fsdp` and parallel.ep_size, or with "
+            "parallel.ep_size=1.",
+        )
+
+
+RULES: tuple[Rule, ...] = (_numbers, _composition, _expert_parallel, _expert_parallel_resume)
 """This module's rules, in the order they report."""

@@ -145,6 +145,17 @@ def _messages(*argv: str) -> list[str]:
         (["model.moe.top_k=1"], "model.moe.num_experts is 0"),
         (["model=gpt_moe_tiny", "parallel=tp", "launcher=local", "launcher.nproc=2"], "parallel.tp_size"),
         (["model=gpt_moe_tiny", "compile.mode=default"], "compile.mode"),
+        (["parallel=ddp", "launcher=local", "launcher.nproc=2", "parallel.ep_size=2"], "this model has none"),
+        (
+            [
+                "model=gpt_moe_tiny",
+                "parallel=ddp",
+                "launcher=local",
+                "launcher.nproc=2",
+                "parallel.ep_size=3",
+            ],
+            "must be a multiple of parallel.ep_size (3)",
+        ),
     ],
 )
 def test_bad_moe_specs_are_refused_before_launch(argv: list[str], expected: str) -> None:
@@ -154,3 +165,9 @@ def test_bad_moe_specs_are_refused_before_launch(argv: list[str], expected: str)
 
 def test_the_presets_pass_the_rules() -> None:
     assert _messages("model=gpt_moe_tiny", "parallel=fsdp", "launcher=local", "launcher.nproc=2") == []
+    assert (
+        _messages(
+            "model=gpt_moe_tiny", "parallel=fsdp", "launcher=local", "launcher.nproc=4", "parallel.ep_size=2"
+        )
+        == []
+    )
