@@ -1,9 +1,9 @@
 """The routed experts' computation: stacked expert MLPs over token rows sorted by expert, here or on the
 ranks that hold the experts (expert parallelism).
 
-`expert_mlp` runs rows sorted by expert through their experts: one grouped GEMM (`torch._grouped_mm`) on
-CUDA in bf16, a loop over the experts elsewhere (the CPU kernel's backward fails on an expert that
-received no row). Under expert parallelism (`ExpertGroup`, set by launcher.parallel.expert_parallel) a
+`expert_mlp` runs rows sorted by expert through their experts, a loop over the experts on every device:
+torch 2.13's grouped GEMM (`torch._grouped_mm`) fails in backward on the CPU when an expert received no
+row, and its CUDA kernel has not been measured against the loop here yet. Under expert parallelism (`ExpertGroup`, set by launcher.parallel.expert_parallel) a
 rank holds E / ep_size consecutive experts: `dispatch_compute_combine` sends each sorted row to the rank
 holding its expert by all-to-all (differentiable: the gradients travel back the same way), reorders the
 arrivals by expert, computes, and returns the outputs by the inverse all-to-all, in the rows' own order.
@@ -33,13 +33,6 @@ class ExpertGroup:
 
 def expert_mlp(x: torch.Tensor, w_up: torch.Tensor, w_down: torch.Tensor, counts: list[int]) -> torch.Tensor:
     """Rows of `x` sorted by expert ([sum(counts), d]) through their experts' MLPs (w_up [E, d, f], w_down [E, f, d])."""
-    if x.is_cuda and hasattr(torch, "_grouped_mm"):
-        dtype = torch.get_autocast_dtype("cuda") if torch.is_autocast_enabled("cuda") else x.dtype
-        if dtype == torch.bfloat16:  # the grouped GEMM kernel's dtype
-            offsets = torch.tensor(counts, device=x.device).cumsum(0).to(torch.int32)
-            hidden = torch._grouped_mm(x.to(dtype), w_up.to(dtype), offs=offsets)
-            hidden = F.gelu(hidden, approximate="tanh")
-            return torch._grouped_mm(hidden, w_down.to(dtype), offs=offsets)
     outputs = []
     for e, rows in enumerate(x.split(counts)):
         if rows.shape[0]:

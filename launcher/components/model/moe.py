@@ -4,9 +4,10 @@ Each token's router logits become expert scores (softmax over the experts, or an
 per expert); the top_k experts by score plus the loss-free balancing bias (DeepSeek-V3: the bias only
 chooses, the weights are the unbiased scores, renormalized over the chosen when top_k > 1) take it.
 The experts are stacked weights [E, d_model, d_ff] and [E, d_ff, d_model]; the token copies are sorted
-by expert and each expert multiplies its contiguous rows (launcher.components.model.experts: a grouped
-GEMM on CUDA, a loop elsewhere; under expert parallelism on the ranks holding the experts). Dropless by default; with moe.capacity_factor an expert keeps the first
-ceil(factor x assignments / E) of a micro batch's assignments in token order and the rest are dropped.
+by expert and each expert multiplies its contiguous rows (launcher.components.model.experts; under
+expert parallelism on the ranks holding the experts). Dropless by default; with moe.capacity_factor an
+expert keeps the first ceil(factor x assignments / E) of a micro batch's assignments in token order and
+the rest are dropped.
 
 The auxiliary losses (load balancing, Switch/Mixtral form, and the router z-loss) are computed per
 sequence (row), so a step's loss does not depend on how its rows are split over ranks and micro batches;
