@@ -171,3 +171,29 @@ def test_the_presets_pass_the_rules() -> None:
         )
         == []
     )
+
+
+def test_activation_checkpointing_recomputes_without_counting_twice() -> None:
+    """Checkpointed blocks give the same loss and gradients, and the recomputation adds no counts."""
+    import copy
+    import functools
+
+    from torch.utils.checkpoint import checkpoint
+
+    torch.manual_seed(0)
+    plain = GPT(_cfg(aux_loss_coef=0.1, z_loss_coef=0.01))
+    recomputed = copy.deepcopy(plain)
+    for block in recomputed.blocks:
+        block.forward = functools.partial(checkpoint, block.forward, use_reentrant=False)
+    ids = torch.randint(0, 256, (2, 8))
+    batch = {"input_ids": ids, "labels": ids}
+    for model in (plain, recomputed):
+        loss, _ = with_auxiliary(CrossEntropy(), model).loss_sum(model(ids), batch)
+        loss.backward()
+    for (name, a), b in zip(plain.named_parameters(), recomputed.parameters(), strict=True):
+        torch.testing.assert_close(a.grad, b.grad, msg=name)
+    for a, b in zip(moe_blocks(plain).values(), moe_blocks(recomputed).values(), strict=True):
+        assert (
+            torch.equal(a.interval["counts"], b.interval["counts"])
+            and float(a.interval["counts"].sum()) == 32
+        )

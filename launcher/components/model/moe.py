@@ -14,7 +14,7 @@ sequence (row), so a step's loss does not depend on how its rows are split over 
 a training forward leaves them in `pending` for the objective (launcher.components.objectives.auxiliary)
 and adds its expert counts to `step_counts` (the bias update, launcher.components.model.moe_balance) and
 to the log interval's sums. Forwards without gradients (evaluation, decoding) and the recomputation of
-activation checkpointing in backward count nothing.
+activation checkpointing in backward keep nothing.
 """
 
 from __future__ import annotations
@@ -114,7 +114,7 @@ class MoE(nn.Module):
         combined = torch.zeros_like(flat).index_add_(
             0, token, rows * weights.reshape(-1)[keep][order, None].to(rows.dtype)
         )
-        if self.training and torch.is_grad_enabled() and not _in_backward():
+        if self.training and torch.is_grad_enabled():
             self._account(logits, probs, chosen, counts, batch, seq)
         out = combined.reshape(batch, seq, d).to(x.dtype)
         if self.shared is not None:
@@ -135,12 +135,19 @@ class MoE(nn.Module):
         self, logits: torch.Tensor, probs: torch.Tensor, chosen: torch.Tensor, counts: torch.Tensor,
         batch: int, seq: int,
     ) -> None:  # fmt: skip
-        """A training forward's per-row auxiliary losses (`pending`), this step's counts and the interval's sums."""
+        """A training forward's per-row auxiliary losses (`pending`), this step's counts and the interval's sums.
+
+        Activation checkpointing's recomputation computes the losses again (it must save what the forward
+        saved) and keeps nothing: the forward's own losses are the ones the objective took.
+        """
         hits = F.one_hot(chosen, self.num_experts).sum(1).reshape(batch, seq, -1).float()  # [B, T, E]
         load = hits.mean(1) / self.top_k  # fraction of each row's assignments per expert
         aux = self.num_experts * (load * probs.reshape(batch, seq, -1).mean(1)).sum(-1)  # [B]
         z = torch.logsumexp(logits, -1).square().reshape(batch, seq).mean(1)  # [B]
-        self.pending = self.aux_loss_coef * aux + self.z_loss_coef * z
+        pending = self.aux_loss_coef * aux + self.z_loss_coef * z
+        if _in_backward():
+            return
+        self.pending = pending
         with torch.no_grad():
             self.step_counts = self.step_counts.to(counts.device) + counts
             sums = self.interval
