@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+
+from launcher.config.moe import MoEConfig, num_moe_blocks
 
 ATTENTION = ("auto", "sdpa", "varlen", "flex", "flash_attention_2")
 """model.attention's options (launcher.components.model.attention); flash_attention_2: a Hugging Face model's
@@ -50,6 +52,8 @@ class ModelConfig:
     """Packed documents: sdpa (dense [B,1,T,T] mask), varlen (SDPA per document span), flex (FlexAttention
     block mask, CUDA), auto (flex on CUDA, varlen elsewhere; plain causal SDPA when nothing is packed),
     flash_attention_2 (HF models on CUDA with the flash_attn package, bf16/fp16)."""
+    moe: MoEConfig = field(default_factory=MoEConfig)
+    """kind=gpt: mixture-of-experts blocks (model.moe.num_experts > 0); the default keeps every block dense."""
 
 
 BYTE_VOCAB = 256
@@ -65,13 +69,33 @@ def ff_width(cfg: ModelConfig) -> int:
     return cfg.d_ff if cfg.d_ff is not None else 4 * cfg.d_model
 
 
-def config_num_params(cfg: ModelConfig) -> int:
-    """Parameters of the GPT the config describes, computed without building it (tied matrix once)."""
-    d, ff, bias = cfg.d_model, ff_width(cfg), int(cfg.bias)
+def expert_width(cfg: ModelConfig) -> int:
+    """Each expert MLP's hidden width: model.moe.d_ff, else the dense MLP's."""
+    return cfg.moe.d_ff if cfg.moe.d_ff is not None else ff_width(cfg)
+
+
+def _mlp_params(d: int, ff: int, bias: int) -> int:
+    """Parameters of one up-GELU-down MLP of hidden width `ff`."""
+    return 2 * d * ff + (ff + d) * bias
+
+
+def _moe_mlp_params(cfg: ModelConfig, experts: int) -> int:
+    """Parameters of one MoE block's feed-forward part holding `experts` routed experts (router, shared MLP)."""
+    d, ff, moe = cfg.d_model, expert_width(cfg), cfg.moe
+    shared = _mlp_params(d, moe.shared_experts * ff, int(cfg.bias)) if moe.shared_experts else 0
+    return d * moe.num_experts + experts * 2 * d * ff + shared
+
+
+def config_num_params(cfg: ModelConfig, *, active: bool = False) -> int:
+    """Parameters of the GPT the config describes, computed without building it (tied matrix once);
+    `active`: those one token runs through (top_k of each MoE block's experts)."""
+    d, bias = cfg.d_model, int(cfg.bias)
     norm = d * (1 + bias)
     attn = 4 * d * d + 4 * d * bias
-    mlp = 2 * d * ff + (ff + d) * bias
-    block = 2 * norm + attn + mlp
+    block = 2 * norm + attn + _mlp_params(d, ff_width(cfg), bias)
+    num_moe = num_moe_blocks(cfg.moe, cfg.n_layer)
+    experts = cfg.moe.top_k if active else cfg.moe.num_experts
+    moe_block = 2 * norm + attn + _moe_mlp_params(cfg, experts) if num_moe else 0
     embeddings = vocab_size(cfg) * d + cfg.max_seq_len * d
     head = 0 if cfg.tie_embeddings else vocab_size(cfg) * d
-    return embeddings + cfg.n_layer * block + norm + head
+    return embeddings + (cfg.n_layer - num_moe) * block + num_moe * moe_block + norm + head

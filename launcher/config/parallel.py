@@ -97,6 +97,10 @@ class ParallelConfig:
     cp_size: int = 1
     """Context-parallel degree: each sequence is split over cp_size ranks (load-balanced causal chunks) whose
     attention gathers the keys and values; a mesh axis between the data-parallel and tensor-parallel ones."""
+    # --- expert parallel ---
+    ep_size: int = 1
+    """Expert-parallel degree: each MoE block's experts split over groups of ep_size data-parallel ranks, the
+    tokens sent to the rank holding their expert by all-to-all (model.moe.num_experts must divide by it)."""
     # --- pipeline parallel ---
     pp_size: int = 1
     """Pipeline stages' ranks: the layers are split into pp_size (x pp_stages_per_rank) consecutive stages."""

@@ -103,6 +103,9 @@ def apply_fsdp(
     kwargs["offload_policy"] = (
         CPUOffloadPolicy(pin_memory=pin_memory) if parallel.cpu_offload else OffloadPolicy()
     )
+    shards = getattr(model, "expert_shards", None)
+    if shards is not None:  # expert slices: split over their group already, reduced over their replicas
+        kwargs["ignored_params"] = set(shards.params.values())
     layers = decoder_layers(model)
     if layers is None:
         raise ValueError(f"{type(model).__name__}: no decoder layers found to shard one by one.")

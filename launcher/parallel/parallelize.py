@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
+from torch.nn.parallel import DistributedDataParallel
 
 from launcher.components import memory
 from launcher.components.compile import apply as compile_model
@@ -63,7 +64,7 @@ def parallelize(
     init: MetaInit | None = None,
     measure: Callable[[nn.Module], None] | None = None,
 ) -> nn.Module:
-    """Apply (the cp group) -> TP -> activation checkpointing/offload -> (measure) -> compile -> data-parallel wrap
+    """Apply (the cp group, the expert slices) -> TP -> activation checkpointing/offload -> (measure) -> compile -> data-parallel wrap
     (-> measure, under FSDP2).
 
     `empty`: the part was built without weights (a pretrained folder under fsdp/tp); they are read
@@ -81,6 +82,13 @@ def parallelize(
 
         part.context_parallel = ContextGroup(
             group=mesh["cp"].get_group(), rank=dims.cp_rank(dist.rank), size=dims.cp
+        )
+    # 0b. expert parallel: this rank keeps its slice of each MoE block's experts; the tokens travel to them
+    if spec.parallel.ep_size > 1:
+        from launcher.parallel import expert_parallel
+
+        part.expert_shards = expert_parallel.apply(
+            part, spec.parallel.ep_size, dist.rank, dist.world_size, dtensors=wrap == "fsdp"
         )
     # 1. tensor parallelism splits the blocks' projections into DTensors over the mesh's tp axis
     if dims.tp > 1:
@@ -110,6 +118,10 @@ def parallelize(
 
         # without a pipeline DDP spans every rank; with one, the ranks holding the same stage
         group = mesh["dp_shard"].get_group() if dims.pp > 1 else None
+        if spec.parallel.ep_size > 1:  # the expert slices differ between ranks: ExpertShards reduces them
+            DistributedDataParallel._set_params_and_buffers_to_ignore_for_model(
+                part, list(part.expert_shards.params)
+            )
         part = apply_ddp(part, device, spec.parallel, group)
     if empty:  # built empty: the shards receive the pretrained weights now
         pretrained.load_into_shards(part, spec.model, dist)

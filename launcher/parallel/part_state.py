@@ -40,6 +40,7 @@ from launcher.components.checkpoint_async import StagedFiles
 from launcher.components.checkpoint_files import CheckpointFiles
 from launcher.components.files.dcp_reader import SafeReader, load_full_state, read_metadata
 from launcher.parallel.checkpoint_layout import DCP_DIR, checkpoint_kind, is_dcp_checkpoint
+from launcher.parallel.expert_parallel import ExpertShards
 from launcher.parallel.state_convert import (
     load_dcp_into_whole,
     load_deepspeed_weights,
@@ -62,9 +63,19 @@ def _drop_part(key: str) -> str:
 class PartState:
     """Saves, loads and exports `model` (one model, or a ModuleList of stages) and its optimizer in one layout."""
 
-    def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer, *, layout: str, rank: int) -> None:
+    def __init__(
+        self,
+        model: nn.Module,
+        optimizer: torch.optim.Optimizer,
+        *,
+        layout: str,
+        rank: int,
+        experts: ExpertShards | None = None,
+    ) -> None:
         self.model, self.optimizer, self.layout, self.rank = model, optimizer, layout, rank
         self.adapters = has_adapters(model)
+        self.experts = experts
+        """Expert slices (files layout, parallel.ep_size > 1): written whole, cut to this rank's on load."""
 
     def _whole(self) -> nn.Module:
         """The one model of the files layout, without its DDP wrapper."""
@@ -89,7 +100,13 @@ class PartState:
 
     def save(self, out: CheckpointFiles | StagedFiles, scaler: torch.amp.GradScaler | None) -> None:
         """Write this rank's part: rank 0 the replicated files, or every rank its DCP shards."""
-        if self.layout == "files":
+        if self.layout == "files" and self.experts is not None:  # every rank gathers the whole experts
+            model_state = self.experts.full_model(checkpoint_state(self._whole()))
+            optim_state = self.experts.full_optimizer(self.optimizer)
+            if self.rank == 0:
+                out.save(model_state, "model.pt")
+                out.save(optim_state, "optimizer.pt")
+        elif self.layout == "files":
             if self.rank == 0:
                 out.save(checkpoint_state(self._whole()), "model.pt")
                 out.save(self.optimizer.state_dict(), "optimizer.pt")
@@ -116,6 +133,11 @@ class PartState:
             load_deepspeed_weights(self._whole(), directory, sharded=self.layout != "files")
         elif self.layout == "files" and written == "dcp":
             load_dcp_into_whole(self._whole(), self.optimizer, directory)
+        elif self.layout == "files" and self.experts is not None:  # whole experts, cut to this rank's
+            model_state = self.experts.local_model(load_tensor_file(directory / "model.pt"))
+            load_checkpoint_state(self._whole(), model_state)
+            optim_state = load_tensor_file(directory / "optimizer.pt")
+            self.optimizer.load_state_dict(self.experts.local_optimizer(optim_state, self.optimizer))
         elif self.layout == "files":
             load_checkpoint_state(self._whole(), load_tensor_file(directory / "model.pt"))
             self.optimizer.load_state_dict(load_tensor_file(directory / "optimizer.pt"))
@@ -151,6 +173,8 @@ class PartState:
 
     def export_state_dict(self) -> dict[str, torch.Tensor]:
         """The full model state dict (dcp, stages: on rank 0 only, on the CPU; collective)."""
+        if self.layout == "files" and self.experts is not None:
+            return self.experts.full_model(self._whole().state_dict())
         if self.layout == "files":
             return self._whole().state_dict()
         if self.layout == "dcp":

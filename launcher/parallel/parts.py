@@ -13,7 +13,9 @@ not copied:
 - clipping: the global norm over every part (DTensor norms full_tensor()'d); under a pipeline each
   stage's squared norm is summed over the pipeline group, the tied embedding and head counted once
   (their gradients are summed first, launcher.parallel.pipeline_stage.TiedCopies);
-- checkpoints: launcher.parallel.part_state's layouts (files, dcp, stages).
+- checkpoints: launcher.parallel.part_state's layouts (files, dcp, stages);
+- expert parallel (DDP): the expert slices' gradients reduced over their replicas, their norm over the
+  group, whole experts in the checkpoint (launcher.parallel.expert_parallel).
 """
 
 from __future__ import annotations
@@ -106,7 +108,10 @@ class PartsStrategy:
             if isinstance(part, DistributedDataParallel)
         ]
         layout = "stages" if self.pipelined else ("dcp" if sharded else "files")
-        self.state = PartState(self.model, self.optimizer, layout=layout, rank=self.dist.rank)
+        self.experts = getattr(modules[0], "expert_shards", None)  # parallel.ep_size > 1 (DDP)
+        self.state = PartState(
+            self.model, self.optimizer, layout=layout, rank=self.dist.rank, experts=self.experts
+        )
         self.pp_group = setup.mesh.get_group("pp") if self.pipelined else None
         names = tied_pair(spec.model) if self.pipelined else None
         self.tied = None  # the first stage's embedding and the last stage's head: one tied matrix
@@ -157,13 +162,17 @@ class PartsStrategy:
             loss_ok = agreed.bool()
         if loss_ok.device.type != self._optimizer_device:  # parameters offloaded to the CPU
             loss_ok = loss_ok.to(self._optimizer_device)
+        clip = self._clip if self.pipelined else None
+        if self.experts is not None:  # expert slices: reduced over their replicas, normed over their group
+            self.experts.sync_grads()
+            clip = self.experts.clip
         return guarded_step(
             self.model.parameters(),
             self.optimizer,
             self.scaler,
             max_grad_norm=self.max_grad_norm,
             loss_ok=loss_ok,
-            clip=self._clip if self.pipelined else None,
+            clip=clip,
         )
 
     def loss_scale(self) -> float | None:

@@ -56,6 +56,7 @@ from launcher.components.model.build import build_model, flops_per_token
 from launcher.components.model.context_parallel import shard_batch
 from launcher.components.model.long_context import loss_chunking_bypass
 from launcher.components.model.meta_init import build_on_meta
+from launcher.components.model.moe_balance import MoEBalance, moe_blocks
 from launcher.components.model.on_meta import builds_on_meta
 from launcher.components.objectives import Objective
 from launcher.components.precision import apply_backend_flags, apply_fp8, cast_parameters, train_dtype
@@ -173,6 +174,8 @@ class Trainable:
     """The training dtype, decided once here; every builder and the loop get it from here."""
     pruner: prune.Pruner | None
     qat_switch: Callable[[int], None] | None
+    balance: MoEBalance | None = None
+    """The MoE blocks' bias update and routing record (None: a model without experts)."""
 
 
 def build_trainable(spec: RunSpec, dist: DistContext, run_dir: Path | None = None) -> Trainable:
@@ -236,7 +239,17 @@ def build_trainable(spec: RunSpec, dist: DistContext, run_dir: Path | None = Non
         dtype=dtype,
         pruner=pruner,
         qat_switch=qat_switch,
+        balance=_balance(model, spec, dist),
     )
+
+
+def _balance(model: nn.Module, spec: RunSpec, dist: DistContext) -> MoEBalance | None:
+    """The loss-free balancing and routing record of the model's MoE blocks (None without any)."""
+    blocks = moe_blocks(model)
+    if not blocks:
+        return None
+    rate = spec.model.moe.bias_update_rate
+    return MoEBalance(blocks, rate=rate, world_size=dist.world_size, data_sum=dist.data_sum)
 
 
 def build(spec: RunSpec, dist: DistContext, run_dir: Path | None = None) -> Components:
@@ -249,6 +262,7 @@ def build(spec: RunSpec, dist: DistContext, run_dir: Path | None = None) -> Comp
         trainable.batch,
     )
     pruner, qat_switch, device = trainable.pruner, trainable.qat_switch, dist.device
+    balance = trainable.balance
     scheduler = build_scheduler(strategy.optimizer, spec.scheduler, spec.train.max_steps)
     source: StepSource
     if spec.objective.name in ONLINE:  # grpo, rloo: the policy samples each step's batches
@@ -279,18 +293,23 @@ def build(spec: RunSpec, dist: DistContext, run_dir: Path | None = None) -> Comp
         peak_flops=devices.peak_flops(device.type),
         after_step=[
             hook
-            for hook in [pruner and pruner.after_step, memory.empty_cache_hook(spec.memory, device.type)]
+            for hook in [
+                pruner and pruner.after_step,
+                balance and balance.after_step,
+                memory.empty_cache_hook(spec.memory, device.type),
+            ]
             if hook
         ],
         record_extras=[
             extra
             for extra in [
                 pruner and pruner.record,
+                balance and balance.record,
                 partial(objective.metrics, dist.data_sum),
             ]
             if extra
         ],
-        before_step=[qat_switch] if qat_switch else [],
+        before_step=[hook for hook in [qat_switch, balance and balance.before_step] if hook],
         local_batch=(
             partial(shard_batch, rank=dist.dims.cp_rank(dist.rank), size=dist.dims.cp)
             if dist.dims.cp > 1

@@ -49,6 +49,7 @@ from launcher.components.model.build import build_model
 from launcher.components.model.family import decoder_layers, family
 from launcher.components.model.loss import model_inputs
 from launcher.components.objectives import Frozen, FrozenModel, Objective, objective_module
+from launcher.components.objectives.auxiliary import with_auxiliary
 from launcher.components.objectives.preference import logits_of, sequence_logps
 from launcher.components.precision import autocast
 from launcher.config.model import ModelConfig
@@ -173,13 +174,15 @@ def build_objective(
     spec: RunSpec, dist: DistContext, mesh: DeviceMesh | None, model: nn.Module, dtype: torch.dtype
 ) -> RankObjective:
     """The run's objective (the registry's module) over its declared frozen model, placed like the student
-    and held in the training dtype `dtype`."""
+    and held in the training dtype `dtype`; the model's own auxiliary losses (MoE routers') added to it."""
     module = objective_module(spec.objective, spec.distill)
     declared = module.frozen_model(spec.objective, spec.distill, adapters=bool(adapter_layers(model)))
     frozen = None if declared is None else place_frozen(declared, spec, dist, mesh, model, dtype)
     steps = None if declared is not None and declared.precomputed else frozen  # precomputed: batches carry it
     return RankObjective(
-        objective=with_router_loss(module.build(spec.objective, spec.distill, steps), model),
+        objective=with_auxiliary(
+            with_router_loss(module.build(spec.objective, spec.distill, steps), model), model
+        ),
         declared=declared,
         frozen=frozen,
         dtype=dtype,

@@ -34,6 +34,7 @@ from launcher.config.best import MODES as BEST_MODES
 from launcher.config.compile import MODES
 from launcher.config.eval import GENERATION_MATCHES
 from launcher.config.launcher import BACKENDS
+from launcher.config.moe import ROUTERS
 from launcher.config.optimizer import ADJUST_LR_FNS
 from launcher.config.scheduler import DECAY_SHAPES, SCHEDULES
 from launcher.config.sweep import METRICS
@@ -195,6 +196,16 @@ KEYS: dict[str, Domain] = {
     "model.hf_config": text("a preset name or a directory: launcher.rules.hf_model judges it"),
     "model.kind": one_of(tuple(model.FAMILIES)),
     "model.max_seq_len": COUNT,
+    "model.moe.aux_loss_coef": at_least(0),
+    "model.moe.bias_update_rate": at_least(0),
+    "model.moe.capacity_factor": above(0, "null: dropless"),
+    "model.moe.d_ff": COUNT,
+    "model.moe.every": COUNT,
+    "model.moe.num_experts": at_least(0, "0: a dense model"),
+    "model.moe.router": one_of(ROUTERS),
+    "model.moe.shared_experts": at_least(0),
+    "model.moe.top_k": COUNT,
+    "model.moe.z_loss_coef": at_least(0),
     "model.n_head": COUNT,
     "model.n_layer": COUNT,
     "model.path": PATH,
@@ -246,6 +257,7 @@ KEYS: dict[str, Domain] = {
     "parallel.bucket_mb": above(0),
     "parallel.comm_hook": one_of(COMM_HOOKS),
     "parallel.cp_size": COUNT,
+    "parallel.ep_size": COUNT,
     "parallel.cpu_offload": FLAG,
     "parallel.deepspeed_config": PATH,
     "parallel.find_unused_parameters": FLAG,

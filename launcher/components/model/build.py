@@ -26,11 +26,11 @@ def num_params(model: nn.Module) -> int:
 def flops_per_token(cfg: ModelConfig, seq_len: int) -> float:
     """Training FLOPs per token, 6 * N + 12 * n_layer * d_model * seq_len (forward + backward).
 
-    N counts the parameters without building real weights (launcher.components.model.shape: the GPT's
-    config formula, a Hugging Face model's meta-device build), a tied embedding counted once, and of a
-    Mixture-of-Experts model only the active ones (the experts a token is routed to); the second term is
-    the attention score and value products.
+    N counts the parameters a token runs through (an MoE block's top_k experts, so MFU uses the active
+    ones) without building real weights (launcher.components.model.shape: the GPT's config formula, a
+    Hugging Face model's meta-device build), a tied embedding counted once; the second term is the
+    attention score and value products.
     """
     shape = model_shape(cfg)
-    active = shape.num_active_params or shape.num_params
+    active = shape.num_active_params if shape.num_active_params is not None else shape.num_params
     return float(6 * active + 12 * shape.equivalent.n_layer * shape.equivalent.d_model * seq_len)

@@ -31,7 +31,8 @@ from launcher.components.model.attention import Documents, attend, documents
 from launcher.components.model.context_parallel import ContextGroup, shard_sequence
 from launcher.components.model.long_context import loss_chunk_count
 from launcher.components.model.loss import HeadOutputs
-from launcher.config.model import ModelConfig, ff_width, vocab_size
+from launcher.config.model import ModelConfig, expert_width, ff_width, vocab_size
+from launcher.config.moe import is_moe_block
 
 
 class KVCache:
@@ -122,11 +123,12 @@ class CausalSelfAttention(nn.Module):
 class MLP(nn.Module):
     """Position-wise feed-forward network: up projection, GELU, down projection."""
 
-    def __init__(self, cfg: ModelConfig) -> None:
+    def __init__(self, cfg: ModelConfig, width: int | None = None) -> None:
         super().__init__()
-        self.up = nn.Linear(cfg.d_model, ff_width(cfg), bias=cfg.bias)
+        width = width or ff_width(cfg)
+        self.up = nn.Linear(cfg.d_model, width, bias=cfg.bias)
         self.act = nn.GELU(approximate="tanh")
-        self.down = nn.Linear(ff_width(cfg), cfg.d_model, bias=cfg.bias)
+        self.down = nn.Linear(width, cfg.d_model, bias=cfg.bias)
         self.dropout = nn.Dropout(cfg.dropout)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -134,15 +136,25 @@ class MLP(nn.Module):
         return self.dropout(self.down(self.act(self.up(x))))
 
 
-class Block(nn.Module):
-    """One pre-norm transformer block: x + attn(norm(x)), then x + mlp(norm(x))."""
+def _feed_forward(cfg: ModelConfig, index: int) -> nn.Module:
+    """Block `index`'s feed-forward part: the dense MLP, or experts where model.moe makes it an MoE block."""
+    if not is_moe_block(cfg.moe, index):
+        return MLP(cfg)
+    from launcher.components.model.moe import MoE
 
-    def __init__(self, cfg: ModelConfig) -> None:
+    shared = cfg.moe.shared_experts
+    return MoE(cfg, MLP(cfg, shared * expert_width(cfg)) if shared else None)
+
+
+class Block(nn.Module):
+    """One pre-norm transformer block: x + attn(norm(x)), then x + mlp(norm(x)) (an MLP, or experts)."""
+
+    def __init__(self, cfg: ModelConfig, index: int = 0) -> None:
         super().__init__()
         self.norm_attn = nn.LayerNorm(cfg.d_model, bias=cfg.bias)
         self.attn = CausalSelfAttention(cfg)
         self.norm_mlp = nn.LayerNorm(cfg.d_model, bias=cfg.bias)
-        self.mlp = MLP(cfg)
+        self.mlp = _feed_forward(cfg, index)
 
     def forward(
         self, x: torch.Tensor, attn_mask: Documents | None = None, cache: LayerCache | None = None
@@ -169,7 +181,7 @@ class GPT(nn.Module):
         self.tok_emb = nn.Embedding(vocab_size(cfg), cfg.d_model)
         self.pos_emb = nn.Embedding(cfg.max_seq_len, cfg.d_model)
         self.emb_dropout = nn.Dropout(cfg.dropout)
-        self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layer))
+        self.blocks = nn.ModuleList(Block(cfg, i) for i in range(cfg.n_layer))
         self.norm_f = nn.LayerNorm(cfg.d_model, bias=cfg.bias)
         self.lm_head = nn.Linear(cfg.d_model, vocab_size(cfg), bias=False)
         if cfg.tie_embeddings:
@@ -186,7 +198,10 @@ class GPT(nn.Module):
         residual_std = 0.02 / math.sqrt(2 * self.cfg.n_layer)
         for block in self.blocks:
             nn.init.normal_(block.attn.o_proj.weight, mean=0.0, std=residual_std)
-            nn.init.normal_(block.mlp.down.weight, mean=0.0, std=residual_std)
+            if isinstance(block.mlp, MLP):
+                nn.init.normal_(block.mlp.down.weight, mean=0.0, std=residual_std)
+            else:  # an MoE block: its stacked experts and shared MLP
+                block.mlp.init_weights(0.02, residual_std)
 
     def forward(
         self,

@@ -163,7 +163,9 @@ def materialize(model: nn.Module, device: torch.device) -> None:
 
 
 def build_on_meta(construct: Callable[[], nn.Module]) -> tuple[nn.Module, MetaInit] | None:
-    """`construct()` on the meta device with its initialisation recorded, or None where it cannot be replayed."""
+    """`construct()` on the meta device with its initialisation recorded, or None where it cannot be replayed
+    (torch's random state then put back as it was, so the eager build the caller makes draws what it would have)."""
+    rng = torch.random.get_rng_state()
     recorder = _Recorder()
     saved = {name: getattr(nn.init, name) for name in SILENT_ON_META}
 
@@ -176,11 +178,13 @@ def build_on_meta(construct: Callable[[], nn.Module]) -> tuple[nn.Module, MetaIn
         with torch.device("meta"), recorder:
             model = construct()
     except NotReplayable:
+        torch.random.set_rng_state(rng)
         return None
     finally:
         for name, function in saved.items():
             setattr(nn.init, name, function)
     if any(True for _ in model.buffers()):  # buffers keep values computed at build: built eagerly
+        torch.random.set_rng_state(rng)
         return None
     names: dict[int, list[str]] = {}
     for name, param in model.named_parameters(remove_duplicate=False):

@@ -61,7 +61,12 @@ def _gpt_linears(cfg: ModelConfig) -> dict[str, tuple[int, int]]:
 
 def gpt_shape(cfg: ModelConfig) -> ModelShape:
     """The built-in GPT's shape, from the model keys."""
-    return ModelShape(num_params=config_num_params(cfg), block_linears=_gpt_linears(cfg), equivalent=cfg)
+    return ModelShape(
+        num_params=config_num_params(cfg),
+        block_linears=_gpt_linears(cfg),
+        equivalent=cfg,
+        num_active_params=config_num_params(cfg, active=True),
+    )
 
 
 @lru_cache(maxsize=8)

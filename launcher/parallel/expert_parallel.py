@@ -1,0 +1,158 @@
+"""Expert parallelism (parallel.ep_size > 1) of the built-in GPT's MoE blocks under DDP and FSDP2.
+
+The world's ranks form groups of ep_size consecutive ranks; each rank of a group holds E / ep_size
+consecutive experts of every MoE block (`apply`: its slice of the stacked weights, cut from the same
+seeded init every rank built, so the experts are those of a one-process run) and the tokens travel to
+them by all-to-all (launcher.components.model.experts). The ranks holding the same experts (one per
+group: rank % ep_size alike) are the experts' replicas.
+
+`ExpertShards` is what the strategy asks of them:
+
+- DDP and FSDP2 leave the expert weights alone (they differ between the ranks of a group; FSDP2 does not
+  shard them further); after the step's backward their gradients are summed over the replicas and divided
+  by the world size, as DDP and FSDP2 average the rest (a rank's expert gradient already holds every group
+  rank's tokens, brought back by the all-to-all);
+- the clipping norm adds the squared norms of the group's expert gradients to the rest's;
+- checkpoints hold whole experts: under DDP gathered over the group for model.pt and the optimizer's
+  moments and cut to this rank's slice on load; under FSDP2 the slices are DTensors of the whole
+  experts, which DCP saves and reshards. A checkpoint of any ep_size resumes at any other, or in one process.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.tensor import DTensor
+
+from launcher.components.model.experts import ExpertGroup
+from launcher.components.model.moe_balance import moe_blocks
+from launcher.parallel.pipeline_stage import local_tensor
+
+EXPERT_WEIGHTS = ("w_up", "w_down")
+"""The stacked expert weights of an MoE block (launcher.components.model.moe.MoE), split along dim 0."""
+
+
+@dataclass(kw_only=True)
+class ExpertShards:
+    """This rank's expert slices: their names, the group that splits them and the replicas that share them."""
+
+    params: dict[str, nn.Parameter]
+    """Parameter name in the unwrapped model -> this rank's slice of that expert weight."""
+    group: ExpertGroup
+    """The expert-parallel group of this rank."""
+    replicas: dist.ProcessGroup | None
+    """The ranks holding the same experts (None: just this one)."""
+    world_size: int
+    """Ranks of the job (DDP's averaging divisor)."""
+    ids: set[int] = field(default_factory=set)
+
+    def __post_init__(self) -> None:
+        self.ids = {id(p) for p in self.params.values()}
+
+    @torch.no_grad()
+    def sync_grads(self) -> None:
+        """Sum the expert gradients over the replicas and divide by the world size (DDP's mean of the rest)."""
+        for param in self.params.values():
+            if param.grad is None:
+                continue
+            grad = local_tensor(param.grad)
+            if self.replicas is not None:
+                dist.all_reduce(grad, group=self.replicas)
+            grad.div_(self.world_size)
+
+    def clip(self, params: list[torch.Tensor], max_norm: float | None) -> torch.Tensor:
+        """Clip by the global norm (this rank's replicated gradients and its group's experts); returns it."""
+        dense = [p.grad for p in params if id(p) not in self.ids]
+        experts = [local_tensor(p.grad) for p in params if id(p) in self.ids]
+        squared, expert_sq = torch.zeros(()), torch.zeros(())
+        if dense:  # under FSDP2 DTensor shards: the norm of the whole gradients
+            norm = torch.nn.utils.get_total_norm(dense, foreach=any(isinstance(g, DTensor) for g in dense))
+            squared = (norm.full_tensor() if isinstance(norm, DTensor) else norm).to(torch.float32) ** 2
+        if experts:
+            expert_sq = torch.nn.utils.get_total_norm(experts).to(torch.float32) ** 2
+        dist.all_reduce(expert_sq, group=self.group.group)
+        total = (squared + expert_sq).sqrt()
+        if max_norm is not None:
+            coef = (max_norm / (total + 1e-6)).clamp(max=1.0)
+            for p in params:
+                local_tensor(p.grad).mul_(coef.to(p.grad.dtype))
+        return total
+
+    def _gather(self, local: torch.Tensor) -> torch.Tensor:
+        """The whole tensor of a slice along dim 0, gathered over the group (collective)."""
+        pieces = [torch.empty_like(local) for _ in range(self.group.size)]
+        dist.all_gather(pieces, local.contiguous(), group=self.group.group)
+        return torch.cat(pieces)
+
+    def _slice(self, whole: torch.Tensor) -> torch.Tensor:
+        """This rank's slice of a whole expert tensor."""
+        local = whole.shape[0] // self.group.size
+        return whole[self.group.rank * local : (self.group.rank + 1) * local].clone()
+
+    def full_model(self, state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """A model state dict with whole experts (collective: every rank of the group calls it)."""
+        return {k: self._gather(v) if k in self.params else v for k, v in state.items()}
+
+    def local_model(self, state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """A whole-expert model state dict cut to this rank's slices."""
+        return {k: self._slice(v) if k in self.params else v for k, v in state.items()}
+
+    def _expert_indices(self, optimizer: torch.optim.Optimizer) -> dict[int, nn.Parameter]:
+        """The optimizer state_dict's index of each expert slice (params numbered in param-group order)."""
+        order = [p for group in optimizer.param_groups for p in group["params"]]
+        return {i: p for i, p in enumerate(order) if id(p) in self.ids}
+
+    def _map_optimizer(
+        self, state: dict[str, Any], optimizer: torch.optim.Optimizer, fn: Any
+    ) -> dict[str, Any]:
+        """`state` (an optimizer state_dict) with `fn` applied to each expert's per-row state (its moments)."""
+        experts = self._expert_indices(optimizer)
+        mapped = dict(state["state"])
+        for index in sorted(experts):
+            entry = mapped.get(index)
+            if entry is not None:
+                rows = {k: fn(v) for k, v in entry.items() if torch.is_tensor(v) and v.dim() == 3}
+                mapped[index] = {**entry, **rows}
+        return {**state, "state": mapped}
+
+    def full_optimizer(self, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
+        """The optimizer's state_dict with whole-expert moments (collective over the group)."""
+        return self._map_optimizer(optimizer.state_dict(), optimizer, self._gather)
+
+    def local_optimizer(self, state: dict[str, Any], optimizer: torch.optim.Optimizer) -> dict[str, Any]:
+        """A whole-expert optimizer state_dict cut to this rank's slices."""
+        return self._map_optimizer(state, optimizer, self._slice)
+
+
+def apply(model: nn.Module, ep_size: int, rank: int, world_size: int, *, dtensors: bool) -> ExpertShards:
+    """Keep this rank's slice of every MoE block's experts, route through the group; the shards' record.
+
+    The groups are the axes of a (world / ep_size, ep_size) mesh: "ep" the consecutive ranks that split
+    the experts, "replica" the ranks holding the same ones. `dtensors` (FSDP2): each slice is a DTensor of
+    the whole expert tensor over that mesh (replicated, sharded along the experts), so DCP saves whole
+    experts and reshards them to any ep_size, and the optimizer's foreach kernels meet only DTensors.
+    """
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Replicate, Shard
+
+    device = next(model.parameters()).device.type
+    mesh = init_device_mesh(device, (world_size // ep_size, ep_size), mesh_dim_names=("replica", "ep"))
+    group = ExpertGroup(group=mesh["ep"].get_group(), rank=rank % ep_size, size=ep_size)
+    replicas = mesh["replica"].get_group() if world_size > ep_size else None
+    params: dict[str, nn.Parameter] = {}
+    for index, block in moe_blocks(model).items():
+        block.expert_group = group
+        for name in EXPERT_WEIGHTS:
+            whole = getattr(block, name)
+            local = whole.shape[0] // ep_size
+            piece = whole.detach()[group.rank * local : (group.rank + 1) * local].clone()
+            if dtensors:
+                piece = DTensor.from_local(piece, mesh, [Replicate(), Shard(0)], run_check=False)
+            param = nn.Parameter(piece)
+            setattr(block, name, param)
+            params[f"blocks.{index}.mlp.{name}"] = param
+    return ExpertShards(params=params, group=group, replicas=replicas, world_size=world_size)

@@ -1,0 +1,122 @@
+"""The built-in GPT with MoE blocks trains as one process under DDP, FSDP2 and expert parallelism.
+
+Real gloo ranks, fp32, model=gpt_moe_tiny made small, 3 steps of a global batch of 8 sequences, the
+auxiliary and z losses and loss-free balancing on. Default tier: parallel.ep_size=2 on 2 DDP ranks (each
+holding 4 of the 8 experts, tokens dispatched by all-to-all) gives one process's per-step losses
+(cross-entropy plus the auxiliary losses) to 1e-5, since the auxiliary losses are per sequence and the
+bias update sums the step's expert counts over the ranks; its step-2 checkpoint resumes in one process
+(ep 1) to 1e-5. Extended: plain DDP and FSDP2 match one process, DDP and ep 2 resume bitwise (the
+checkpoints hold the routing biases), the ep 2 checkpoint resumes at ep 4, and `parallel=fsdp
+parallel.ep_size=2` on 4 ranks matches one process and resumes at ep 1.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from conftest import TINY, losses, run_inline, run_ranks
+from launcher.components.metrics import read_metrics
+
+BASE = [
+    *TINY, "model=gpt_moe_tiny", "model.n_layer=2", "model.d_model=64", "model.n_head=2", "model.moe.d_ff=64",
+    "model.moe.bias_update_rate=0.01", "train.max_steps=3", "train.eval_every=null", "checkpoint.every=2",
+    "scheduler.warmup_steps=1",
+]  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory) -> Path:
+    """One process, the whole global batch of 8 sequences per step."""
+    run_dir = tmp_path_factory.mktemp("one") / "run"
+    assert run_inline([*BASE, "train.micro_batch_size=8"], run_dir) == 0
+    return run_dir
+
+
+def _ranks(args: list[str], run_dir: Path) -> dict[int, float]:
+    proc = run_ranks([*args, "launcher=local", "launcher.nproc=2"], run_dir, nproc=2, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return losses(run_dir)
+
+
+def _same(run: dict[int, float], reference: dict[int, float]) -> None:
+    assert run.keys() == reference.keys() == {1, 2, 3}
+    for step, loss in reference.items():
+        assert run[step] == pytest.approx(loss, rel=1e-5), (step, run[step], loss)
+
+
+@pytest.fixture(scope="module")
+def ddp(reference, tmp_path_factory) -> tuple[list[str], Path]:
+    """2 DDP ranks of 4 sequences each (checked against one process); its arguments and run directory."""
+    args, run_dir = (
+        [*BASE, "parallel=ddp", "train.micro_batch_size=4"],
+        tmp_path_factory.mktemp("ddp") / "run",
+    )
+    _same(_ranks(args, run_dir), losses(reference))
+    return args, run_dir
+
+
+@pytest.mark.extended  # the expert-parallel test below runs the same job on 2 DDP ranks, experts split
+def test_moe_ddp_matches_one_process(reference, ddp) -> None:
+    """Per-step losses (cross-entropy + auxiliary losses) to 1e-5; the routing record sums over the ranks."""
+    record = read_metrics(reference / "metrics.jsonl")[-1]
+    assert read_metrics(ddp[1] / "metrics.jsonl")[-1]["moe_load/1"] == pytest.approx(record["moe_load/1"])
+
+
+@pytest.mark.extended  # a further run of the DDP test's job; resume of the plain GPT is proved by test_local_ddp
+def test_moe_ddp_resumes_bitwise_with_the_routing_biases(ddp, tmp_path) -> None:
+    args, run_dir = ddp
+    resumed = _ranks([*args, f"resume={run_dir / 'checkpoints' / 'step_2'}"], tmp_path / "resumed")
+    assert resumed == {3: losses(run_dir)[3]}
+
+
+@pytest.mark.extended  # the DDP test above proves the property; FSDP2 shards the same blocks
+def test_moe_fsdp_matches_one_process(reference, tmp_path) -> None:
+    _same(_ranks([*BASE, "parallel=fsdp", "train.micro_batch_size=4"], tmp_path / "fsdp"), losses(reference))
+
+
+@pytest.fixture(scope="module")
+def ep2(reference, tmp_path_factory) -> tuple[list[str], Path]:
+    """Expert parallel 2 on 2 DDP ranks (each holding 4 of the 8 experts), checked against one process."""
+    args = [*BASE, "parallel=ddp", "parallel.ep_size=2", "train.micro_batch_size=4"]
+    run_dir = tmp_path_factory.mktemp("ep2") / "run"
+    _same(_ranks(args, run_dir), losses(reference))
+    return args, run_dir
+
+
+def test_expert_parallel_matches_one_process_and_its_checkpoint_resumes_at_ep1(
+    ep2, reference, tmp_path
+) -> None:
+    """Tokens to their experts' ranks by all-to-all: one process's losses; the checkpoint holds whole experts."""
+    _, run_dir = ep2
+    records = [read_metrics(d / "metrics.jsonl")[-1] for d in (run_dir, reference)]
+    assert records[0]["param_bytes"] < records[1]["param_bytes"]  # each rank holds half the experts
+    assert records[1]["moe_aux_loss"] > 0 and records[1]["moe_dropped_tokens"] == 0  # dropless
+    assert records[0]["moe_load/1"] == pytest.approx(records[1]["moe_load/1"])  # summed over the ranks
+    step_2 = run_dir / "checkpoints" / "step_2"
+    assert run_inline([*BASE, "train.micro_batch_size=8", f"resume={step_2}"], tmp_path / "ep1") == 0
+    assert losses(tmp_path / "ep1")[3] == pytest.approx(losses(run_dir)[3], rel=1e-5)
+
+
+@pytest.mark.extended  # the ep 2 test above proves the checkpoint holds whole experts; ep 4 cuts them finer
+def test_expert_parallel_resumes_bitwise_and_at_ep4(ep2, tmp_path) -> None:
+    args, run_dir = ep2
+    step_2 = run_dir / "checkpoints" / "step_2"
+    assert _ranks([*args, f"resume={step_2}"], tmp_path / "again") == {3: losses(run_dir)[3]}
+    ep4 = [*BASE, "parallel=ddp", "parallel.ep_size=4", "train.micro_batch_size=2", f"resume={step_2}"]
+    proc = run_ranks([*ep4, "launcher=local", "launcher.nproc=4"], tmp_path / "ep4", nproc=4, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    assert losses(tmp_path / "ep4")[3] == pytest.approx(losses(run_dir)[3], rel=1e-5)
+
+
+@pytest.mark.extended  # the ep 2 DDP test above proves the dispatch; FSDP2 shards the rest over 4 ranks
+def test_expert_parallel_under_fsdp2_matches_one_process_and_resumes_at_ep1(reference, tmp_path) -> None:
+    """parallel=fsdp parallel.ep_size=2 on 4 ranks: two groups of 2 split the experts, FSDP2 shards the rest."""
+    args = [*BASE, "parallel=fsdp", "parallel.ep_size=2", "train.micro_batch_size=2"]
+    proc = run_ranks([*args, "launcher=local", "launcher.nproc=4"], tmp_path / "fsdp", nproc=4, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    _same(losses(tmp_path / "fsdp"), losses(reference))
+    step_2 = tmp_path / "fsdp" / "checkpoints" / "step_2"
+    assert run_inline([*BASE, "train.micro_batch_size=8", f"resume={step_2}"], tmp_path / "ep1") == 0
+    assert losses(tmp_path / "ep1")[3] == pytest.approx(losses(tmp_path / "fsdp")[3], rel=1e-5)
