@@ -22,13 +22,11 @@ from launcher.components.checkpoint_files import read_manifest
 from launcher.components.rewards import changed_file_text
 from launcher.components.rewards.user_files import RewardFileError, file_path, load_function
 from launcher.components.rewards.verifiers import extraction_problem, math_verify_installed
+from launcher.config.objective import ONLINE
 from launcher.config.reward import CHECKPOINT_KEY, recorded_files, split_function
 from launcher.rules.hardware import Hardware
 from launcher.rules.values import Rule
 from launcher.spec import RunSpec, SpecError
-
-ONLINE = ("grpo", "rloo")
-"""The objectives that score their rollouts with the reward group."""
 
 
 def _read(spec: RunSpec, hw: Hardware) -> Iterator[SpecError]:

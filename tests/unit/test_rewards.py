@@ -107,6 +107,9 @@ TRL_STYLE = """
     def nan(completions, **kwargs):
         return [float("nan")] * len(completions)
 
+    async def judged(completions, **kwargs):
+        return [0.5 for _ in completions]
+
     NOT_A_FUNCTION = 3
     """
 
@@ -149,6 +152,10 @@ def test_plain_prompts_pass_plain_strings_and_none_adds_nothing(user_file: Path)
     assert scores.per_function["reward_len"] == [-2.0, 0.0]
     assert scores.per_function["only_math"][0] == 1.0 and math.isnan(scores.per_function["only_math"][1])
     assert scores.total == [-1.0, 0.0]
+    judged = build_rewards(
+        RewardConfig(functions=[f"{user_file}:judged"]), user_file.parent
+    )  # async def, as TRL allows
+    assert judged.score(["p", "q"], ["a", "b"], [{}, {}]).total == [0.5, 0.5]
     summary = scores.summary()
     assert summary["reward/only_math/mean"] == 1.0 and summary["reward/mean"] == -0.5
 

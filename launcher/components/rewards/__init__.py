@@ -16,6 +16,8 @@ the newest checkpoint, and prints `stop_message(err, ...)`.
 
 from __future__ import annotations
 
+import asyncio
+import inspect
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -150,8 +152,25 @@ def _trl_kwargs(prompts, completions, fields, completion_ids, state: TrainerStat
     keys = [k for k in dict.fromkeys(k for record in fields for k in record) if k not in _NOT_FIELDS]
     kwargs: dict[str, Any] = {k: [record.get(k) for record in fields] for k in keys}
     kwargs.update(prompts=list(prompts), completions=list(completions), trainer_state=state)
-    kwargs["completion_ids"] = [list(ids) for ids in completion_ids] if completion_ids is not None else None
+    kwargs["completion_ids"] = None if completion_ids is None else [_ids(ids) for ids in completion_ids]
     return kwargs
+
+
+def _ids(ids: Any) -> list[int]:
+    """A completion's token ids as the list of ints TRL passes (from a list, a tuple or a tensor)."""
+    return [int(i) for i in (ids.tolist() if hasattr(ids, "tolist") else ids)]
+
+
+def _call(function: Callable[..., Any], kwargs: dict[str, Any]) -> Any:
+    """Call a reward function with the arguments it takes; an `async def` one runs to completion (TRL awaits it)."""
+    result = function(**call_kwargs(function, kwargs))
+    if inspect.isawaitable(result):
+        result = asyncio.run(_awaited(result))
+    return result
+
+
+async def _awaited(awaitable: Any) -> Any:
+    return await awaitable
 
 
 def _run_term(reward: _Reward, prompts, texts, fields, counts) -> list[float]:
@@ -167,7 +186,7 @@ def _run_function(reward: _Reward, prompts, kwargs: dict[str, Any]) -> list[floa
     num = len(prompts)
     function = reward.function
     try:
-        result = function(**call_kwargs(function, kwargs))
+        result = _call(function, kwargs)
     except Exception as err:
         row = _failing_row(function, kwargs, num)
         raise RewardError(reward.name, prompt_text(prompts[row]), f"{type(err).__name__}: {err}") from err
@@ -206,7 +225,7 @@ def _failing_row(function: Callable[..., Any], kwargs: dict[str, Any], num: int)
     for i in range(num):
         one = {k: v[i : i + 1] if isinstance(v, list) and len(v) == num else v for k, v in kwargs.items()}
         try:
-            function(**call_kwargs(function, one))
+            _call(function, one)
         except Exception:
             return i
     return 0

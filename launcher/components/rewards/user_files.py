@@ -8,8 +8,8 @@ checkpoint record, so a changed file is seen before a resume or a reproduction u
 The call follows TRL's GRPOTrainer (`_calculate_rewards`): keyword arguments `prompts`, `completions`,
 `completion_ids`, each record field (the record's keys but prompt, completion and completion_ids) as a
 list, `trainer_state`, `log_metric(name, value)` and `log_extra(column, values)`. A function without
-`**kwargs` gets only the arguments it names (TRL would fail on the others), so a TRL reward function works
-unchanged.
+`**kwargs` gets only the arguments it names (TRL would fail on the others), and an `async def` one is awaited
+(launcher.components.rewards), so a TRL reward function works unchanged.
 """
 
 from __future__ import annotations

@@ -21,9 +21,12 @@ from __future__ import annotations
 import importlib.util
 import re
 import threading
-from fractions import Fraction
+from typing import TYPE_CHECKING
 
 from launcher.config.reward import EXTRACTIONS, MATCHES
+
+if TYPE_CHECKING:  # imported where used: the launching process (rules, --help) seldom needs it
+    from fractions import Fraction
 
 _NUMBER = re.compile(r"-?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?(?:/\d+)?|-?\.\d+")
 _TAG_NAME = re.compile(r"[A-Za-z_][\w.-]*")
@@ -83,6 +86,8 @@ def _last_boxed(text: str) -> str | None:
 
 def as_number(text: str) -> Fraction | None:
     """`text` as an exact rational (0.5, 1/2, .50, -3, 1,000, 1e3, $5, 40%), None when it is not a number."""
+    from fractions import Fraction
+
     cleaned = text.strip().replace(",", "").replace("$", "").replace(" ", "")
     percent = cleaned.endswith("%")
     cleaned = cleaned.removesuffix("%").rstrip(".")
