@@ -9,7 +9,8 @@ sampled them: a group never spans ranks, so its advantages need no collective.
 
 `keep` is 0 on the rows of a group whose rewards are all equal under objective.drop_equal_groups, and
 on truncated rows under objective.mask_truncated_completions (TRL masks their tokens out): the
-objective leaves them out of the loss and its count.
+objective leaves them out of the loss and its count. A step that would keep no row on any rank keeps
+them all with zero advantages instead (the step learns nothing but the KL, rather than dividing 0 by 0).
 
 Metrics (summed over data-parallel ranks at each log step): reward and reward_std (over the interval's
 rollouts), reward/<function> and reward_std/<function>, equal_groups (share of groups whose rewards
@@ -93,17 +94,27 @@ class RewardScoring:
         if self.cfg.name == "rloo" and self.cfg.beta != 0.0:
             shaped = reward - self.cfg.beta * self._kl(rollouts, ctx)
         n = rollouts.group_size
-        grouped = shaped.view(-1, n)
-        equal = (grouped == grouped[:, :1]).all(1)
-        advantages = group_advantages(grouped, self.cfg).reshape(-1)
+        equal = (reward.view(-1, n) == reward.view(-1, n)[:, :1]).all(1)
+        advantages = group_advantages(shaped.view(-1, n), self.cfg).reshape(-1)
         keep = torch.ones_like(reward)
         if self.cfg.drop_equal_groups:
             keep = keep * (~equal).float().repeat_interleave(n)
         truncated = torch.tensor(rollouts.truncated, dtype=torch.bool)
         if self.cfg.mask_truncated_completions:
             keep = keep * (~truncated).float()
+        if not self._any_kept(keep):  # nothing left on any rank: a step with no advantage, not 0 / 0
+            keep, advantages = torch.ones_like(keep), torch.zeros_like(advantages)
         self._add(reward, scores.per_function, equal, lengths, truncated)
         return {"reward": reward, "advantages": advantages, "keep": keep}
+
+    def _any_kept(self, keep: torch.Tensor) -> bool:
+        """Whether any rank keeps a row of this step (one all-reduce where rows can be dropped)."""
+        if not (self.cfg.drop_equal_groups or self.cfg.mask_truncated_completions):
+            return True
+        kept = torch.tensor([float(keep.sum())], device=self.device)
+        if tdist.is_available() and tdist.is_initialized():
+            tdist.all_reduce(kept)
+        return float(kept.item()) > 0
 
     def _scores(self, rollouts: Rollouts) -> Scores:
         """The reward set's scores; a reward that fails on any rank stops every rank here (one all-reduce), the
@@ -166,6 +177,8 @@ class RewardScoring:
         functions = self.functions or []
         width = 3 + 3 * len(functions) + 4
         sums = data_sum(self._sums if self._sums is not None else [0.0] * width)
+        if sums[2] == 0:  # no rollouts since the last record (objective.num_iterations > 1 reuses them)
+            return {}
         longest = torch.tensor([float(self._longest)], device=self.device)
         if tdist.is_available() and tdist.is_initialized():
             tdist.all_reduce(longest, op=tdist.ReduceOp.MAX)

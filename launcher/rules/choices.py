@@ -65,11 +65,18 @@ def _names(spec: RunSpec, hw: Hardware) -> Iterator[SpecError]:
             "and values), or simulate with parallel.cp_size=1.",
         )
     if spec.dry_run == "simulate" and spec.objective.name != "sft":
+        online = spec.objective.name in ("grpo", "rloo")
+        needs = "rollouts sampled from prompts and scored" if online else "preference pairs and a reference"
+        plan = (
+            "the rollouts' key-value cache, the reference"
+            if online
+            else "a pair as two rows, the reference's weights"
+        )
         yield SpecError(
             ("dry_run", "objective.name"),
             f"dry_run=simulate steps the cross-entropy objective on random token ids; objective="
-            f"{spec.objective.name} needs preference pairs and a reference. Use dry_run=true for its plan (a "
-            "pair as two rows, the reference's weights), or simulate objective=sft for the parallel layout.",
+            f"{spec.objective.name} needs {needs}. Use dry_run=true for its plan ({plan}), or simulate "
+            "objective=sft for the parallel layout.",
         )
 
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import losses, run_inline, run_ranks
+from conftest import run_inline, run_ranks
 from launcher.components.metrics import read_metrics
 
 REWARD = '''
@@ -72,14 +72,19 @@ def test_a_run_logs_its_rollouts_and_metrics(one_process: Path) -> None:
 
 
 def test_grpo_resumes_bitwise(task, one_process: Path, tmp_path: Path) -> None:
-    split = tmp_path / "split"
-    args = [*task, *SMALL, "train.micro_batch_size=8", f"run_dir={split}"]
-    assert run_inline([*args, "train.stop_after=2"], split) == 0
-    assert run_inline([*args, "resume=auto"], split) == 0
-    assert losses(split) == losses(one_process)
-    assert [r["reward"] for r in _records(split).values()] == [
-        r["reward"] for r in _records(one_process).values()
-    ]
+    """A new run from the one-process run's step-2 checkpoint continues its steps 3 and 4 bitwise."""
+    resumed = tmp_path / "resumed"
+    step_2 = one_process / "checkpoints" / "step_2"
+    assert (
+        run_inline(
+            [*task, *SMALL, "train.micro_batch_size=8", f"resume={step_2}", f"run_dir={resumed}"], resumed
+        )
+        == 0
+    )
+    ours, theirs = _records(resumed), _records(one_process)
+    assert set(ours) == {3, 4}
+    assert [ours[s]["loss"] for s in (3, 4)] == [theirs[s]["loss"] for s in (3, 4)]
+    assert [ours[s]["reward"] for s in (3, 4)] == [theirs[s]["reward"] for s in (3, 4)]
 
 
 STRATEGIES = {"ddp": "parallel=ddp", "fsdp": "parallel=fsdp"}
