@@ -114,6 +114,14 @@ def _expert_parallel(spec: RunSpec, hw: Hardware) -> Iterator[SpecError]:
     ep, moe, world = spec.parallel.ep_size, spec.model.moe, spec.launcher.world_size
     if ep <= 1:
         return
+    if spec.model.kind != "gpt":
+        yield SpecError(
+            ("parallel.ep_size", "model.kind"),
+            f"splits the experts of the built-in GPT's MoE blocks (`model=gpt_moe_tiny`); a model.kind={spec.model.kind} "
+            "model trains its experts whole on every rank (a Hugging Face MoE folder: data parallel, FSDP2 or "
+            "tensor parallel on its attention). Set parallel.ep_size=1.",
+        )
+        return
     if moe.num_experts <= 0:
         yield SpecError(
             ("parallel.ep_size", "model.moe.num_experts"),

@@ -148,6 +148,16 @@ def _messages(*argv: str) -> list[str]:
         (["parallel=ddp", "launcher=local", "launcher.nproc=2", "parallel.ep_size=2"], "this model has none"),
         (
             [
+                "model=hf_llama_tiny",
+                "parallel=ddp",
+                "launcher=local",
+                "launcher.nproc=2",
+                "parallel.ep_size=2",
+            ],
+            "trains its experts whole on every rank",
+        ),
+        (
+            [
                 "model=gpt_moe_tiny",
                 "parallel=ddp",
                 "launcher=local",
