@@ -105,11 +105,12 @@ def free_port() -> int:
 def run_ranks(
     overrides: list[str], run_dir: Path, nproc: int = 2, timeout: int = 300
 ) -> subprocess.CompletedProcess:
-    """Run `nproc` real ranks of the worker under torch's elastic launcher (gloo on CPU)."""
+    """Run `nproc` real ranks of the worker under torch's elastic launcher (gloo on CPU), each started by
+    `python -m launcher.rank` (the worker with its imports made while the collector is paused)."""
     spec = write_spec(overrides, run_dir)
     cmd = [
         sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={nproc}",
-        "--master-addr=127.0.0.1", f"--master-port={free_port()}", "-m", "launcher.rank.worker", str(spec),
+        "--master-addr=127.0.0.1", f"--master-port={free_port()}", "-m", "launcher.rank", str(spec),
     ]  # fmt: skip
     return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
 
