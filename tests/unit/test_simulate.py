@@ -12,6 +12,7 @@ import pytest
 import torch.multiprocessing as mp
 
 from conftest import free_port
+from launcher.components import collector
 from launcher.front import cli, compose
 from launcher.front.command_line import of
 from launcher.front.dryrun import pipeline_layout
@@ -88,6 +89,7 @@ def _real_rank(rank: int, world: int, port: int, overrides: list[str], out: str)
     (Path(out) / f"{rank}.json").write_text(json.dumps({"peak": result.peak, "collectives": rows}))
     dist.barrier()
     dist.destroy_process_group()
+    collector.freeze_for_exit()  # the spawned process ends: no last collections over torch and pytest's objects
 
 
 @pytest.mark.parametrize(
