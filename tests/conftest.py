@@ -72,10 +72,18 @@ def write_spec(overrides: list[str], run_dir: Path) -> Path:
 
 
 def run_inline(overrides: list[str], run_dir: Path) -> int:
-    """Run one rank in this process (what `train` does with the inline backend)."""
+    """Run one rank in this process, as `train`'s inline backend does (launcher/launch/inline.py)."""
+    return run_rank_here(write_spec(overrides, run_dir))
+
+
+def run_rank_here(spec_path: Path) -> int:
+    """worker.run in this process with the collector as `train`'s inline backend has it: paused for the build,
+    and the objects alive before (this test session's) frozen, so no pass walks them (components/collector.py)."""
+    from launcher.components import collector
     from launcher.rank import worker
 
-    return worker.run(write_spec(overrides, run_dir))
+    with collector.paused(), collector.frozen():
+        return worker.run(spec_path)
 
 
 def alive(pid: int) -> bool:
@@ -97,11 +105,12 @@ def free_port() -> int:
 def run_ranks(
     overrides: list[str], run_dir: Path, nproc: int = 2, timeout: int = 300
 ) -> subprocess.CompletedProcess:
-    """Run `nproc` real ranks of the worker under torch's elastic launcher (gloo on CPU)."""
+    """Run `nproc` real ranks of the worker under torch's elastic launcher (gloo on CPU), each started by
+    `python -m launcher.rank` (the worker with its imports made while the collector is paused)."""
     spec = write_spec(overrides, run_dir)
     cmd = [
         sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={nproc}",
-        "--master-addr=127.0.0.1", f"--master-port={free_port()}", "-m", "launcher.rank.worker", str(spec),
+        "--master-addr=127.0.0.1", f"--master-port={free_port()}", "-m", "launcher.rank", str(spec),
     ]  # fmt: skip
     return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
 

@@ -24,6 +24,7 @@ from pathlib import Path
 
 from rich.console import Console
 
+from launcher.components import collector
 from launcher.exits import ExitStatus, for_signal
 from launcher.launch import nodes
 from launcher.launch.local_agent import (
@@ -69,6 +70,7 @@ def rank_main(
     spec_path: str, num_threads: int, parent_pid: int, loopback: bool, node: tuple[int, str] | None = None
 ) -> int:
     """One rank: the entry the agent starts in each process (module level so that spawn can pickle it)."""
+    collector.pause()  # the rank's imports and build (as inline's); the loop collects at its own pauses
     import torch
 
     from launcher.rank import worker

@@ -16,6 +16,7 @@ import time
 from collections.abc import Mapping
 from pathlib import Path
 
+from launcher.components import collector
 from launcher.exits import ExitStatus
 from launcher.launch import run_lock, slurm_jobs
 
@@ -102,6 +103,7 @@ def run(spec_path: Path) -> int:
 
 def main() -> None:
     """`python -m launcher.launch.slurm_rank SPEC_YAML`: what each srun task runs."""
+    collector.pause()  # the rank's imports and build (as inline's); the loop collects at its own pauses
     sys.exit(run(Path(sys.argv[1])))
 
 

@@ -18,7 +18,15 @@ from rich.console import Console
 from rich.markup import escape
 from torch.distributed.checkpoint.api import CheckpointException
 
-from launcher.components import checkpoint, checkpoint_aside, checkpoint_files, metrics, quiet, warning_lines
+from launcher.components import (
+    checkpoint,
+    checkpoint_aside,
+    checkpoint_files,
+    collector,
+    metrics,
+    quiet,
+    warning_lines,
+)
 from launcher.components.device import resolve_device
 from launcher.components.files.safe_load import RefusedFile, refusal_in
 from launcher.components.memory import apply_cuda_alloc_conf
@@ -326,14 +334,22 @@ def run_process(spec_path: Path, *, preemption: str | None = None) -> int:
 
     In-process callers (`train`'s inline backend, which installed the same display already, and
     tests recording warnings) call `run`, which leaves Python's warning display as it is.
+    Its imports are frozen out of the collector's passes for the run, and everything it holds at its
+    end out of the interpreter's last collections (launcher.components.collector): those walked some
+    half a million objects for about a second of CPU per rank before the process could exit.
     """
     warning_lines.install()
     quiet.install(verbose=load_spec(spec_path).log.verbose)
-    return run(spec_path, preemption=preemption)
+    try:
+        with collector.frozen():  # the imports' objects: the loop's first collection walks only the build's
+            return run(spec_path, preemption=preemption)
+    finally:
+        collector.freeze_for_exit()
 
 
 def main() -> None:
     """`python -m launcher.rank.worker SPEC_YAML`: how launch backends start a rank."""
+    collector.pause()  # the build, as a rank in the launching process builds; the loop collects at its pauses
     sys.exit(run_process(Path(sys.argv[1])))
 
 

@@ -191,6 +191,10 @@ def test_max_grad_norm_reaches_deepspeed(cached_run) -> None:
     assert max(abs(got[s] - unclipped[s]) / unclipped[s] for s in got) > 1e-2
 
 
+# In the extended tier: test_nonfinite_steps_are_skipped_on_every_rank[zero2] holds ZeRO-2's ranks meeting the same
+# non-finite steps together, test_engine.py's [stop] case the policy's exit 3 with no NaN saved, and test_step_inputs.py
+# the step's terms and a stop agreed by every rank in one all-reduce.
+@pytest.mark.extended
 def test_nonfinite_stop_policy_ends_deepspeed_like_one_process(tmp_path) -> None:
     """train.on_nonfinite=stop: exit status 3 and exit reason nonfinite, at the same step as one
     process, with no NaN in the last checkpoint (the same policy as every other strategy)."""

@@ -79,6 +79,9 @@ def _kill_rank_after_checkpoint(run_dir: Path, cmd: list[str], cwd: Path) -> tup
     return proc, pid
 
 
+# In the extended tier: test_restarts.py::test_a_restart_is_announced_and_metrics_keep_one_record_per_step kills a
+# rank of a local run that restarts from its newest checkpoint and completes, and the resume tests here resume bitwise.
+@pytest.mark.extended
 def test_killed_rank_is_restarted_from_the_newest_checkpoint(straight, tmp_path) -> None:
     run_dir = tmp_path / "restarted"
     cmd = [sys.executable, "-m", "launcher", *DDP, "launcher.max_restarts=1", f"run_dir={run_dir}"]

@@ -15,6 +15,8 @@ import textwrap
 import time
 from pathlib import Path
 
+import pytest
+
 from conftest import TINY, free_port, losses, read_metrics, run_cli, run_inline, run_ranks
 from launcher.components import checkpoint
 from launcher.components.checkpoint_files import content_problem, read_manifest
@@ -52,6 +54,9 @@ def test_an_async_save_writes_what_a_synchronous_one_does_and_resumes_exactly(tm
     assert losses(resumed) == losses(background) == losses(blocking)  # bitwise, step by step
 
 
+# In the extended tier: test_fsdp_tp.py::test_resume_is_exact[fsdp] resumes a 2-rank FSDP2 run bitwise from a DCP
+# checkpoint its run wrote in the background (checkpoint.async_save is on by default).
+@pytest.mark.extended
 def test_a_two_rank_fsdp_run_saved_in_the_background_resumes_exactly(tmp_path) -> None:
     args = [*SHORT, "launcher=local", "launcher.nproc=2", "parallel=fsdp", "checkpoint.async_save=true"]
     straight = tmp_path / "straight"

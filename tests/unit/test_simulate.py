@@ -12,6 +12,7 @@ import pytest
 import torch.multiprocessing as mp
 
 from conftest import free_port
+from launcher.components import collector
 from launcher.front import cli, compose
 from launcher.front.command_line import of
 from launcher.front.dryrun import pipeline_layout
@@ -36,7 +37,6 @@ def _spec(overrides: list[str]):
 
 
 CASES: list[tuple[str, list[str], int]] = [
-    ("single-1", ["parallel=single"], 1),
     ("fsdp-2", ["parallel=fsdp"], 2),
     # a 65,536-id vocabulary: the vocabulary-parallel loss's float32 slices are most of the peak
     ("tp-2", ["parallel=tp", "parallel.tp_size=2", "model.vocab_size=65536"], 2),
@@ -46,6 +46,9 @@ CASES: list[tuple[str, list[str], int]] = [
 ]
 """(name, overrides on top of SMALL, ranks) of each configuration whose simulation is checked against a real run."""
 EXTENDED_CASES: list[tuple[str, list[str], int]] = [
+    # one process, in the extended tier: ddp-2 holds the same unsharded model, optimizer state and activations,
+    # with DDP's buckets and all-reduces on top
+    ("single-1", ["parallel=single"], 1),
     # a Hugging Face Llama under FSDP2, in the extended tier: fsdp-2 holds FSDP2's simulation and llama-tp-2 a
     # folder model's path through the simulated build
     ("llama-fsdp-2", ["model=hf_llama_tiny", "parallel=fsdp"], 2),
@@ -86,6 +89,7 @@ def _real_rank(rank: int, world: int, port: int, overrides: list[str], out: str)
     (Path(out) / f"{rank}.json").write_text(json.dumps({"peak": result.peak, "collectives": rows}))
     dist.barrier()
     dist.destroy_process_group()
+    collector.freeze_for_exit()  # the spawned process ends: no last collections over torch and pytest's objects
 
 
 @pytest.mark.parametrize(

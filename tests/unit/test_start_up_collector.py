@@ -100,3 +100,50 @@ def test_a_one_step_run_reaches_its_loop_with_one_full_collection_and_the_import
     assert seen["frozen"] > 4 * seen["unfrozen"], seen  # torch, Hydra and the package: out of later passes
     assert (run_dir / "checkpoints" / "latest").read_text().strip() == "step_1"
     assert (run_dir / "checkpoints" / "step_1" / "COMPLETE").is_file()
+
+
+RANK = textwrap.dedent(
+    """
+    import contextlib, gc, json, runpy, sys
+    from launcher.rank import collection
+
+    generations, seen = [], {}
+    gc.callbacks.append(lambda phase, info: phase == "stop" and generations.append(info["generation"]))
+    loop_policy = collection.collect_at_pauses
+
+    @contextlib.contextmanager
+    def at_loop_start():
+        seen.update(enabled=gc.isenabled(), full=generations.count(2), unfrozen=len(gc.get_objects()),
+                    frozen=gc.get_freeze_count())
+        with loop_policy():
+            yield
+
+    collection.collect_at_pauses = at_loop_start
+    try:
+        runpy.run_module("launcher.rank", run_name="__main__", alter_sys=True)
+    except SystemExit as stop:
+        seen.update(status=stop.code, frozen_at_exit=gc.get_freeze_count(), left=len(gc.get_objects()))
+    sys.stderr.write("\\nSEEN " + json.dumps(seen) + "\\n")
+    """
+)
+
+
+def test_a_rank_process_imports_and_builds_paused_runs_with_its_imports_frozen_and_exits_frozen(
+    tmp_path: Path,
+) -> None:
+    """`python -m launcher.rank SPEC` (a rank under torchrun; local and SLURM ranks run the same run_process):
+    no full pass before the loop, whose collection walks only the build's objects, and the interpreter's
+    last collections walk nothing (they cost about a second of CPU per rank)."""
+    from conftest import write_spec
+    from tests.unit.test_bench_scripts import TINY_RUN
+
+    spec = write_spec([*TINY_RUN, "train.max_steps=1", "log.summary_table=false"], tmp_path / "run")
+    done = subprocess.run(
+        [sys.executable, "-c", RANK, str(spec)], capture_output=True, text=True, timeout=300
+    )  # fmt: skip
+    seen = json.loads(done.stderr.rsplit("SEEN ", 1)[-1]) if "SEEN " in done.stderr else {}
+    assert seen.get("status") == 0, done.stderr[-3000:]
+    assert not seen["enabled"] and seen["full"] == 0, seen  # imports and build: automatic collection paused
+    assert seen["frozen"] > 4 * seen["unfrozen"], seen  # torch and the package: out of the loop's passes
+    # what the interpreter's end collects: the few objects made after the freeze (the SystemExit), not the run's
+    assert seen["left"] < 100 and seen["frozen_at_exit"] > 100_000, seen
