@@ -108,7 +108,7 @@ def test_grpo_on_two_ranks_matches_one_process(task, one_process: Path, tmp_path
 
 
 def test_grpo_raises_the_reward_of_the_toy_task(task, tmp_path: Path) -> None:
-    """A short run shows the reward rising; docs/rl.md's bench run (scripts/bench_grpo.py) takes it to the end."""
+    """A short run shows the reward rising; docs/rl.md's bench run (scripts/bench_grpo) takes it to the end."""
     run_dir = tmp_path / "learn"
     args = [*task, "objective.max_completion_length=1", "objective.num_generations=8", "train.micro_batch_size=32",
             "optimizer.lr=1e-2", "train.max_steps=24", "train.log_every=4", "checkpoint.every=null"]  # fmt: skip
