@@ -9,6 +9,7 @@ by 0.2 per byte away from it, so a random byte-level model starts near 0.02.
 from __future__ import annotations
 
 import json
+import random
 from pathlib import Path
 
 import pytest
@@ -107,7 +108,7 @@ def test_grpo_on_two_ranks_matches_one_process(task, one_process: Path, tmp_path
 
 
 def test_grpo_raises_the_reward_of_the_toy_task(task, tmp_path: Path) -> None:
-    """A short run shows the reward rising; docs/rl.md's bench run (scripts/bench_grpo.py) takes it to the end."""
+    """A short run shows the reward rising; docs/rl.md's bench run (scripts/bench_grpo) takes it to the end."""
     run_dir = tmp_path / "learn"
     args = [*task, "objective.max_completion_length=1", "objective.num_generations=8", "train.micro_batch_size=32",
             "optimizer.lr=1e-2", "train.max_steps=24", "train.log_every=4", "checkpoint.every=null"]  # fmt: skip
@@ -116,20 +117,42 @@ def test_grpo_raises_the_reward_of_the_toy_task(task, tmp_path: Path) -> None:
     assert rewards[0] < 0.1 and rewards[-1] > rewards[0] + 0.15, rewards
 
 
+def _copying_llama(folder: Path) -> Path:
+    """A tiny Llama folder that can copy a digit after `:` but answers `=7` with a random byte: model=hf_llama_tiny
+    fully fine-tuned for 150 steps on such text and exported with train-export (docs/rl.md, scripts/bench_grpo)."""
+    from launcher.tools import export
+
+    rng = random.Random(1)
+    lines = []
+    for i in range(2000):
+        digit, byte = rng.randint(0, 9), chr(rng.randint(33, 126))
+        lines.append(json.dumps({"text": f":{digit}{digit}" if i % 2 else f"={digit}{byte}"}))
+    (folder / "base.jsonl").write_text("\n".join(lines) + "\n")
+    run_dir = folder / "base"
+    args = [
+        "model=hf_llama_tiny", "data=jsonl", f"data.path={folder / 'base.jsonl'}", "data.seq_len=16",
+        "train.micro_batch_size=32", "train.max_steps=150", "optimizer.lr=3e-3", "checkpoint.every=null",
+        "log.progress=false", "log.summary_table=false", f"run_dir={run_dir}",
+    ]  # fmt: skip
+    assert run_inline(args, run_dir) == 0
+    assert export.main([str(run_dir), str(folder / "base-hf"), "--format", "hf"]) == 0
+    return folder / "base-hf"
+
+
 @pytest.mark.extended  # LoRA on a Hugging Face folder: the default tier's runs hold the loop on the built-in GPT
 def test_grpo_with_lora_on_a_hugging_face_llama(task, tmp_path: Path) -> None:
-    """Rollouts sampled and trained through the adapters, the KL taken to the base with the adapters off: 0 at the
-    first step (LoRA's B starts at zero), above 0 once the adapters moved the policy."""
-    from hf_assets import make_hf_model
-
-    folder = make_hf_model("llama", tmp_path / "llama")  # 256 ids: the byte tokenizer's
+    """LoRA GRPO learns the task on a tiny Llama folder: the mean reward rises from under 0.2 (its first 5 steps)
+    to over 0.8 (its last 5 of 40). Rollouts are sampled and trained through the adapters, the KL taken to the
+    base with the adapters off: 0 at the first step (LoRA's B starts at zero), above 0 once the adapters moved."""
+    folder = _copying_llama(tmp_path)
     run_dir = tmp_path / "lora"
     args = [
         *[a for a in task if not a.startswith("model.")], "model=hf", f"model.path={folder}", "quantization=lora",
-        "objective.beta=0.04", "objective.max_completion_length=2", "objective.num_generations=4",
-        "train.micro_batch_size=8", "optimizer.lr=2e-2", "train.max_steps=6", "checkpoint.every=null",
+        "objective.beta=0.04", "objective.max_completion_length=1", "objective.num_generations=16",
+        "train.micro_batch_size=64", "optimizer.lr=1e-3", "train.max_steps=40", "checkpoint.every=null",
     ]  # fmt: skip
     assert run_inline([*args, f"run_dir={run_dir}"], run_dir) == 0
     records = _records(run_dir)
-    assert records[1]["kl"] == pytest.approx(0.0, abs=1e-6)
-    assert records[6]["kl"] > 1e-6 and all(r["reward"] >= 0 for r in records.values())
+    rewards = [records[step]["reward"] for step in sorted(records)]
+    assert sum(rewards[:5]) / 5 < 0.2 and sum(rewards[-5:]) / 5 > 0.8, rewards
+    assert records[1]["kl"] == pytest.approx(0.0, abs=1e-6) and records[40]["kl"] > 1e-6
