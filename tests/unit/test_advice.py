@@ -86,6 +86,16 @@ def test_a_spike_needs_a_full_enough_window() -> None:
     assert fired(rules.Spike("grad_norm"), stream) == []
 
 
+def test_an_online_rl_surrogate_near_zero_is_no_loss_spike() -> None:
+    stream = [record(s, loss=1e-7 * (s % 3), equal_groups=0.1) for s in range(1, 41)]
+    stream[29] = {
+        **stream[29],
+        "loss": 1.5e-5,
+    }  # hundreds of deviations of a curve that sits at 0 by construction
+    assert fired(rules.Spike("loss"), stream) == []
+    assert fired(rules.Spike("grad_norm"), [{**r, "grad_norm": 1.0} for r in stream]) == []
+
+
 def test_a_falling_loss_is_no_spike() -> None:
     stream = [record(s, loss=6.0 * 0.9**s) for s in range(1, 41)]
     assert fired(rules.Spike("loss"), stream) == []
