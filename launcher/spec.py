@@ -221,8 +221,9 @@ def _hint(path: str, leaf: str, known: list[str]) -> str:
     if alias is not None:
         return f" `{leaf}` is another tool's name: {alias}."
     elsewhere = [k for k in public_keys() if k.rsplit(".", 1)[-1] == leaf and k != path]
-    if elsewhere:
-        return f" Did you mean {' or '.join(elsewhere)}?"
+    if elsewhere:  # the shallowest first: `seed` is train.seed before eval.generation.seed
+        depth = min(k.count(".") for k in elsewhere)
+        return f" Did you mean {' or '.join(k for k in elsewhere if k.count('.') == depth)}?"
     return did_you_mean(leaf, known)
 
 

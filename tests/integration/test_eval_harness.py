@@ -10,6 +10,7 @@ One 4-step run is shared by the module; each run's step-2 export and its command
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -62,7 +63,10 @@ def command_line_scores(folder: Path, out: Path) -> dict[str, float]:
         "--include_path", str(TASKS), "--tasks", ",".join(NAMES), "--batch_size", "4", "--device", "cpu",
         "--output_path", str(out),
     ]  # fmt: skip
-    proc = subprocess.run(cmd, cwd=TASKS, capture_output=True, text=True, timeout=900)
+    # a plain one-process command: not the rank variables an inline run earlier in the session left behind
+    rank_vars = {"RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"}
+    env = {k: v for k, v in os.environ.items() if k not in rank_vars}
+    proc = subprocess.run(cmd, cwd=TASKS, capture_output=True, text=True, timeout=900, env=env)
     assert proc.returncode == 0, proc.stderr[-4000:]
     results = json.loads(next(out.rglob("results_*.json")).read_text())["results"]
     return {

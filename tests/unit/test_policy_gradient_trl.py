@@ -26,11 +26,15 @@ PROMPT, COMPLETION, ROWS = 5, 6, 4
 TEMPERATURE = 0.7
 
 
-@pytest.fixture(autouse=True)
-def _one_process(monkeypatch) -> None:
-    """TRL's trainers (accelerate) read a launcher's rank variables: an inline run earlier in the session leaves them."""
-    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
-        monkeypatch.delenv(name, raising=False)
+@pytest.fixture(scope="module", autouse=True)
+def _one_process():
+    """TRL's trainers (accelerate) read a launcher's rank variables: an inline run earlier in the session leaves them.
+
+    Module-scoped, so the variables are gone before the module-scoped trainers below are built."""
+    with pytest.MonkeyPatch.context() as patch:
+        for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
+            patch.delenv(name, raising=False)
+        yield
 
 
 @pytest.fixture(scope="module")
