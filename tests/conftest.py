@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import subprocess
@@ -148,3 +149,12 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+@pytest.fixture(scope="session")
+def hf_teacher(tmp_path_factory) -> Path:
+    """A folder that looks like a Hugging Face model of 300 token ids (distillation rules read config.json only)."""
+    folder = tmp_path_factory.mktemp("hf_teacher")
+    (folder / "config.json").write_text(json.dumps({"model_type": "llama", "vocab_size": 300}))
+    (folder / "model.safetensors").write_bytes(b"")
+    return folder

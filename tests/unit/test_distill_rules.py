@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
@@ -16,15 +15,6 @@ from launcher.front.cli import precheck
 
 def _errors(*argv: str) -> dict[tuple[str, ...], str]:
     return {e.keys: e.message for e in precheck(list(argv))}
-
-
-@pytest.fixture(scope="module")
-def hf_teacher(tmp_path_factory) -> Path:
-    """A folder that looks like a Hugging Face model of 300 token ids (the rules read config.json only)."""
-    folder = tmp_path_factory.mktemp("hf_teacher")
-    (folder / "config.json").write_text(json.dumps({"model_type": "llama", "vocab_size": 300}))
-    (folder / "model.safetensors").write_bytes(b"")
-    return folder
 
 
 def test_settings_out_of_range_are_refused(hf_teacher: Path) -> None:

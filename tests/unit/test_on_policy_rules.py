@@ -5,8 +5,6 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import pytest
-
 from conftest import run_cli
 from launcher.front.cli import precheck
 
@@ -15,15 +13,6 @@ ON_POLICY = ("distill=on_policy", "data.packing=false", "model.vocab_size=300")
 
 def _errors(*argv: str) -> dict[tuple[str, ...], str]:
     return {e.keys: e.message for e in precheck(list(argv))}
-
-
-@pytest.fixture(scope="module")
-def hf_teacher(tmp_path_factory) -> Path:
-    """A folder that looks like a Hugging Face model of 300 token ids (the rules read config.json only)."""
-    folder = tmp_path_factory.mktemp("hf_teacher")
-    (folder / "config.json").write_text(json.dumps({"model_type": "llama", "vocab_size": 300}))
-    (folder / "model.safetensors").write_bytes(b"")
-    return folder
 
 
 def test_a_valid_on_policy_spec_passes(hf_teacher: Path) -> None:
