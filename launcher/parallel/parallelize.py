@@ -88,12 +88,7 @@ def parallelize(
         from launcher.parallel import expert_parallel
 
         part.expert_shards = expert_parallel.apply(
-            part,
-            spec.parallel.ep_size,
-            dist.rank,
-            dist.world_size,
-            dtensors=wrap == "fsdp",
-            device=device.type,
+            part, spec.parallel.ep_size, dist.rank, dist.world_size, dtensors=wrap == "fsdp"
         )
     # 1. tensor parallelism splits the blocks' projections into DTensors over the mesh's tp axis
     if dims.tp > 1:
