@@ -21,7 +21,7 @@ group: rank % ep_size alike) are the experts' replicas.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
@@ -31,6 +31,9 @@ from torch.distributed.tensor import DTensor
 from launcher.components.model.experts import ExpertGroup
 from launcher.components.model.moe_balance import moe_blocks
 from launcher.parallel.pipeline_stage import local_tensor
+
+if TYPE_CHECKING:
+    from torch.distributed.device_mesh import DeviceMesh
 
 EXPERT_WEIGHTS = ("w_up", "w_down")
 """The stacked expert weights of an MoE block (launcher.components.model.moe.MoE), split along dim 0."""
@@ -47,7 +50,7 @@ class ExpertShards:
     replicas: dist.ProcessGroup | None
     """The ranks holding the same experts (None: just this one)."""
     world_size: int
-    """Ranks of the job (DDP's averaging divisor)."""
+    """Data (x context) parallel ranks of the job: DDP's and FSDP2's averaging divisor."""
     ids: set[int] = field(default_factory=set)
 
     def __post_init__(self) -> None:
@@ -128,21 +131,33 @@ class ExpertShards:
         return self._map_optimizer(state, optimizer, self._slice)
 
 
-def apply(model: nn.Module, ep_size: int, rank: int, world_size: int, *, dtensors: bool) -> ExpertShards:
+def expert_mesh(world: DeviceMesh, ep_size: int) -> DeviceMesh:
+    """The (replica, ep) mesh of this rank's experts, cut from the world mesh's data-parallel (x context) axis.
+
+    The ranks that split the experts share this rank's pipeline and tensor-parallel coordinates (each tp rank
+    of a group holds the same experts and tokens): the dp_shard (x cp) axis is unflattened into "replica"
+    (the ranks holding the same experts) and "ep" (ep_size consecutive data ranks).
+    """
+    from launcher.parallel.fsdp import data_mesh
+
+    data = data_mesh(world, 1, world["cp"].size())
+    return data._unflatten(0, (data.size() // ep_size, ep_size), ("replica", "ep"))
+
+
+def apply(model: nn.Module, world: DeviceMesh, ep_size: int, *, dtensors: bool) -> ExpertShards:
     """Keep this rank's slice of every MoE block's experts, route through the group; the shards' record.
 
-    The groups are the axes of a (world / ep_size, ep_size) mesh: "ep" the consecutive ranks that split
-    the experts, "replica" the ranks holding the same ones. `dtensors` (FSDP2): each slice is a DTensor of
-    the whole expert tensor over that mesh (replicated, sharded along the experts), so DCP saves whole
-    experts and reshards them to any ep_size, and the optimizer's foreach kernels meet only DTensors.
+    The groups are the axes of `expert_mesh`: "ep" the ranks that split the experts, "replica" the ranks
+    holding the same ones. `dtensors` (FSDP2): each slice is a DTensor of the whole expert tensor over that
+    mesh (replicated, sharded along the experts), so DCP saves whole experts and reshards them to any ep_size,
+    and the optimizer's foreach kernels meet only DTensors. Gradients average over the mesh's ranks (the data
+    and context ranks): tensor-parallel peers compute the same expert gradients from the same tokens.
     """
-    from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor import Replicate, Shard
 
-    device = next(model.parameters()).device.type
-    mesh = init_device_mesh(device, (world_size // ep_size, ep_size), mesh_dim_names=("replica", "ep"))
-    group = ExpertGroup(group=mesh["ep"].get_group(), rank=rank % ep_size, size=ep_size)
-    replicas = mesh["replica"].get_group() if world_size > ep_size else None
+    mesh = expert_mesh(world, ep_size)
+    group = ExpertGroup(group=mesh["ep"].get_group(), rank=mesh["ep"].get_local_rank(), size=ep_size)
+    replicas = mesh["replica"].get_group() if mesh.size() > ep_size else None
     params: dict[str, nn.Parameter] = {}
     for index, block in moe_blocks(model).items():
         block.expert_group = group
@@ -155,4 +170,4 @@ def apply(model: nn.Module, ep_size: int, rank: int, world_size: int, *, dtensor
             param = nn.Parameter(piece)
             setattr(block, name, param)
             params[f"blocks.{index}.mlp.{name}"] = param
-    return ExpertShards(params=params, group=group, replicas=replicas, world_size=world_size)
+    return ExpertShards(params=params, group=group, replicas=replicas, world_size=mesh.size())

@@ -137,12 +137,21 @@ def _expert_parallel(spec: RunSpec, hw: Hardware) -> Iterator[SpecError]:
             f"model.moe.num_experts ({moe.num_experts}) must be a multiple of parallel.ep_size ({ep}). "
             "Change either.",
         )
-    if world % ep:
+    others = spec.parallel.tp_size * spec.parallel.pp_size
+    if world % ep and others == 1:
         yield SpecError(
             ("parallel.ep_size", "launcher.nproc", "launcher.nnodes"),
             f"the world size ({world} = launcher.nnodes x launcher.nproc) must be a multiple of parallel.ep_size "
             f"({ep}): the data-parallel ranks form groups of ep_size that split the experts. Change launcher.nproc "
             "or parallel.ep_size.",
+        )
+    elif others > 1 and (world % others or (world // others) % ep):
+        yield SpecError(
+            ("parallel.ep_size", "launcher.nproc", "parallel.tp_size", "parallel.pp_size"),
+            f"the ranks that split the experts share their tensor-parallel and pipeline coordinates, so the "
+            f"data-parallel ranks (the world size {world} over parallel.tp_size x parallel.pp_size = "
+            f"{spec.parallel.tp_size} x {spec.parallel.pp_size}) must be a multiple of parallel.ep_size ({ep}). "
+            "Change launcher.nproc or parallel.ep_size.",
         )
     if spec.parallel.data_parallel not in ("ddp", "fsdp") or spec.parallel.replicate_degree > 1:
         yield SpecError(

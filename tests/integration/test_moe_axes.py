@@ -4,8 +4,8 @@ Real gloo ranks, fp32, model=gpt_moe_tiny made small, 3 steps of a global batch 
 auxiliary and z losses and loss-free balancing on; each run's per-step losses (cross-entropy plus the
 auxiliary losses) equal one process's to 1e-5. Default tier: `parallel=tp` on 2 ranks (attention split,
 routers and experts whole on both ranks: the same tokens, the same routing). Extended: dense and MoE
-blocks alternating with a shared expert (split like a dense MLP) under FSDP2 x tensor parallel on 2 x 2
-ranks.
+blocks alternating with a shared expert (split like a dense MLP) under expert parallel x tensor parallel x
+FSDP2 on 2 x 2 ranks, its checkpoint resumed in one process.
 """
 
 from __future__ import annotations
@@ -52,8 +52,13 @@ def test_tensor_parallel_keeps_experts_whole_and_matches_one_process(tmp_path) -
     assert records[0]["moe_aux_loss"] == pytest.approx(records[1]["moe_aux_loss"], rel=1e-5)
 
 
-@pytest.mark.extended  # the tp test above proves experts whole over the tp group; FSDP2 shards them over dp
-def test_fsdp_by_tensor_parallel_with_dense_blocks_and_a_shared_expert(tmp_path) -> None:
+@pytest.mark.extended  # the tp test above proves experts whole over the tp group; here EP splits them over dp
+def test_expert_parallel_by_tensor_parallel_by_fsdp2_matches_one_process_and_resumes_at_ep1(tmp_path) -> None:
+    """2 x 2 ranks: ep groups of the two data ranks sharing a tp coordinate; dense and MoE blocks alternate,
+    the shared expert split like a dense MLP. The DCP checkpoint holds whole experts: one process resumes it."""
     reference = _one_process([*BASE, *MIXED], tmp_path / "one")
-    args = [*BASE, *MIXED, "parallel=tp_fsdp", "train.micro_batch_size=4"]
-    _same(_ranks(args, tmp_path / "tp_fsdp", 4), reference)
+    args = [*BASE, *MIXED, "parallel=tp_fsdp", "parallel.ep_size=2", "train.micro_batch_size=4"]
+    _same(_ranks(args, tmp_path / "ep_tp", 4), reference)
+    step_2 = tmp_path / "ep_tp" / "checkpoints" / "step_2"
+    resumed = _one_process([*BASE, *MIXED, f"resume={step_2}"], tmp_path / "ep1")
+    assert resumed[3] == pytest.approx(reference[3], rel=1e-5)
