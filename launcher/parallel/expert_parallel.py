@@ -1,16 +1,18 @@
-"""Expert parallelism (parallel.ep_size > 1) of the built-in GPT's MoE blocks under DDP and FSDP2.
+"""Expert parallelism (parallel.ep_size > 1) of a model's experts sites under DDP and FSDP2.
 
-The world's ranks form groups of ep_size consecutive ranks; each rank of a group holds E / ep_size
-consecutive experts of every MoE block (`apply`: its slice of the stacked weights, cut from the same
+An experts site (`expert_sites`) is a module holding stacked routed experts: the built-in GPT's MoE blocks
+and transformers 5's experts modules. The data-parallel (x context-parallel) ranks that share a pipeline and
+tensor-parallel coordinate form groups of ep_size consecutive ones (`expert_mesh`); each rank
+of a group holds E / ep_size consecutive experts of every site (`apply`: its slice of the stacked weights, cut from the same
 seeded init every rank built, so the experts are those of a one-process run) and the tokens travel to
 them by all-to-all (launcher.components.model.experts). The ranks holding the same experts (one per
-group: rank % ep_size alike) are the experts' replicas.
+group, at the same position) are the experts' replicas.
 
 `ExpertShards` is what the strategy asks of them:
 
 - DDP and FSDP2 leave the expert weights alone (they differ between the ranks of a group; FSDP2 does not
   shard them further); after the step's backward their gradients are summed over the replicas and divided
-  by the world size, as DDP and FSDP2 average the rest (a rank's expert gradient already holds every group
+  by the data (x context) ranks, as DDP and FSDP2 average the rest (a rank's expert gradient already holds every group
   rank's tokens, brought back by the all-to-all);
 - the clipping norm adds the squared norms of the group's expert gradients to the rest's;
 - checkpoints hold whole experts: under DDP gathered over the group for model.pt and the optimizer's
@@ -29,6 +31,7 @@ from torch import nn
 from torch.distributed.tensor import DTensor
 
 from launcher.components.model.experts import ExpertGroup
+from launcher.components.model.hf_experts import FUSED
 from launcher.components.model.moe_balance import moe_blocks
 from launcher.parallel.pipeline_stage import local_tensor
 
@@ -37,6 +40,24 @@ if TYPE_CHECKING:
 
 EXPERT_WEIGHTS = ("w_up", "w_down")
 """The stacked expert weights of an MoE block (launcher.components.model.moe.MoE), split along dim 0."""
+
+Sites = dict[str, tuple[nn.Module, tuple[str, ...]]]
+"""Qualified module name -> (the module holding stacked experts, names of its expert parameters)."""
+
+
+def expert_sites(model: nn.Module) -> Sites:
+    """Every module of `model` holding stacked routed experts, and the names of those parameters (split along dim 0).
+
+    The built-in GPT's MoE blocks (w_up, w_down) and transformers 5's experts modules (`mlp.experts`: the fused
+    gate_up_proj and down_proj, and their biases where the family has them, as gpt-oss does).
+    """
+    names = {id(module): name for name, module in model.named_modules()}
+    sites: Sites = {names[id(block)]: (block, EXPERT_WEIGHTS) for block in moe_blocks(model).values()}
+    for name, module in model.named_modules():
+        fused = tuple(n for n in FUSED if isinstance(module._parameters.get(n), nn.Parameter))
+        if name.endswith("experts") and {"gate_up_proj", "down_proj"} <= set(fused):
+            sites[name] = (module, fused)
+    return sites
 
 
 @dataclass(kw_only=True)
@@ -51,6 +72,8 @@ class ExpertShards:
     """The ranks holding the same experts (None: just this one)."""
     world_size: int
     """Data (x context) parallel ranks of the job: DDP's and FSDP2's averaging divisor."""
+    sites: Sites = field(default_factory=dict)
+    """The experts sites `apply` split (qualified module name -> (module, expert parameter names))."""
     ids: set[int] = field(default_factory=set)
 
     def __post_init__(self) -> None:
@@ -145,9 +168,11 @@ def expert_mesh(world: DeviceMesh, ep_size: int) -> DeviceMesh:
 
 
 def apply(model: nn.Module, world: DeviceMesh, ep_size: int, *, dtensors: bool) -> ExpertShards:
-    """Keep this rank's slice of every MoE block's experts, route through the group; the shards' record.
+    """Keep this rank's slice of every experts site (`expert_sites`), route through the group; the shards' record.
 
-    The groups are the axes of `expert_mesh`: "ep" the ranks that split the experts, "replica" the ranks
+    Each site gets `expert_group` (its forward dispatches the tokens when it is set) and its expert parameters
+    replaced by this rank's slices along dim 0; its forward is left as it is. The groups are the axes of
+    `expert_mesh` (cut from the world mesh `world`): "ep" the ranks that split the experts, "replica" the ranks
     holding the same ones. `dtensors` (FSDP2): each slice is a DTensor of the whole expert tensor over that
     mesh (replicated, sharded along the experts), so DCP saves whole experts and reshards them to any ep_size,
     and the optimizer's foreach kernels meet only DTensors. Gradients average over the mesh's ranks (the data
@@ -159,15 +184,16 @@ def apply(model: nn.Module, world: DeviceMesh, ep_size: int, *, dtensors: bool) 
     group = ExpertGroup(group=mesh["ep"].get_group(), rank=mesh["ep"].get_local_rank(), size=ep_size)
     replicas = mesh["replica"].get_group() if mesh.size() > ep_size else None
     params: dict[str, nn.Parameter] = {}
-    for index, block in moe_blocks(model).items():
-        block.expert_group = group
-        for name in EXPERT_WEIGHTS:
-            whole = getattr(block, name)
+    sites = expert_sites(model)
+    for site, (module, names) in sites.items():
+        module.expert_group = group
+        for name in names:
+            whole = getattr(module, name)
             local = whole.shape[0] // ep_size
             piece = whole.detach()[group.rank * local : (group.rank + 1) * local].clone()
             if dtensors:
                 piece = DTensor.from_local(piece, mesh, [Replicate(), Shard(0)], run_check=False)
-            param = nn.Parameter(piece)
-            setattr(block, name, param)
-            params[f"blocks.{index}.mlp.{name}"] = param
-    return ExpertShards(params=params, group=group, replicas=replicas, world_size=mesh.size())
+            param = nn.Parameter(piece, requires_grad=whole.requires_grad)
+            setattr(module, name, param)
+            params[f"{site}.{name}"] = param
+    return ExpertShards(params=params, group=group, replicas=replicas, world_size=mesh.size(), sites=sites)
