@@ -44,7 +44,12 @@ def data_parallel_wrap(spec: RunSpec, dims: ParallelDims) -> str:
 
 def run_mesh(spec: RunSpec, dist: DistContext) -> DeviceMesh | None:
     """The run's one device mesh, built once where DTensors or a pipeline need it (None elsewhere)."""
-    if STRATEGIES[spec.parallel.strategy].device_mesh or dist.dims.pp > 1 or dist.dims.cp > 1:
+    if (
+        STRATEGIES[spec.parallel.strategy].device_mesh
+        or dist.dims.pp > 1
+        or dist.dims.cp > 1
+        or spec.parallel.ep_size > 1
+    ):
         return dist.dims.build_mesh(dist.device.type)
     return None
 
@@ -87,9 +92,7 @@ def parallelize(
     if spec.parallel.ep_size > 1:
         from launcher.parallel import expert_parallel
 
-        part.expert_shards = expert_parallel.apply(
-            part, spec.parallel.ep_size, dist.rank, dist.world_size, dtensors=wrap == "fsdp"
-        )
+        part.expert_shards = expert_parallel.apply(part, mesh, spec.parallel.ep_size, dtensors=wrap == "fsdp")
     # 1. tensor parallelism splits the blocks' projections into DTensors over the mesh's tp axis
     if dims.tp > 1:
         # DTensor and DCP take about a second to import: only a tensor-parallel run pays for them
