@@ -22,7 +22,8 @@ transformers = pytest.importorskip("transformers")
 pytest.importorskip("torchao")
 
 QLORA = ["quantization=nf4_lora", "quantization.lora.dropout=0"]
-RUN = [*TINY, "train.eval_every=null", "train.max_steps=4", "checkpoint.every=4", "model=hf", *QLORA]
+BASE = [*TINY, "train.eval_every=null", "train.max_steps=4", "checkpoint.every=4"]
+RUN = [*BASE, "model=hf", *QLORA]
 NF4_WEIGHTS = 2 * (256 * 256 * 2 + 128 * 256 * 2) + 2 * (4 * 128 * 256 + 4 * 256 * 64)
 """Weights stored as NF4: 2 layers of q/o [256, 256] and k/v [128, 256], and of the experts' gate_up_proj
 [4, 128, 256] and down_proj [4, 256, 64]; the other 192,000 parameters (embedding, norms, routers, adapters)
@@ -108,3 +109,25 @@ def test_experts_that_do_not_split_into_nf4_groups_or_into_ep_slices_are_refused
     with pytest.raises(InvalidSpec) as caught:
         write_spec([*small, "parallel.ep_size=2", "launcher=local", "launcher.nproc=2"], tmp_path / "b")
     assert "parallel.ep_size=1" in str(caught.value)
+
+
+@pytest.mark.extended  # the same store on the built-in GPT's w_up / w_down; the Qwen3-MoE run above proves it
+def test_the_builtin_moe_gpt_trains_with_nf4_experts_under_fsdp2(tmp_path) -> None:
+    """w_up [8, 256, 64] and w_down [8, 64, 256] of 2 MoE blocks NF4 on 2 ranks, routers in full precision."""
+    gpt = [
+        "model=gpt_moe_tiny",
+        "model.n_layer=2",
+        "model.d_model=256",
+        "model.n_head=4",
+        "model.moe.d_ff=64",
+    ]
+    run_dir = tmp_path / "run"
+    args = [*BASE, *QLORA, *gpt, "parallel=fsdp", "launcher=local", "launcher.nproc=2"]
+    proc = run_ranks(args, run_dir, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    loss = losses(run_dir)
+    assert loss.keys() == {1, 2, 3, 4} and loss[4] < loss[1] - 0.1, loss
+    experts = 2 * 2 * 8 * 256 * 64  # stored as NF4: the experts and the attention's 2 x 4 [256, 256] matrices
+    nf4_weights, fp32_params = experts + 2 * 4 * 256 * 256, 1_259_008 - experts - 2 * 4 * 256 * 256
+    stored = read_metrics(run_dir / "metrics.jsonl")[-1]["param_bytes"]
+    assert stored == pytest.approx((fp32_params * 4 + nf4_weights * NF4_BYTES_PER_WEIGHT) / 2, rel=0.01)
