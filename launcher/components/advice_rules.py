@@ -15,6 +15,7 @@ import statistics
 from collections import deque
 from typing import Any
 
+from launcher.components.advice_moe import moe_rules
 from launcher.components.advice_rl import rl_rules
 
 GiB = 1024**3
@@ -302,8 +303,9 @@ class ChosenFalling:
         )
 
 
-def record_rules(*, bf16_capable: bool) -> list[Any]:
-    """Every rule over training records, in the order they are checked."""
+def record_rules(*, bf16_capable: bool, moe_load_ceiling: float = 0.0) -> list[Any]:
+    """Every rule over training records, in the order they are checked (`moe_load_ceiling`: num_experts / top_k
+    of the model's MoE blocks, 0 without)."""
     return [
         DataWait(),
         Spike("loss"),
@@ -315,4 +317,5 @@ def record_rules(*, bf16_capable: bool) -> list[Any]:
         PreferenceStuck(),
         ChosenFalling(),
         *rl_rules(),
+        *moe_rules(load_ceiling=moe_load_ceiling),
     ]

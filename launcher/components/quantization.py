@@ -10,7 +10,8 @@ other way: adapters folded in, low-bit weights dequantized, a plain float32 stat
 
 nf4 has two stores (`quantization.nf4_backend`): bitsandbytes' Linear4bit, or torchao's NF4Tensor as
 the frozen weight of a plain nn.Linear (launcher.components.nf4), which FSDP2 can shard; `auto` takes
-torchao under parallel=fsdp and bitsandbytes elsewhere.
+torchao under parallel=fsdp and bitsandbytes elsewhere. With torchao's store the frozen routed experts of a
+Mixture-of-Experts model are NF4 too (launcher.components.nf4_experts), but those LoRA adapts.
 """
 
 from __future__ import annotations
@@ -19,7 +20,13 @@ import logging
 from typing import TYPE_CHECKING
 
 from launcher.components import nf4
-from launcher.components.adapters import adapter_layers, add_adapters, folded_weight
+from launcher.components.adapters import (
+    adapter_layers,
+    add_adapters,
+    expert_parameters,
+    folded_weight,
+    matches,
+)
 from launcher.config.adapters import ADAPTER
 from launcher.config.parallel import method_of
 from launcher.config.quantization import KEEP_FULL_PRECISION, METHODS, QuantizationConfig
@@ -165,8 +172,13 @@ def apply(
     linears = quantizable_linears(model)
     peft_sees = cfg.method
     if cfg.method == "nf4" and nf4_backend(cfg, strategy) == "torchao":
-        for linear in linears.values():
-            nf4.quantize_linear(linear.to(device))
+        from launcher.components import nf4_experts
+
+        for name, linear in linears.items():
+            if not name.endswith(nf4_experts.ROUTERS):  # a router's few rows stay full precision
+                nf4.quantize_linear(linear.to(device))
+
+        nf4_experts.quantize_experts(model, keep=adapted_expert_parameters(model, cfg), device=device)
         peft_sees = "none"  # a plain nn.Linear whose weight dequantizes itself in F.linear
     elif cfg.method != "none":
         for name, linear in linears.items():
@@ -174,6 +186,13 @@ def apply(
     if cfg.lora.rank > 0:
         add_adapters(model, cfg.lora, list(linears), quantized=peft_sees)
     return model
+
+
+def adapted_expert_parameters(model: nn.Module, cfg: QuantizationConfig) -> set[str]:
+    """The fused expert tensors LoRA targets by name (peft adapts them per expert: they stay in full precision)."""
+    if cfg.lora.rank == 0 or cfg.lora.targets is None:
+        return set()
+    return {n for n in expert_parameters(model) if any(matches(n, t) for t in cfg.lora.targets)}
 
 
 def dequantized_weight(layer: nn.Module) -> torch.Tensor:
@@ -201,6 +220,8 @@ def merged_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
     """
     import torch
 
+    from launcher.components.nf4_experts import dequantized_experts
+
     with torch.no_grad():
         adapted = adapter_layers(model)
         experts = {
@@ -213,11 +234,13 @@ def merged_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
             if is_quantized(module) and not name.endswith(".base_layer"):
                 special[name] = (module, None)
         prefixes = tuple(f"{name}." for name in special)
+        nf4_experts = {k: v.cpu() for k, v in dequantized_experts(model).items()}  # NF4 experts, 3-D again
         state = {
             key: value.detach().float().cpu() if value.is_floating_point() else value.detach().cpu()
             for key, value in model.state_dict().items()
-            if not key.startswith(prefixes)
+            if not key.startswith(prefixes) and key not in nf4_experts
         }
+        state.update(nf4_experts)
         for name, (base, layer) in special.items():
             weight = dequantized_weight(base)
             state[f"{name}.weight"] = (folded_weight(layer, weight) if layer is not None else weight).cpu()

@@ -21,9 +21,13 @@ def is_dtensor(tensor: object) -> bool:
 
 
 def local_bytes(tensor: torch.Tensor) -> int:
-    """Bytes this rank stores for `tensor`: its local shard for a DTensor."""
+    """Bytes this rank stores for `tensor`: its local shard for a DTensor, the inner tensors of a tensor
+    subclass that holds them (torchao's NF4Tensor: 4-bit codes and scales, not its nominal float32)."""
     if is_dtensor(tensor):
         tensor = tensor.to_local()
+    flatten = getattr(tensor, "__tensor_flatten__", None)
+    if flatten is not None:
+        return sum(local_bytes(getattr(tensor, name)) for name in flatten()[0])
     return tensor.numel() * tensor.element_size()
 
 

@@ -23,6 +23,7 @@ def advisor(spec: RunSpec, context: RunContext) -> Advisor:
     t, p = spec.train, spec.parallel
     dp_size = max(context.world_size // (max(p.tp_size, 1) * max(p.pp_size, 1) * max(p.cp_size, 1)), 1)
     precision = "bf16" if spec.precision.bf16 else "fp16" if spec.precision.fp16 else "fp32"
+    moe = spec.model.moe
     return Advisor(
         context,
         precision=precision,
@@ -30,4 +31,5 @@ def advisor(spec: RunSpec, context: RunContext) -> Advisor:
         lr=spec.optimizer.lr,
         optimizer=spec.optimizer.name,
         enabled=t.advice,
+        moe_load_ceiling=moe.num_experts / moe.top_k if moe.num_experts else 0.0,
     )

@@ -198,17 +198,33 @@ def _nf4_store(spec: RunSpec, hw: Hardware) -> Iterator[SpecError]:
             "Use LoRA (quantization.lora.dora=false) with torchao's nf4, or DoRA with "
             "`parallel=ddp` (bitsandbytes nf4).",
         )
+    if p.ep_size > 1:
+        yield SpecError(
+            ("quantization.method", "parallel.ep_size"),
+            "nf4 under torchao stores each layer's stacked experts as one NF4 tensor of every expert's rows, and "
+            "expert parallelism cuts each rank's experts out of the stacked tensors and dispatches tokens to "
+            "them, which it does not do on NF4 tensors. Use parallel.ep_size=1 (FSDP2 still shards the NF4 "
+            "experts over the ranks), or `quantization=lora` with expert parallelism.",
+        )
     yield from _nf4_shapes(spec)
 
 
 def _nf4_shapes(spec: RunSpec) -> Iterator[SpecError]:
-    """Every quantized matrix must split into whole NF4 groups, on every FSDP2 shard."""
+    """Every quantized matrix (the stacked experts' rows too) must split into whole NF4 groups, on every FSDP2 shard."""
     from launcher.components.model.shape import model_shape
+    from launcher.components.nf4_experts import stacked_shape_problem, stacked_shapes
 
     p = spec.parallel
     shards = spec.launcher.world_size // max(p.replicate_degree, 1) if p.strategy == "fsdp" else 1
+    targets = spec.quantization.lora.targets or []
     try:
         linears = model_shape(spec.model).block_linears
+        experts = {  # those LoRA adapts stay in full precision (launcher.components.nf4_experts)
+            name: shape
+            for name, shape in stacked_shapes(spec.model).items()
+            if spec.quantization.lora.rank == 0
+            or not any(t.endswith(name) or name.endswith(t) for t in targets)
+        }
     except (OSError, ValueError, KeyError):
         return  # launcher.rules.hf_model says what is wrong with the model folder
     problems = [
@@ -216,13 +232,19 @@ def _nf4_shapes(spec: RunSpec) -> Iterator[SpecError]:
         for name, (fan_in, fan_out) in linears.items()
         if (problem := shape_problem(name, fan_out, fan_in, shards)) is not None
     ]
+    problems += [
+        problem
+        for name, shape in experts.items()
+        if (problem := stacked_shape_problem(f"{name} {list(shape)}", shape, shards)) is not None
+    ]
     if problems:
         yield SpecError(
             ("quantization.method", "quantization.nf4_backend", "model.d_model"),
             f"torchao's NF4 stores weights in groups of {GROUP} (64 per scale, 256 scales per factor), split "
             f"over {shards} FSDP2 shard(s): {'; '.join(problems[:3])}. Use a model whose block matrices "
-            f"hold a multiple of {GROUP} x {shards} weights (a 4096-wide Llama-style model does on up to 256 ranks), fewer "
-            "ranks, or `parallel=ddp` with bitsandbytes' nf4.",
+            f"hold a multiple of {GROUP} x {shards} weights (a 4096-wide Llama-style model does on up to 256 ranks; "
+            "stacked experts count every expert's rows, split between whole experts), fewer ranks, or "
+            "`parallel=ddp` with bitsandbytes' nf4.",
         )
 
 

@@ -190,9 +190,12 @@ def export(
         raise ExportError(f"{spec_path} is missing: the export reads the run's spec to find its strategy.")
     spec = load_spec(spec_path)
     if fmt == "hf":
+        from launcher.components.model.hf_export import hf_export_problem
         from launcher.tools.hf_folder import refuse_existing
 
-        refuse_existing(out, force=force)  # before the (possibly long) consolidation
+        if problem := hf_export_problem(spec.model):  # before the (possibly long) consolidation or merge
+            raise ExportError(problem)
+        refuse_existing(out, force=force)
     elif problem := output_file_problem(out, force=force):
         raise ExportError(problem)
     if qat_convert and (fmt != "pt" or merge):

@@ -57,3 +57,23 @@ def test_a_resumed_run_whose_batch_grew_is_told_to_scale_its_lr(tmp_path, capsys
     assert "from 4 to 8" in advice["message"] and "square-root rule" in advice["message"]
     assert "optimizer.lr=0.00141" in advice["message"]  # 1e-3 x sqrt(2), for AdamW
     assert capsys.readouterr().out.count("advice: lr_not_scaled (step 3)") == 1
+
+
+# A 2-block MoE GPT (8 experts, top-2): without any balancing its routers send every token to the same two
+# experts within 7 steps; with the preset's balancing (auxiliary losses, loss-free bias) they do not.
+MOE = [
+    *TINY, "model=gpt_moe_tiny", "model.n_layer=2", "model.d_model=64", "model.n_head=2", "model.moe.d_ff=64",
+    "train.max_steps=10", "train.eval_every=null", "checkpoint.every=null", "checkpoint.save_final=false",
+]  # fmt: skip
+UNBALANCED = ["model.moe.aux_loss_coef=0", "model.moe.z_loss_coef=0", "model.moe.bias_update_rate=0"]
+
+
+def test_a_collapsing_router_is_named_and_a_balanced_one_is_not(tmp_path, capsys) -> None:
+    assert run_inline([*MOE, *UNBALANCED], tmp_path / "collapsed") == 0
+    advice = json.loads((tmp_path / "collapsed" / "summary.json").read_text())["advice"]
+    (collapse,) = [a for a in advice if a["id"] == "router_collapse"]
+    assert "MoE block" in collapse["message"] and "model.moe.bias_update_rate" in collapse["message"]
+    assert f"advice: router_collapse (step {collapse['step']})" in capsys.readouterr().out
+    assert run_inline(MOE, tmp_path / "balanced") == 0
+    advice = json.loads((tmp_path / "balanced" / "summary.json").read_text())["advice"]
+    assert "router_collapse" not in [a["id"] for a in advice]

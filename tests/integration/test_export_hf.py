@@ -191,3 +191,22 @@ def test_generate_command(run, folder, tmp_path, capsys) -> None:
     assert "has no" in capsys.readouterr().err
     assert generate.main([str(tmp_path / "missing"), "--prompt", "hi"]) == 2
     assert "neither a run directory" in capsys.readouterr().err
+
+
+def test_the_moe_gpt_has_no_hf_folder_and_is_told_to_export_its_native_format(tmp_path, capsys) -> None:
+    """No transformers class computes the built-in GPT's MoE blocks: --format hf exits 2 naming the key and
+    `--format pt` before any consolidation, writing nothing; the native state dict exports and loads."""
+    moe = ["model=gpt_moe_tiny", "model.n_layer=1", "model.d_model=64", "model.n_head=2", "model.moe.d_ff=32"]
+    run_dir = tmp_path / "run"
+    assert (
+        run_inline(
+            [*TINY, "train.max_steps=1", "scheduler.warmup_steps=0", "train.eval_every=null", *moe], run_dir
+        )
+        == 0
+    )
+    capsys.readouterr()
+    assert export.main([str(run_dir), str(tmp_path / "hf"), "--format", "hf"]) == 2
+    said = capsys.readouterr().err
+    assert "model.moe.num_experts=8" in said and "--format pt" in said and not (tmp_path / "hf").exists()
+    assert export.main([str(run_dir), str(tmp_path / "model.pt")]) == 0
+    build_model(load_spec(run_dir / "spec.yaml").model).load_state_dict(torch.load(tmp_path / "model.pt"))

@@ -198,3 +198,22 @@ def test_disabled_advice_says_nothing_but_remembers_the_batch(tmp_path: Path) ->
     advisor.on_finish(summary)
     assert out.getvalue() == "" and "advice" not in summary
     assert (tmp_path / STATE_FILE).is_file()
+
+
+def test_router_collapse_names_the_block_after_consecutive_records() -> None:
+    rule = rules.record_rules(bf16_capable=True, moe_load_ceiling=4.0)[-1]  # 8 experts, top-2
+    loads = [1.6, 3.7, 3.9, 2.0, 3.6, 4.0, 4.0, 4.0]  # block 1; block 0 stays balanced
+    stream = [record(step, **{"moe_load/0": 1.8, "moe_load/1": v}) for step, v in enumerate(loads, start=1)]
+    ((step, message),) = fired(rule, stream)[:1]
+    assert step == 7 and rule.id == "router_collapse"  # 3.6 is 90%: records 5, 6, 7
+    assert "block 1 (100% of the tokens" in message and "block 0" not in message
+    for fix in ("model.moe.aux_loss_coef", "model.moe.bias_update_rate", "optimizer.lr"):
+        assert fix in message
+
+
+def test_router_collapse_needs_moe_blocks_with_a_choice() -> None:
+    stream = [record(step, **{"moe_load/0": 2.0}) for step in range(1, 10)]  # 2 experts, top-1, collapsed
+    assert fired(rules.record_rules(bf16_capable=True)[-1], stream) == []  # dense model: no ceiling given
+    assert fired(rules.record_rules(bf16_capable=True, moe_load_ceiling=1.0)[-1], stream) == []  # top_k = E
+    steps = [s for s, _ in fired(rules.record_rules(bf16_capable=True, moe_load_ceiling=2.0)[-1], stream)]
+    assert steps[:1] == [3]

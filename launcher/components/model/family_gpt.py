@@ -169,12 +169,9 @@ def transformers_prefix() -> str | None:
 
 def to_transformers(state: dict[str, torch.Tensor], cfg: ModelConfig) -> Any:
     """The GPT2LMHeadModel computing what the GPT of `cfg` computes, holding `state` (ValueError for MoE blocks)."""
-    from launcher.components.model.hf_export import gpt_to_transformers
+    from launcher.components.model.hf_export import gpt_to_transformers, hf_export_problem
 
-    if cfg.moe.num_experts > 0:
-        raise ValueError(
-            "the built-in GPT with MoE blocks (model.moe.num_experts > 0) has no transformers model to be "
-            "exported to yet (GPT-2 has no experts). Export its state dict instead: `train-export RUN_DIR OUT.pt`."
-        )
+    if problem := hf_export_problem(cfg):
+        raise ValueError(problem)
 
     return gpt_to_transformers(state, cfg)

@@ -37,6 +37,19 @@ def gpt2_config(cfg: ModelConfig) -> Any:
     )  # fmt: skip
 
 
+def hf_export_problem(cfg: ModelConfig) -> str | None:
+    """Why the model `cfg` describes has no transformers class to be exported to; None when it has one."""
+    if cfg.kind != "gpt" or cfg.moe.num_experts == 0:
+        return None
+    return (
+        f"--format hf: model.moe.num_experts={cfg.moe.num_experts}: the built-in GPT with MoE blocks has no "
+        "transformers class (it exports as GPT-2, which has no experts), so no Hugging Face folder would load "
+        "it. Export the checkpoint's native format instead: `train-export SOURCE OUT.pt` (--format pt, the "
+        "default; add --merge after LoRA or nf4), a state dict that `build_model(spec.model)` loads at world "
+        "size 1."
+    )
+
+
 def _bias(state: dict[str, torch.Tensor], key: str, width: int) -> torch.Tensor:
     """`state[key]`, or zeros of `width` where the model was built without biases."""
     return state[key] if key in state else torch.zeros(width)
