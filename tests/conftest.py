@@ -7,6 +7,7 @@ import os
 import socket
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -65,6 +66,12 @@ def run_cli(
         text=True,
         timeout=timeout,
     )
+
+
+def run_clis(argvs: list[list[str]], cwd: Path, timeout: int = 300) -> list[subprocess.CompletedProcess]:
+    """`train ARGS` for several independent ARGS, started together: on 2 cores their imports overlap."""
+    with ThreadPoolExecutor(len(argvs)) as pool:
+        return list(pool.map(lambda args: run_cli(args, cwd, timeout=timeout), argvs))
 
 
 def write_spec(overrides: list[str], run_dir: Path) -> Path:
