@@ -54,8 +54,8 @@ def test_local_ddp_run_matches_one_process_with_the_same_global_batch(straight, 
     assert json.loads((straight / "summary.json").read_text())["world_size"] == 2
 
 
-@pytest.mark.extended  # DDP resuming bitwise on 2 local ranks: the torchrun case below (stop at 10, resume=auto,
-# the straight run's losses) and test_verify_resume_gives_a_verdict[local]
+@pytest.mark.extended  # DDP resuming bitwise on 2 ranks: the torchrun case below (stop at 10, resume=auto, the
+# straight run's losses)
 def test_ddp_resume_is_exact(straight, tmp_path) -> None:
     """A new run resumed from the straight run's step-15 checkpoint gives its steps 16-20 bitwise."""
     resumed = tmp_path / "resumed"
@@ -126,13 +126,13 @@ def test_a_rank_that_never_starts_is_named_by_preflight(tmp_path) -> None:
     assert time.monotonic() - started < 100  # the short timeout, not a hang
 
 
-# inline in the extended tier: the verdict's three phases are the same runs on any backend, and the local case
-# holds them across two ranks.
+# local in the extended tier: the verdict's three phases are the same launches on any backend, which the inline
+# case holds in one process; two local ranks resuming bitwise: test_under_torchrun_..._resume_is_exact below.
 @pytest.mark.parametrize(
     "backend",
     [
-        pytest.param(["launcher=inline"], id="inline", marks=pytest.mark.extended),
-        pytest.param(["launcher=local", "parallel=ddp"], id="local"),
+        pytest.param(["launcher=inline"], id="inline"),
+        pytest.param(["launcher=local", "parallel=ddp"], id="local", marks=pytest.mark.extended),
     ],
 )
 def test_verify_resume_gives_a_verdict(tmp_path, backend: list[str]) -> None:
