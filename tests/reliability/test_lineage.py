@@ -19,6 +19,7 @@ from payloads import replant
 from conftest import TINY, losses, run_cli, run_inline
 from launcher.components import checkpoint
 from launcher.components.checkpoint_files import read_manifest
+from launcher.components.metrics import read_metrics
 
 RUN = [*TINY, "checkpoint.every=5", "checkpoint.keep=10", "train.eval_every=null"]
 
@@ -194,7 +195,8 @@ def test_every_damaged_checkpoint_goes_to_damaged_with_a_line_and_is_never_writt
 
 
 def test_a_checkpoint_only_another_rank_cannot_load_is_named_on_the_console(tmp_path) -> None:
-    """Rank 1 alone reads rng_rank1.pt: its refusal reaches the console that `train` shows (rank 0's)."""
+    """Rank 1 alone reads rng_rank1.pt: its refusal reaches the console that `train` shows (rank 0's). The
+    resumed local run (its second session) does not replay the first session's output either."""
     run_dir = tmp_path / "run"
     ddp = [
         *RUN,
@@ -202,6 +204,7 @@ def test_a_checkpoint_only_another_rank_cannot_load_is_named_on_the_console(tmp_
         "launcher=local",
         "launcher.nproc=2",
         "train.max_steps=10",
+        "log.summary_table=true",
         f"run_dir={run_dir}",
     ]
     first = run_cli(ddp, tmp_path)
@@ -216,3 +219,10 @@ def test_a_checkpoint_only_another_rank_cannot_load_is_named_on_the_console(tmp_
     ]
     assert f"moved aside to {run_dir / 'checkpoints' / 'damaged' / 'step_10'}" in out
     assert f"resumed from {run_dir / 'checkpoints' / 'step_5'}" in out
+    # no replay: one summary (this session's), the first session's rank logs set aside, one record per step
+    assert again.stdout.count("run summary") == 1, again.stdout[-3000:]
+    assert "logs of the previous session moved to" in again.stderr
+    assert (run_dir / "logs" / "session_0" / "rank_0.log").is_file() and (
+        run_dir / "logs" / "rank_0.log"
+    ).is_file()
+    assert [r["step"] for r in read_metrics(run_dir / "metrics.jsonl") if "loss" in r] == list(range(1, 11))
