@@ -14,16 +14,9 @@ import pytest
 import torch
 import yaml
 
-from conftest import TINY, alive, free_port, losses, run_cli, run_inline
+from conftest import DDP_LOCAL, TINY, alive, free_port, losses, run_cli, run_inline
 
-DDP = [
-    *TINY,
-    "launcher=local",
-    "parallel=ddp",
-    "launcher.nproc=2",
-    "checkpoint.every=5",
-    "launcher.timeout_s=60",
-]
+DDP = DDP_LOCAL
 
 
 def _train(args: list[str], run_dir: Path, cwd: Path) -> subprocess.CompletedProcess:
@@ -31,12 +24,9 @@ def _train(args: list[str], run_dir: Path, cwd: Path) -> subprocess.CompletedPro
 
 
 @pytest.fixture(scope="module")
-def straight(tmp_path_factory) -> Path:
-    """One uninterrupted 2-rank DDP run of 20 steps, the reference of the tests below."""
-    base = tmp_path_factory.mktemp("ddp")
-    result = _train(DDP, base / "straight", base)
-    assert result.returncode == 0, result.stderr[-3000:]
-    return base / "straight"
+def straight(ddp_straight) -> Path:
+    """One uninterrupted 2-rank DDP run of 20 steps, the reference of the tests below (a session's one run)."""
+    return ddp_straight
 
 
 def test_local_ddp_run_matches_one_process_with_the_same_global_batch(straight, tmp_path) -> None:
