@@ -89,10 +89,12 @@ def run_cli(
     )
 
 
-def run_clis(argvs: list[list[str]], cwd: Path, timeout: int = 300) -> list[subprocess.CompletedProcess]:
+def run_clis(
+    argvs: list[list[str]], cwd: Path, env: dict[str, str] | None = None, timeout: int = 300
+) -> list[subprocess.CompletedProcess]:
     """`train ARGS` for several independent ARGS, started together: on 2 cores their imports overlap."""
     with ThreadPoolExecutor(len(argvs)) as pool:
-        return list(pool.map(lambda args: run_cli(args, cwd, timeout=timeout), argvs))
+        return list(pool.map(lambda args: run_cli(args, cwd, env=env, timeout=timeout), argvs))
 
 
 def write_spec(overrides: list[str], run_dir: Path) -> Path:
