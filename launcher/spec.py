@@ -9,8 +9,10 @@ schema lives with the group (launcher.components).
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import difflib
+import functools
 import re
 import typing
 from dataclasses import dataclass, field
@@ -175,9 +177,15 @@ def _thaw(node: Any) -> Any:
     return node
 
 
-def schema_node() -> DictConfig:
-    """The RunSpec schema as a mutable structured config, defaults filled in."""
+@functools.cache
+def _schema_template() -> DictConfig:
+    """The thawed structured config of RunSpec, built once per process (OmegaConf.structured walks every dataclass)."""
     return _thaw(OmegaConf.structured(RunSpec))
+
+
+def schema_node() -> DictConfig:
+    """The RunSpec schema as a mutable structured config, defaults filled in (a fresh copy on each call)."""
+    return copy.deepcopy(_schema_template())
 
 
 def schema_fields(schema: type) -> dict[str, Any]:

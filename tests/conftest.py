@@ -7,6 +7,7 @@ import os
 import socket
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -52,6 +53,27 @@ def _token_cache(tmp_path_factory) -> None:
     os.environ["XDG_CACHE_HOME"] = str(tmp_path_factory.mktemp("xdg-cache"))
 
 
+DDP_LOCAL = [
+    *TINY,
+    "launcher=local",
+    "parallel=ddp",
+    "launcher.nproc=2",
+    "checkpoint.every=5",
+    "launcher.timeout_s=60",
+]
+"""Two local DDP ranks through `train` (20 steps, a checkpoint every 5): the run of the ddp_straight fixture."""
+
+
+@pytest.fixture(scope="session")
+def ddp_straight(tmp_path_factory) -> Path:
+    """One uninterrupted `train` run of DDP_LOCAL: test_local_ddp.py's reference, and the run other files copy and
+    damage or resume (one 2-rank launch for all; copy it before changing anything in it)."""
+    base = tmp_path_factory.mktemp("ddp")
+    result = run_cli([*DDP_LOCAL, f"run_dir={base / 'straight'}"], cwd=base)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return base / "straight"
+
+
 def run_cli(
     args: list[str], cwd: Path, env: dict[str, str] | None = None, timeout: int = 300
 ) -> subprocess.CompletedProcess:
@@ -65,6 +87,14 @@ def run_cli(
         text=True,
         timeout=timeout,
     )
+
+
+def run_clis(
+    argvs: list[list[str]], cwd: Path, env: dict[str, str] | None = None, timeout: int = 300
+) -> list[subprocess.CompletedProcess]:
+    """`train ARGS` for several independent ARGS, started together: on 2 cores their imports overlap."""
+    with ThreadPoolExecutor(len(argvs)) as pool:
+        return list(pool.map(lambda args: run_cli(args, cwd, env=env, timeout=timeout), argvs))
 
 
 def write_spec(overrides: list[str], run_dir: Path) -> Path:

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import TINY, losses, run_cli
+from conftest import TINY, losses, run_cli, run_clis
 
 
 def test_invalid_spec_exits_2_reports_everything_and_starts_nothing(tmp_path) -> None:
@@ -72,16 +72,15 @@ def test_secrets_from_env_never_reach_spec_or_console(tmp_path) -> None:
         "name=${oc.env:LAUNCHER_TEST_TOKEN}",
         f"run_dir={run_dir}",
     ]
-    result = run_cli(args, tmp_path, env={"LAUNCHER_TEST_TOKEN": "s3cr3t-value"})
+    result, dry = run_clis(  # independent: started together
+        [args, ["dry_run=all", "name=${oc.env:LAUNCHER_TEST_TOKEN}"]],
+        tmp_path,
+        env={"LAUNCHER_TEST_TOKEN": "s3cr3t-value"},
+    )
     assert result.returncode == 0, result.stderr
     assert "s3cr3t-value" not in result.stdout + result.stderr
     spec = (run_dir / "spec.yaml").read_text()
     assert "${oc.env:LAUNCHER_TEST_TOKEN}" in spec and "s3cr3t-value" not in spec
-    dry = run_cli(
-        ["dry_run=all", "name=${oc.env:LAUNCHER_TEST_TOKEN}"],
-        tmp_path,
-        env={"LAUNCHER_TEST_TOKEN": "s3cr3t-value"},
-    )
     assert dry.returncode == 0 and "s3cr3t-value" not in dry.stdout
     assert "profiler.wait" in dry.stdout and "schema defaults;" not in dry.stdout  # every key
 

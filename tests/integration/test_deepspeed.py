@@ -175,6 +175,10 @@ def test_nonfinite_steps_are_skipped_on_every_rank(tmp_path, option: str) -> Non
     assert all(torch.isfinite(t).all() for t in state.values())
 
 
+# In the extended tier: tests/unit/test_deepspeed_config.py holds train.max_grad_norm becoming DeepSpeed's
+# gradient_clipping (null: 0), the parity tests here run DeepSpeed's engine with that section, and the clip by
+# the all-rank norm is DeepSpeed's own arithmetic (the launcher's own clip by a global norm: test_pipeline.py).
+@pytest.mark.extended
 def test_max_grad_norm_reaches_deepspeed(cached_run) -> None:
     """train.max_grad_norm becomes DeepSpeed's gradient_clipping: with a bound that clips every step,
     ZeRO-2 matches one process that clips the same way, and differs from the unclipped run. SGD,

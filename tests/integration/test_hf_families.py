@@ -8,7 +8,7 @@ import json
 import pytest
 import torch
 
-from conftest import TINY, losses, run_cli, run_inline
+from conftest import TINY, losses, run_cli, run_clis, run_inline
 
 transformers = pytest.importorskip("transformers")
 
@@ -50,11 +50,16 @@ def test_paths_a_family_lacks_are_refused_before_launch(tmp_path) -> None:
                                    vocab_size=256),
         tmp_path / "neox",
     )  # fmt: skip
-    flex = run_cli(["model=hf", f"model.path={gpt2}", "model.attention=flex", *RUN], cwd=tmp_path)
+    flex, varlen = run_clis(
+        [
+            ["model=hf", f"model.path={gpt2}", "model.attention=flex", *RUN],
+            ["model=hf", f"model.path={neox}", "model.attention=varlen", *RUN],
+        ],
+        tmp_path,
+    )
     assert flex.returncode == 2, flex.stderr[-2000:]
     said = " ".join(flex.stderr.split())  # the message is wrapped to the terminal's width
     assert "no FlexAttention for gpt2" in said and "model.attention=auto" in said
-    varlen = run_cli(["model=hf", f"model.path={neox}", "model.attention=varlen", *RUN], cwd=tmp_path)
     assert varlen.returncode == 2, varlen.stderr[-2000:]
     said = " ".join(varlen.stderr.split())
     assert "'gpt_neox' is not among them" in said and "Traceback" not in said

@@ -101,8 +101,10 @@ PARITY = {
 # llama-tp_fsdp-sequence-parallel); llama-fsdp (gpt2-fsdp and llama-tp_fsdp-sequence-parallel shard folders
 # with FSDP2, and gpt2-fsdp's run resumes bitwise below); llama-tp (llama-tp_fsdp-sequence-parallel and qwen2-tp-tied split the Llama-style plan over tp);
 # llama-zero3 (DeepSpeed's engine takes any module: test_deepspeed.py holds ZeRO-3's parity, and
-# test_export_hf.py's zero3-llama trains and exports this folder under ZeRO-3).
-EXTENDED_PARITY = ("llama-ddp", "llama-fsdp", "llama-tp", "llama-zero3")
+# test_export_hf.py's zero3-llama trains and exports this folder under ZeRO-3); qwen2-tp-tied (a head tied to the
+# embedding split over tp: test_fsdp_tp.py's tp-sequence-parallel on the built-in GPT, whose head is tied; the
+# folders' plan over tp: llama-tp_fsdp-sequence-parallel).
+EXTENDED_PARITY = ("llama-ddp", "llama-fsdp", "llama-tp", "llama-zero3", "qwen2-tp-tied")
 
 
 @pytest.mark.parametrize(

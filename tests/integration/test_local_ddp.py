@@ -14,16 +14,9 @@ import pytest
 import torch
 import yaml
 
-from conftest import TINY, alive, free_port, losses, run_cli, run_inline
+from conftest import DDP_LOCAL, TINY, alive, free_port, losses, run_cli, run_inline
 
-DDP = [
-    *TINY,
-    "launcher=local",
-    "parallel=ddp",
-    "launcher.nproc=2",
-    "checkpoint.every=5",
-    "launcher.timeout_s=60",
-]
+DDP = DDP_LOCAL
 
 
 def _train(args: list[str], run_dir: Path, cwd: Path) -> subprocess.CompletedProcess:
@@ -31,12 +24,9 @@ def _train(args: list[str], run_dir: Path, cwd: Path) -> subprocess.CompletedPro
 
 
 @pytest.fixture(scope="module")
-def straight(tmp_path_factory) -> Path:
-    """One uninterrupted 2-rank DDP run of 20 steps, the reference of the tests below."""
-    base = tmp_path_factory.mktemp("ddp")
-    result = _train(DDP, base / "straight", base)
-    assert result.returncode == 0, result.stderr[-3000:]
-    return base / "straight"
+def straight(ddp_straight) -> Path:
+    """One uninterrupted 2-rank DDP run of 20 steps, the reference of the tests below (a session's one run)."""
+    return ddp_straight
 
 
 def test_local_ddp_run_matches_one_process_with_the_same_global_batch(straight, tmp_path) -> None:
@@ -54,8 +44,8 @@ def test_local_ddp_run_matches_one_process_with_the_same_global_batch(straight, 
     assert json.loads((straight / "summary.json").read_text())["world_size"] == 2
 
 
-@pytest.mark.extended  # DDP resuming bitwise on 2 local ranks: the torchrun case below (stop at 10, resume=auto,
-# the straight run's losses) and test_verify_resume_gives_a_verdict[local]
+@pytest.mark.extended  # DDP resuming bitwise on 2 ranks: the torchrun case below (stop at 10, resume=auto, the
+# straight run's losses)
 def test_ddp_resume_is_exact(straight, tmp_path) -> None:
     """A new run resumed from the straight run's step-15 checkpoint gives its steps 16-20 bitwise."""
     resumed = tmp_path / "resumed"
@@ -126,13 +116,13 @@ def test_a_rank_that_never_starts_is_named_by_preflight(tmp_path) -> None:
     assert time.monotonic() - started < 100  # the short timeout, not a hang
 
 
-# inline in the extended tier: the verdict's three phases are the same runs on any backend, and the local case
-# holds them across two ranks.
+# local in the extended tier: the verdict's three phases are the same launches on any backend, which the inline
+# case holds in one process; two local ranks resuming bitwise: test_under_torchrun_..._resume_is_exact below.
 @pytest.mark.parametrize(
     "backend",
     [
-        pytest.param(["launcher=inline"], id="inline", marks=pytest.mark.extended),
-        pytest.param(["launcher=local", "parallel=ddp"], id="local"),
+        pytest.param(["launcher=inline"], id="inline"),
+        pytest.param(["launcher=local", "parallel=ddp"], id="local", marks=pytest.mark.extended),
     ],
 )
 def test_verify_resume_gives_a_verdict(tmp_path, backend: list[str]) -> None:

@@ -55,6 +55,10 @@ def test_muon_trains_in_one_process(one_process: Path) -> None:
     assert curve[8] < curve[1] - 0.2, curve  # measured 5.42 -> 5.01 in 8 steps (2 of warmup)
 
 
+# Extended tier: DDP hands Muon plain tensors with gradients all-reduced before the step, which the FSDP2
+# parity (the whole-matrix update on 2 ranks) and the one-process runs here cover; DDP wraps any module alike
+# (test_local_ddp.py).
+@pytest.mark.extended
 def test_muon_on_two_ddp_ranks_matches_one_process(one_process: Path, tmp_path: Path) -> None:
     proc = run_ranks([*MUON, *RANKS2, "parallel=ddp", "checkpoint.every=null"], tmp_path / "ddp", timeout=600)
     assert proc.returncode == 0, proc.stderr[-4000:]

@@ -9,12 +9,13 @@ import re
 import socket
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
 from processes import mount_tmpfs, stale_lock
 
-from conftest import run_cli
+from conftest import run_cli, run_clis
 from launcher.components import quiet
 from launcher.launch.local import failure_message
 
@@ -87,14 +88,26 @@ AVX512_BF16 = "avx512_bf16" in Path("/proc/cpuinfo").read_text()
 """bitsandbytes tries the optional kernel (and says it failed) only on such CPUs."""
 
 
-def _console(args: list[str], cwd: Path) -> str:
-    """stdout and stderr of `python -m ARGS` with the user's environment minus a progress-bar setting."""
+def _consoles(*commands: list[str], cwd: Path) -> list[str]:
+    """stdout and stderr of `python -m ARGS` for each command, started together (independent processes whose
+    imports overlap), with the user's environment minus a progress-bar setting."""
     env = {k: v for k, v in os.environ.items() if k != quiet.PROGRESS_ENV}
-    done = subprocess.run(
-        [sys.executable, "-m", *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=300
-    )
-    assert done.returncode == 0, (done.stdout + done.stderr)[-3000:]
-    return done.stdout + done.stderr
+    started = [
+        subprocess.Popen(
+            [sys.executable, "-m", *args],
+            cwd=cwd,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for args in commands
+    ]
+    with ThreadPoolExecutor(len(started)) as pool:  # read every pipe at once: no child waits on a full one
+        outputs = list(pool.map(lambda proc: proc.communicate(timeout=300), started))
+    for proc, (out, err) in zip(started, outputs, strict=True):
+        assert proc.returncode == 0, (out + err)[-3000:]
+    return [out + err for out, err in outputs]
 
 
 def _chatter(console: str) -> set[str]:
@@ -116,9 +129,12 @@ def qlora_run(tmp_path_factory) -> Path:
         "quantization=nf4_lora",
         "train.max_steps=2",
     ]
-    console = _console(["launcher", *args, f"run_dir={root / 'run'}"], root)
+    console, loud = _consoles(
+        ["launcher", *args, f"run_dir={root / 'run'}"],
+        ["launcher", *args, "--verbose", f"run_dir={root / 'loud'}"],
+        cwd=root,
+    )
     assert _chatter(console) == set() and "(exit status 0)" in console, console[-3000:]
-    loud = _console(["launcher", *args, "--verbose", f"run_dir={root / 'loud'}"], root)
     expected = {"Loading weights"} | (
         {"Failed to load CPU gemm_4bit_forward from kernels-community"} if AVX512_BF16 else set()
     )
@@ -129,9 +145,10 @@ def qlora_run(tmp_path_factory) -> Path:
 def test_other_libraries_chatter_is_shown_only_with_verbose(qlora_run, tmp_path) -> None:
     """The run (in the fixture) and its export to a Hugging Face folder: quiet, and all of it with --verbose."""
     export = ["launcher.tools.export", str(qlora_run), "--format", "hf", "--merge"]
-    quiet_console = _console([*export, str(tmp_path / "quiet")], tmp_path)
+    quiet_console, loud = _consoles(
+        [*export, str(tmp_path / "quiet")], [*export, str(tmp_path / "loud"), "--verbose"], cwd=tmp_path
+    )
     assert _chatter(quiet_console) == set() and "exported" in quiet_console, quiet_console[-3000:]
-    loud = _console([*export, str(tmp_path / "loud"), "--verbose"], tmp_path)
     expected = set(CHATTER) - (
         set() if AVX512_BF16 else {"Failed to load CPU gemm_4bit_forward from kernels-community"}
     )
@@ -142,7 +159,14 @@ def test_a_piped_run_prints_a_progress_line_when_it_was_silent_for_progress_ever
     """No terminal, no bar: a run that logs only at its end still says where it is, and log lines reset the clock."""
     shown = [arg for arg in SMALL if arg != "log.progress=false"]
     args = [*shown, "train.max_steps=6", "train.log_every=100", "checkpoint.every=null"]
-    result = run_cli([*args, "log.progress_every_s=0.001", f"run_dir={tmp_path / 'run'}"], tmp_path)
+    result, logged, default = run_clis(
+        [
+            [*args, "log.progress_every_s=0.001", f"run_dir={tmp_path / 'run'}"],
+            [*args, "train.log_every=1", "log.progress_every_s=0.001", f"run_dir={tmp_path / 'logged'}"],
+            [*args, f"run_dir={tmp_path / 'default'}"],  # 30 s: more than this run takes
+        ],
+        tmp_path,
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     lines = [line for line in result.stdout.splitlines() if line.startswith("progress: ")]
     assert [line.split(",")[0] for line in lines] == [
@@ -150,9 +174,5 @@ def test_a_piped_run_prints_a_progress_line_when_it_was_silent_for_progress_ever
     ]
     assert all(re.search(r", eta \d+:\d\d:\d\d$", line) for line in lines), lines
     assert "step 6/6: loss" in result.stdout  # the last step's record: its log line, no progress line
-    logged = run_cli(
-        [*args, "train.log_every=1", "log.progress_every_s=0.001", f"run_dir={tmp_path / 'logged'}"], tmp_path
-    )
     assert logged.returncode == 0 and "progress: " not in logged.stdout, logged.stdout[-3000:]
-    default = run_cli([*args, f"run_dir={tmp_path / 'default'}"], tmp_path)  # 30 s: more than this run takes
     assert default.returncode == 0 and "progress: " not in default.stdout, default.stdout[-3000:]

@@ -16,9 +16,10 @@ import pytest
 import torch
 from payloads import replant
 
-from conftest import TINY, losses, run_cli, run_inline
+from conftest import DDP_LOCAL, TINY, losses, run_cli, run_inline
 from launcher.components import checkpoint
 from launcher.components.checkpoint_files import read_manifest
+from launcher.components.metrics import read_metrics
 
 RUN = [*TINY, "checkpoint.every=5", "checkpoint.keep=10", "train.eval_every=null"]
 
@@ -193,26 +194,24 @@ def test_every_damaged_checkpoint_goes_to_damaged_with_a_line_and_is_never_writt
     assert checkpoint.problem(ckpts / "step_20") is None  # the new session's own step_20
 
 
-def test_a_checkpoint_only_another_rank_cannot_load_is_named_on_the_console(tmp_path) -> None:
-    """Rank 1 alone reads rng_rank1.pt: its refusal reaches the console that `train` shows (rank 0's)."""
-    run_dir = tmp_path / "run"
-    ddp = [
-        *RUN,
-        "parallel=ddp",
-        "launcher=local",
-        "launcher.nproc=2",
-        "train.max_steps=10",
-        f"run_dir={run_dir}",
-    ]
-    first = run_cli(ddp, tmp_path)
-    assert first.returncode == 0, first.stderr[-3000:]
-    step = run_dir / "checkpoints" / "step_10"
+def test_a_checkpoint_only_another_rank_cannot_load_is_named_on_the_console(ddp_straight, tmp_path) -> None:
+    """Rank 1 alone reads rng_rank1.pt: its refusal reaches the console that `train` shows (rank 0's). The
+    resumed local run (its second session) does not replay the first session's output either."""
+    run_dir = Path(shutil.copytree(ddp_straight, tmp_path / "run"))  # 2 local DDP ranks, 20 steps, every 5
+    step = run_dir / "checkpoints" / "step_20"
     replant(step, "rng_rank1.pt", b"\x80\x02}q\x00garbage")  # sealed again: the sizes and digests agree
-    again = run_cli([*ddp, "resume=auto"], tmp_path)
+    again = run_cli([*DDP_LOCAL, "log.summary_table=true", "resume=auto", f"run_dir={run_dir}"], tmp_path)
     out = " ".join(again.stdout.split())
     assert again.returncode == 0, (again.stdout + again.stderr)[-3000:]
     assert f"warning: skipping checkpoint {step}: it does not load" in out and "(on rank 1)" in out, out[
         -3000:
     ]
-    assert f"moved aside to {run_dir / 'checkpoints' / 'damaged' / 'step_10'}" in out
-    assert f"resumed from {run_dir / 'checkpoints' / 'step_5'}" in out
+    assert f"moved aside to {run_dir / 'checkpoints' / 'damaged' / 'step_20'}" in out
+    assert f"resumed from {run_dir / 'checkpoints' / 'step_15'}" in out
+    # no replay: one summary (this session's), the first session's rank logs set aside, one record per step
+    assert again.stdout.count("run summary") == 1, again.stdout[-3000:]
+    assert "logs of the previous session moved to" in again.stderr
+    assert (run_dir / "logs" / "session_0" / "rank_0.log").is_file() and (
+        run_dir / "logs" / "rank_0.log"
+    ).is_file()
+    assert [r["step"] for r in read_metrics(run_dir / "metrics.jsonl") if "loss" in r] == list(range(1, 21))

@@ -10,6 +10,7 @@ import signal
 import subprocess
 import sys
 
+import pytest
 from processes import rank_pids, start_train, wait_for_steps
 
 from conftest import TINY, read_metrics, run_cli
@@ -45,6 +46,10 @@ def test_a_restart_is_announced_and_metrics_keep_one_record_per_step(tmp_path) -
     } == {1}
 
 
+# In the extended tier: test_lineage.py::test_a_checkpoint_only_another_rank_cannot_load_is_named_on_the_console
+# resumes a 2-rank local run with resume=auto and holds the same: one summary, the previous session's logs
+# moved to logs/session_0, one record per step.
+@pytest.mark.extended
 def test_a_resumed_local_run_does_not_replay_the_previous_output(tmp_path) -> None:
     run_dir = tmp_path / "run"
     args = [*TINY, *LOCAL2, "log.summary_table=true", f"run_dir={run_dir}"]

@@ -7,6 +7,8 @@ import ipaddress
 import json
 import signal
 import time
+from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
 from processes import (
@@ -23,6 +25,39 @@ from conftest import alive
 from launcher.components import checkpoint
 
 
+@dataclass(frozen=True)
+class Stopped:
+    """A 2-rank `train` run stopped by one signal after its fifth step, and what it held just before the signal."""
+
+    run_dir: Path
+    status: int
+    rank_pids: list[int]
+    sockets: list[tuple[int, str, int]]
+    err: str
+
+
+@pytest.fixture(scope="module")
+def stopped_by(tmp_path_factory):
+    """A LONG_DDP run per signal, shared by the signal's test and the loopback test (one launch of 2 ranks each)."""
+    runs: dict[signal.Signals, Stopped] = {}
+
+    def stop(number: signal.Signals) -> Stopped:
+        if number not in runs:
+            cwd = tmp_path_factory.mktemp(number.name)
+            run_dir = cwd / "run"
+            proc = start_train([*LONG_DDP, f"run_dir={run_dir}"], cwd)
+            try:
+                wait_for_steps(run_dir, 5, proc)
+                pids, sockets = rank_pids(run_dir), listening_sockets(process_tree(proc.pid))
+            finally:
+                send(proc, number)
+                status = proc.wait(timeout=120)
+            runs[number] = Stopped(run_dir, status, pids, sockets, (cwd / "train.err").read_text()[-3000:])
+        return runs[number]
+
+    return stop
+
+
 # SIGINT in the extended tier: the handler is one for both signals; SIGTERM holds it here, and SIGINT's
 # checkpoint and status are held by test_an_inline_run_stops_on_sigint_with_a_checkpoint and
 # test_second_sigint_stops_at_once_without_orphans.
@@ -30,18 +65,14 @@ from launcher.components import checkpoint
     ("number", "status"),
     [pytest.param(signal.SIGINT, 130, marks=pytest.mark.extended), (signal.SIGTERM, 143)],
 )
-def test_first_signal_checkpoints_every_rank_and_exits_128_plus_signal(tmp_path, number, status) -> None:
-    run_dir = tmp_path / "run"
-    proc = start_train([*LONG_DDP, f"run_dir={run_dir}"], tmp_path)
-    wait_for_steps(run_dir, 5, proc)
-    pids = rank_pids(run_dir)
-    send(proc, number)
-    assert proc.wait(timeout=120) == status, (tmp_path / "train.err").read_text()[-3000:]
-    summary = json.loads((run_dir / "summary.json").read_text())
+def test_first_signal_checkpoints_every_rank_and_exits_128_plus_signal(stopped_by, number, status) -> None:
+    stopped = stopped_by(number)
+    assert stopped.status == status, stopped.err
+    summary = json.loads((stopped.run_dir / "summary.json").read_text())
     assert summary["exit_reason"] == "interrupted" and summary["signal"] == number.name
-    newest = checkpoint.good_checkpoints(run_dir)[0]
+    newest = checkpoint.good_checkpoints(stopped.run_dir)[0]
     assert checkpoint.step_of(newest) == summary["steps"] > 5  # saved at the step both ranks stopped at
-    assert not [p for p in pids if alive(p)]
+    assert not [p for p in stopped.rank_pids if alive(p)]
 
 
 def test_second_sigint_stops_at_once_without_orphans(tmp_path) -> None:
@@ -73,16 +104,9 @@ def test_an_inline_run_stops_on_sigint_with_a_checkpoint(tmp_path) -> None:
     assert checkpoint.step_of(checkpoint.good_checkpoints(run_dir)[0]) == summary["steps"]
 
 
-def test_a_single_node_run_listens_on_loopback_only(tmp_path) -> None:
+def test_a_single_node_run_listens_on_loopback_only(stopped_by) -> None:
     """The launcher's rendezvous store, the ranks' store and gloo's sockets: none on an outside address."""
-    run_dir = tmp_path / "run"
-    proc = start_train([*LONG_DDP, f"run_dir={run_dir}"], tmp_path)
-    try:
-        wait_for_steps(run_dir, 5, proc)
-        found = listening_sockets(process_tree(proc.pid))
-    finally:
-        send(proc, signal.SIGTERM)
-        proc.wait(timeout=120)
+    found = stopped_by(signal.SIGTERM).sockets  # the SIGTERM test's run, read before its signal
     assert found, "the run should hold listening sockets (its stores); none were found"
     outside = [s for s in found if not ipaddress.ip_address(s[1]).is_loopback]
     assert not outside, f"sockets listening beyond loopback: {outside}"

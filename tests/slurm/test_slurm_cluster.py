@@ -114,6 +114,8 @@ def test_scontrol_requeue_resumes_from_the_checkpoint(tmp_path) -> None:
     assert losses(run_dir) == losses(straight)  # resume is exact: the same floats
 
 
+@pytest.mark.extended  # a sweep submitted without waiting, read back by train-sweep-status --wait and re-run:
+# test_add_a_backend.py's sweep on a submitting backend; SLURM's submit and job-state verbs: the two tests above
 def test_sweep_submits_one_job_per_point_and_collects(tmp_path) -> None:
     sweep_dir = tmp_path / "sweep"
     args = ["--multirun", *TINY, "train.max_steps=6", "launcher=slurm", "launcher.slurm.wait=false",
@@ -132,8 +134,8 @@ def test_sweep_submits_one_job_per_point_and_collects(tmp_path) -> None:
     assert again.returncode == 0 and again.stdout.count("already completed") == 2, again.stdout
 
 
-@pytest.mark.extended  # trials as jobs of a submitting backend: the grid sweep above on this cluster and
-# test_add_a_backend.py's sweep; the study's side (values told, trials continued): test_optuna_sweep.py
+@pytest.mark.extended  # trials as jobs of a submitting backend: test_add_a_backend.py's sweep; SLURM's submit
+# and job-state verbs: the first two tests here; the study's side (values told, trials continued): test_optuna_sweep.py
 def test_optuna_sweep_submits_a_batch_of_trials_and_tells_the_study(tmp_path) -> None:
     sweep_dir = tmp_path / "sweep"
     args = ["-m", "hydra/sweeper=optuna", "hydra.sweeper.n_trials=2", "hydra.sweeper.n_jobs=2", *TINY,

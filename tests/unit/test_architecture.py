@@ -7,6 +7,7 @@ docs/architecture.md draws the same map; when a test here fails, either the chan
 from __future__ import annotations
 
 import ast
+import functools
 import importlib
 import inspect
 import re
@@ -57,15 +58,21 @@ def _module_name(path: Path) -> str:
     return ".".join(parts)
 
 
+@functools.cache  # the source does not change during a session; read-only to every caller
 def _modules() -> dict[str, Path]:
     return {_module_name(p): p for p in sorted(ROOT.rglob("*.py"))}
+
+
+@functools.cache  # each file parsed once for the whole file's tests
+def _tree(path: Path) -> ast.Module:
+    return ast.parse(path.read_text())
 
 
 def _imports(path: Path, modules: dict[str, Path]) -> set[str]:
     """Every module `path` imports, anywhere in the file (functions and TYPE_CHECKING blocks too)."""
     found = set()
     package = _module_name(path) if path.name == "__init__.py" else _module_name(path).rpartition(".")[0]
-    for node in ast.walk(ast.parse(path.read_text())):
+    for node in ast.walk(_tree(path)):
         if isinstance(node, ast.Import):
             found.update(alias.name for alias in node.names)
         elif isinstance(node, ast.ImportFrom):
@@ -80,6 +87,7 @@ def _imports(path: Path, modules: dict[str, Path]) -> set[str]:
     return found
 
 
+@functools.cache  # built once for the whole file (read-only to every caller)
 def _graph() -> dict[str, set[str]]:
     modules = _modules()
     return {

@@ -114,6 +114,10 @@ def test_the_chapters_zero2_file_derives_the_micro_batch_deepspeed_would(monkeyp
     assert keys == ["deepspeed_config:train_batch_size"]
 
 
+# In the extended tier: the file's split of 16 as 4 x 4 is held by the test above, a user's DeepSpeed file in a real
+# run (spec.yaml, the merged config and DeepSpeed agreeing) by test_deepspeed_config.py's transformers template
+# run, and DeepSpeed's fp16 refused on a CPU by test_deepspeed_config.py's rule messages.
+@pytest.mark.extended
 def test_the_chapters_file_on_a_cpu_refuses_only_fp16_and_trains_without_it(tmp_path) -> None:
     """One real inline DeepSpeed run (a child process, 3 steps): spec.yaml and DeepSpeed's config split 16 as 4 x 4."""
     keys = [e.keys for e in precheck([f"parallel.deepspeed_config={CHAPTER}"])]
