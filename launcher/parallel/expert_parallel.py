@@ -1,7 +1,8 @@
-"""Expert parallelism (parallel.ep_size > 1) of the built-in GPT's MoE blocks under DDP and FSDP2.
+"""Expert parallelism (parallel.ep_size > 1) of a model's experts sites under DDP and FSDP2.
 
-The world's ranks form groups of ep_size consecutive ranks; each rank of a group holds E / ep_size
-consecutive experts of every MoE block (`apply`: its slice of the stacked weights, cut from the same
+An experts site (`expert_sites`) is a module holding stacked routed experts: the built-in GPT's MoE blocks
+and transformers 5's experts modules. The world's ranks form groups of ep_size consecutive ranks; each rank
+of a group holds E / ep_size consecutive experts of every site (`apply`: its slice of the stacked weights, cut from the same
 seeded init every rank built, so the experts are those of a one-process run) and the tokens travel to
 them by all-to-all (launcher.components.model.experts). The ranks holding the same experts (one per
 group: rank % ep_size alike) are the experts' replicas.
@@ -21,7 +22,7 @@ group: rank % ep_size alike) are the experts' replicas.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
@@ -29,11 +30,33 @@ from torch import nn
 from torch.distributed.tensor import DTensor
 
 from launcher.components.model.experts import ExpertGroup
+from launcher.components.model.hf_experts import FUSED
 from launcher.components.model.moe_balance import moe_blocks
 from launcher.parallel.pipeline_stage import local_tensor
 
+if TYPE_CHECKING:
+    from torch.distributed.device_mesh import DeviceMesh
+
 EXPERT_WEIGHTS = ("w_up", "w_down")
 """The stacked expert weights of an MoE block (launcher.components.model.moe.MoE), split along dim 0."""
+
+Sites = dict[str, tuple[nn.Module, tuple[str, ...]]]
+"""Qualified module name -> (the module holding stacked experts, names of its expert parameters)."""
+
+
+def expert_sites(model: nn.Module) -> Sites:
+    """Every module of `model` holding stacked routed experts, and the names of those parameters (split along dim 0).
+
+    The built-in GPT's MoE blocks (w_up, w_down) and transformers 5's experts modules (`mlp.experts`: the fused
+    gate_up_proj and down_proj, and their biases where the family has them, as gpt-oss does).
+    """
+    names = {id(module): name for name, module in model.named_modules()}
+    sites: Sites = {names[id(block)]: (block, EXPERT_WEIGHTS) for block in moe_blocks(model).values()}
+    for name, module in model.named_modules():
+        fused = tuple(n for n in FUSED if isinstance(module._parameters.get(n), nn.Parameter))
+        if name.endswith("experts") and {"gate_up_proj", "down_proj"} <= set(fused):
+            sites[name] = (module, fused)
+    return sites
 
 
 @dataclass(kw_only=True)
@@ -48,6 +71,8 @@ class ExpertShards:
     """The ranks holding the same experts (None: just this one)."""
     world_size: int
     """Ranks of the job (DDP's averaging divisor)."""
+    sites: Sites = field(default_factory=dict)
+    """The experts sites `apply` split (qualified module name -> (module, expert parameter names))."""
     ids: set[int] = field(default_factory=set)
 
     def __post_init__(self) -> None:
@@ -128,31 +153,38 @@ class ExpertShards:
         return self._map_optimizer(state, optimizer, self._slice)
 
 
-def apply(model: nn.Module, ep_size: int, rank: int, world_size: int, *, dtensors: bool) -> ExpertShards:
-    """Keep this rank's slice of every MoE block's experts, route through the group; the shards' record.
-
-    The groups are the axes of a (world / ep_size, ep_size) mesh: "ep" the consecutive ranks that split
-    the experts, "replica" the ranks holding the same ones. `dtensors` (FSDP2): each slice is a DTensor of
-    the whole expert tensor over that mesh (replicated, sharded along the experts), so DCP saves whole
-    experts and reshards them to any ep_size, and the optimizer's foreach kernels meet only DTensors.
-    """
+def expert_mesh(device: str, world_size: int, ep_size: int) -> DeviceMesh:
+    """The (replica, ep) mesh of the experts: "ep" the ep_size consecutive ranks that split them, "replica" the
+    ranks holding the same ones (every ep_size-th rank)."""
     from torch.distributed.device_mesh import init_device_mesh
+
+    return init_device_mesh(device, (world_size // ep_size, ep_size), mesh_dim_names=("replica", "ep"))
+
+
+def apply(model: nn.Module, ep_size: int, rank: int, world_size: int, *, dtensors: bool) -> ExpertShards:
+    """Keep this rank's slice of every experts site (`expert_sites`), route through the group; the shards' record.
+
+    Each site gets `expert_group` (its forward dispatches the tokens when it is set) and its expert parameters
+    replaced by this rank's slices along dim 0; its forward is left as it is. `dtensors` (FSDP2): each slice is
+    a DTensor of the whole expert tensor over the expert mesh (replicated, sharded along the experts), so DCP
+    saves whole experts and reshards them to any ep_size, and the optimizer's foreach kernels meet only DTensors.
+    """
     from torch.distributed.tensor import Replicate, Shard
 
-    device = next(model.parameters()).device.type
-    mesh = init_device_mesh(device, (world_size // ep_size, ep_size), mesh_dim_names=("replica", "ep"))
+    mesh = expert_mesh(next(model.parameters()).device.type, world_size, ep_size)
     group = ExpertGroup(group=mesh["ep"].get_group(), rank=rank % ep_size, size=ep_size)
     replicas = mesh["replica"].get_group() if world_size > ep_size else None
     params: dict[str, nn.Parameter] = {}
-    for index, block in moe_blocks(model).items():
-        block.expert_group = group
-        for name in EXPERT_WEIGHTS:
-            whole = getattr(block, name)
+    sites = expert_sites(model)
+    for site, (module, names) in sites.items():
+        module.expert_group = group
+        for name in names:
+            whole = getattr(module, name)
             local = whole.shape[0] // ep_size
             piece = whole.detach()[group.rank * local : (group.rank + 1) * local].clone()
             if dtensors:
                 piece = DTensor.from_local(piece, mesh, [Replicate(), Shard(0)], run_check=False)
-            param = nn.Parameter(piece)
-            setattr(block, name, param)
-            params[f"blocks.{index}.mlp.{name}"] = param
-    return ExpertShards(params=params, group=group, replicas=replicas, world_size=world_size)
+            param = nn.Parameter(piece, requires_grad=whole.requires_grad)
+            setattr(module, name, param)
+            params[f"{site}.{name}"] = param
+    return ExpertShards(params=params, group=group, replicas=replicas, world_size=world_size, sites=sites)
