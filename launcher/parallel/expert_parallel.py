@@ -180,18 +180,26 @@ def expert_mesh(device: str, world_size: int, ep_size: int) -> DeviceMesh:
     return init_device_mesh(device, (world_size // ep_size, ep_size), mesh_dim_names=("replica", "ep"))
 
 
-def apply(model: nn.Module, ep_size: int, rank: int, world_size: int, *, dtensors: bool) -> ExpertShards:
+def apply(
+    model: nn.Module,
+    ep_size: int,
+    rank: int,
+    world_size: int,
+    *,
+    dtensors: bool,
+    device_type: str | None = None,
+) -> ExpertShards:
     """Keep this rank's slice of every experts site (`expert_sites`), route through the group; the shards' record.
 
     Each site gets `expert_group` (its forward dispatches the tokens when it is set) and its expert parameters
     replaced by this rank's slices along dim 0; its forward is left as it is. `dtensors` (FSDP2): each slice is
     a DTensor of the whole expert tensor over the mesh's "ep" axis (sharded along the experts), which
     `fully_shard_experts` then shards over the "replica" axis, so DCP saves whole experts and reshards them to
-    any ep_size.
+    any ep_size. `device_type`: the ranks' device (a model built empty holds meta tensors; default: its parameters').
     """
     from torch.distributed.tensor import Shard
 
-    mesh = expert_mesh(next(model.parameters()).device.type, world_size, ep_size)
+    mesh = expert_mesh(device_type or next(model.parameters()).device.type, world_size, ep_size)
     group = ExpertGroup(group=mesh["ep"].get_group(), rank=rank % ep_size, size=ep_size)
     replicas = mesh["replica"].get_group() if world_size > ep_size else None
     params: dict[str, nn.Parameter] = {}

@@ -89,7 +89,12 @@ def parallelize(
         from launcher.parallel import expert_parallel
 
         part.expert_shards = expert_parallel.apply(
-            part, spec.parallel.ep_size, dist.rank, dist.world_size, dtensors=wrap == "fsdp"
+            part,
+            spec.parallel.ep_size,
+            dist.rank,
+            dist.world_size,
+            dtensors=wrap == "fsdp",
+            device_type=device.type,
         )
         # a transformers experts module's forward sends its tokens through the group (the built-in MoE's does already)
         hf_expert_parallel.dispatch(part)
