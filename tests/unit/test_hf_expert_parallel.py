@@ -11,6 +11,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from launcher.components.model.experts import ExpertGroup
 from launcher.components.model.hf_expert_parallel import dispatch, is_hf_experts, routed_forward
 
 transformers = pytest.importorskip("transformers")
@@ -57,3 +58,5 @@ def test_dispatch_routes_only_modules_with_a_group() -> None:
     module = _experts("mixtral")
     assert dispatch(module) == []  # no expert_group: transformers' forward stays
     assert "forward" not in module.__dict__
+    module.expert_group = ExpertGroup(group=None, rank=0, size=1)  # what expert_parallel.apply sets
+    assert dispatch(module) == [""] and "forward" in module.__dict__
