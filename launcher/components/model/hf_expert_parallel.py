@@ -64,9 +64,10 @@ def experts_fn(module: nn.Module) -> ExpertsFn:
                 outputs.append(project(hidden, down[e], None if down_bias is None else down_bias[e]))
         if outputs:
             return torch.cat(outputs)
-        # no row reached this rank's experts: zeros that still give each expert parameter a (zero) gradient
+        # no row reached this rank's experts: an empty output still tied to the rows (every rank's backward then
+        # runs the same all-to-alls) and to the weights (each gets a zero gradient, as on the other ranks)
         untouched = sum(p.sum() for p in (gate_up, down, gate_up_bias, down_bias) if p is not None)
-        return rows.new_zeros((0, rows.shape[-1])) + 0 * untouched
+        return rows * 0 + 0 * untouched
 
     return run
 
