@@ -116,8 +116,27 @@ def roles(dims: ParallelDims) -> list[tuple[int, str, int]]:
     return [(p * per_stage, f"pipeline rank {p}", per_stage) for p in range(dims.pp)]
 
 
+def _all_true(mask: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """The indices of a boolean mask whose every element is true (one [numel] tensor per dim; fake)."""
+    return tuple(torch.empty(mask.numel(), dtype=torch.long, device=mask.device) for _ in range(mask.dim()))
+
+
+def _balanced_counts(ids: torch.Tensor, bins: int) -> torch.Tensor:
+    """A bincount of `ids` with its numel spread evenly over `bins` (real: routing counts read on the host)."""
+    from torch._subclasses.fake_tensor import unset_fake_temporarily
+
+    base, extra = divmod(ids.numel(), bins)
+    with unset_fake_temporarily():
+        return torch.tensor([base + (i < extra) for i in range(bins)], dtype=torch.long, device=ids.device)
+
+
 class _FakeScalars(TorchDispatchMode):
-    """Answer host reads of fake values with 1 (true: the guarded step steps) and keep real tensors real."""
+    """Answer host reads of fake values with 1 (true: the guarded step steps) and keep real tensors real.
+
+    Routing's data-dependent shapes get the answers of dropless, balanced routing: a boolean mask is all
+    true (`nonzero`, indexing by it: every assignment kept) and a `bincount` (tokens per expert) spreads its
+    entries evenly over `minlength` bins, as real counts the expert computation can split rows by.
+    """
 
     def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
         from torch._subclasses.fake_tensor import FakeTensor, unset_fake_temporarily
@@ -126,10 +145,34 @@ class _FakeScalars(TorchDispatchMode):
         tensors = [x for x in tree_leaves((args, kwargs)) if isinstance(x, torch.Tensor)]
         if func is torch.ops.aten._local_scalar_dense.default and isinstance(args[0], FakeTensor):
             return True if args[0].dtype is torch.bool else (1.0 if args[0].is_floating_point() else 1)
+        if any(isinstance(t, FakeTensor) for t in tensors):
+            answer = _routing_answer(func, args, kwargs)
+            if answer is not None:
+                return answer
         if tensors and not any(isinstance(t, FakeTensor) for t in tensors):
             with unset_fake_temporarily():  # a device mesh's rank arithmetic, an optimizer's step count
                 return func(*args, **kwargs)
         return func(*args, **kwargs)
+
+
+def _routing_answer(func: Any, args: tuple, kwargs: dict) -> Any:
+    """The dropless, balanced answer of a data-dependent op on fake tensors (None: not such an op)."""
+    aten = torch.ops.aten
+    if func is aten.nonzero.default:
+        return torch.stack(_all_true(args[0]), dim=1) if args[0].dim() else args[0].new_zeros((1, 0)).long()
+    if func is aten.bincount.default and kwargs.get("weights", args[1] if len(args) > 1 else None) is None:
+        minlength = kwargs.get("minlength", args[2] if len(args) > 2 else 0)
+        return _balanced_counts(args[0], max(int(minlength), 1))
+    if func in (aten.index.Tensor, aten.index_put.default, aten.index_put_.default):
+        masks = [index is not None and index.dtype is torch.bool for index in args[1]]
+        if any(masks):
+            indices = [
+                part
+                for index, mask in zip(args[1], masks, strict=True)
+                for part in (_all_true(index) if mask else (index,))
+            ]
+            return func(args[0], indices, *args[2:], **kwargs)
+    return None
 
 
 def _real(fn: Any) -> Any:
@@ -211,9 +254,9 @@ def fake_job(world_size: int, rank: int) -> Iterator[None]:
 class CollectiveLog(TorchDispatchMode):
     """Count the collectives dispatched while active, by op, group and size."""
 
-    def __init__(self, dims: ParallelDims) -> None:
+    def __init__(self, dims: ParallelDims, ep_size: int = 1) -> None:
         super().__init__()
-        self.dims, self.counts = dims, Counter()
+        self.dims, self.ep_size, self.counts = dims, ep_size, Counter()
 
     def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
         kwargs = kwargs or {}
@@ -232,9 +275,10 @@ class CollectiveLog(TorchDispatchMode):
         ranks = (
             dist.get_process_group_ranks(group) if group is not None else list(range(dist.get_world_size()))
         )
-        name, size = axis_name(ranks, self.dims), len(ranks)
+        name, size = axis_name(ranks, self.dims, self.ep_size), len(ranks)
         op = func.__name__.split(".")[0].strip("_").replace("allgather_base", "all_gather")
         op = op.replace("reduce_scatter_base", "reduce_scatter").replace("allreduce", "all_reduce")
+        op = "all_to_all" if op in ("alltoall_base", "all_to_all_single", "alltoall") else op
         self.counts[(op, name, size, num_bytes)] += 1
 
     def collectives(self) -> tuple[Collective, ...]:
@@ -262,8 +306,12 @@ def _group_of(leaves: list[Any]) -> Any:
     return None
 
 
-def axis_name(ranks: list[int], dims: ParallelDims) -> str:
-    """The mesh axis (or axes, joined by +) a group of `ranks` spans, read from its size and rank stride."""
+def axis_name(ranks: list[int], dims: ParallelDims, ep_size: int = 1) -> str:
+    """The mesh axis (or axes, joined by +) a group of `ranks` spans, read from its size and rank stride.
+
+    Expert parallelism's groups (launcher.parallel.expert_parallel) are `ep` (ep_size consecutive ranks) and
+    `ep_replica` (the ranks holding the same experts, ep_size apart).
+    """
     if len(ranks) == dims.world_size:
         return "world"
     strides = {
@@ -279,7 +327,13 @@ def axis_name(ranks: list[int], dims: ParallelDims) -> str:
         if sizes[axis] > 1 and (axes or strides[axis] == step) and size < len(ranks):
             axes.append(axis)
             size *= sizes[axis]
-    return "+".join(reversed(axes)) if size == len(ranks) else f"{len(ranks)} ranks"
+    if size == len(ranks):
+        return "+".join(reversed(axes))
+    if ep_size > 1 and (len(ranks), step) == (ep_size, 1):
+        return "ep"
+    if ep_size > 1 and (len(ranks), step) == (dims.world_size // ep_size, ep_size):
+        return "ep_replica"
+    return f"{len(ranks)} ranks"
 
 
 def _step_tracker() -> Any:
@@ -347,7 +401,7 @@ def measure(spec: RunSpec, ctx: DistContext, role: str = "every rank", num_ranks
     _rebuild_ddp_buckets(trainable.strategy.parts)  # DDP's one bucket rebuild, before the measured step
     tracker = _step_tracker()
     tracker.track_external(*trainable.strategy.parts, trainable.strategy.optimizer)
-    log, op_counter = CollectiveLog(ctx.dims), OpCounter()
+    log, op_counter = CollectiveLog(ctx.dims, spec.parallel.ep_size), OpCounter()
     with tracker, log, op_counter:
         _step(spec, trainable, vocab, ctx.device)
     snapshot = tracker.get_tracker_snapshot("peak")
