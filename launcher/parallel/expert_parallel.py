@@ -242,7 +242,9 @@ def fully_shard_experts(shards: ExpertShards, **kwargs: Any) -> None:
                 fully_shard(child, **kwargs)
         experts = fully_shard(module, **{**kwargs, "mesh": shards.mesh["replica"]})
         experts.set_gradient_divide_factor(float(shards.world_size))
-        experts.set_force_sum_reduction_for_comms(True)  # sum, then divide (gloo has no pre-multiplied sum)
+        # over replicas: sum, then divide (gloo has no pre-multiplied sum); over one rank (ep_size = world)
+        # torch 2.13 divides by a forced sum's factor twice, where its plain path divides once
+        experts.set_force_sum_reduction_for_comms(shards.replicas is not None)
         for name in names:  # fully_shard replaced the parameters by their shards
             shards.params[f"{site}.{name}"] = module._parameters[name]
     shards.ids = {id(p) for p in shards.params.values()}

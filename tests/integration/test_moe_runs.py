@@ -163,3 +163,5 @@ def test_expert_parallel_under_fsdp2_resumes_bitwise_and_at_ep4(fsdp_ep2, tmp_pa
     assert _four([*FSDP_EP2, f"resume={step_2}"], tmp_path / "again") == {3: losses(fsdp_ep2)[3]}
     ep4 = [*BASE, "parallel=fsdp", "parallel.ep_size=4", "train.micro_batch_size=2", f"resume={step_2}"]
     assert _four(ep4, tmp_path / "ep4")[3] == pytest.approx(losses(fsdp_ep2)[3], rel=1e-5)
+    norms = [read_metrics(d / "metrics.jsonl")[-1]["grad_norm"] for d in (tmp_path / "ep4", fsdp_ep2)]
+    assert norms[0] == pytest.approx(norms[1], rel=1e-5)  # one rank per expert: divided by the world once
