@@ -347,7 +347,7 @@ def _step_tracker() -> Any:
     import weakref
     from copy import deepcopy
 
-    from torch.distributed._tools.mem_tracker import MemTracker, _ModState
+    from torch.distributed._tools.mem_tracker import _TOTAL_KEY, MemTracker, _ModState
 
     class StepTracker(MemTracker):
         def _pre_fw_hook(self, module: torch.nn.Module, inputs: Any) -> None:
@@ -363,6 +363,15 @@ def _step_tracker() -> Any:
             super()._post_fw_hook(module, inputs, outputs)
             if self._ac_mod is not None and self._ac_mod() is module:
                 self._ac_mod, self._in_ac = None, False
+
+        def _update_peak_stats(self, peak_state: Any) -> None:
+            """The step's peak per device only (what `measure` reads). MemTracker also updates the peak of
+            every module it has seen, a pass over all of them per operator: for a 48-layer MoE model about
+            600 modules x 60,000 operators, 70% of the whole simulation's time."""
+            for dev, snap in self._curr_mem_snap.items():
+                if self._peak_mem.get(dev, 0) < snap[_TOTAL_KEY]:
+                    self._peak_mem[dev] = snap[_TOTAL_KEY]
+                    self._peak_mem_snap[dev] = deepcopy(snap)
 
     return StepTracker()
 

@@ -1,0 +1,91 @@
+"""The planner's Mixture-of-Experts counts: total and active parameters, a rank's expert shard under
+parallel.ep_size, and the all-to-all bytes of a step, against hand counts and the simulation."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import pytest
+
+from launcher.front import compose
+from launcher.front.command_line import of
+from launcher.plan import planner
+from launcher.plan import states as model_states
+from launcher.plan.experts import expert_plan
+from launcher.rank.simulate import simulate
+from launcher.spec import RunSpec
+
+# gpt_moe_tiny: 4 blocks of d_model 128, each with 8 experts (top-2) of width 256, tied byte vocabulary
+D, E, TOP_K, WIDTH, LAYERS = 128, 8, 2, 256, 4
+EXPERT_PARAMS = LAYERS * E * 2 * D * WIDTH  # stacked w_up [E, d, f] and w_down [E, f, d] per block
+
+
+def _spec(overrides: list[str]) -> RunSpec:
+    line = of(["model=gpt_moe_tiny", "launcher=local", *overrides])
+    cfg, errors = compose.compose_checked(list(line.overrides), line.source)
+    assert cfg is not None, errors
+    built = compose.build(cfg)
+    assert not built.errors, built.errors
+    return built.spec
+
+
+def test_expert_parallel_ranks_hold_their_share_of_the_experts() -> None:
+    one = _spec(["parallel=ddp", "launcher.nproc=2"])
+    total = model_states.count_params(one).total
+    assert model_states.count_params(one).experts == EXPERT_PARAMS == 2_097_152
+    ddp = _spec(["parallel=ddp", "launcher.nproc=2", "parallel.ep_size=2"])
+    memory = planner.plan(ddp)
+    assert memory.parameters == 4 * (total - EXPERT_PARAMS // 2)  # float32: the dense part and half the experts
+    assert memory.gradients == memory.parameters and memory.optimizer_states == 2 * memory.parameters
+    # FSDP2 shards the slices over their replicas: a rank stores 1 / world of everything, as without experts
+    fsdp = _spec(["parallel=fsdp", "launcher.nproc=4", "parallel.ep_size=2"])
+    assert planner.plan(fsdp).parameters == 4 * total / 4
+    experts = expert_plan(fsdp, planner.activation_shape(fsdp))
+    assert (experts.local_experts, experts.stored_expert_params) == (4, EXPERT_PARAMS / 2 / 2)
+    assert experts.num_active_params == total - LAYERS * (E - TOP_K) * 2 * D * WIDTH
+
+
+def test_fsdp_gathers_a_layer_with_this_ranks_experts_only() -> None:
+    dense = _spec(["parallel=fsdp", "launcher.nproc=4"])
+    split = _spec(["parallel=fsdp", "launcher.nproc=4", "parallel.ep_size=4"])
+    counts = model_states.count_params(dense)
+    root = (256 + 256) * D + D  # token and position embeddings (the head tied), the final norm
+    layer = (counts.total - root) / LAYERS
+    fp32 = 4  # no mixed precision: FSDP2 gathers float32
+    gathered = root * fp32 + 2 * layer * fp32 + layer * fp32  # root, 1 + prefetch blocks, one unsharded gradient
+    assert model_states.model_states(dense, 4).buffers == pytest.approx(gathered)
+    local_layer = layer - EXPERT_PARAMS * 3 / 4 / LAYERS  # a quarter of the experts under ep 4
+    assert model_states.model_states(split, 4).buffers == pytest.approx(root * fp32 + 3 * local_layer * fp32)
+
+
+@pytest.mark.parametrize("checkpointing", ["none", "blocks"])
+def test_all_to_all_bytes_per_step(checkpointing: str) -> None:
+    spec = _spec(["parallel=fsdp", "launcher.nproc=4", "parallel.ep_size=2", "train.micro_batch_size=2",
+                  "data.seq_len=64", "train.grad_accum_steps=3", f"memory.activation_checkpointing={checkpointing}"])  # fmt: skip
+    experts = expert_plan(spec, planner.activation_shape(spec))
+    rows = 2 * 64 * TOP_K  # one micro batch's token copies
+    passes = 2 if checkpointing == "blocks" else 1  # the recompute dispatches and combines again
+    calls = LAYERS * 3 * (passes + 1)  # forward passes and one backward, per layer and micro batch
+    dispatch, combine, counts = experts.all_to_alls
+    assert (dispatch.num_bytes, dispatch.count) == (rows * D * 4, calls)
+    assert (combine.num_bytes, combine.count) == (rows * D * 4, calls)
+    assert (counts.num_bytes, counts.count) == (E * 8, LAYERS * 3 * passes)
+    assert experts.sent_bytes_per_step == (2 * calls * rows * D * 4 + LAYERS * 3 * passes * E * 8) / 2
+    notes = "\n".join(planner.plan(spec).notes)
+    assert "4 per rank (ep 2)" in notes and "all-to-all per step" in notes
+
+
+def test_the_simulation_moves_the_planned_all_to_alls() -> None:
+    """gpt_moe_tiny at ep 2 under FSDP2 on 4 ranks: the simulated step's all-to-alls are the plan's, to the byte."""
+    spec = _spec(["parallel=fsdp", "launcher.nproc=4", "parallel.ep_size=2", "model.n_layer=2",
+                  "train.micro_batch_size=2", "data.seq_len=32"])  # fmt: skip
+    (role,) = simulate(spec)
+    simulated = Counter()
+    for c in role.collectives:
+        if c.op == "all_to_all":
+            assert (c.group, c.group_size) == ("ep", 2)
+            simulated[c.num_bytes] += c.count
+    planned = Counter()
+    for a in expert_plan(spec, planner.activation_shape(spec)).all_to_alls:
+        planned[a.num_bytes] += a.count
+    assert simulated == planned
