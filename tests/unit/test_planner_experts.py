@@ -3,11 +3,13 @@ parallel.ep_size, and the all-to-all bytes of a step, against hand counts and th
 
 from __future__ import annotations
 
+import time
 from collections import Counter
+from pathlib import Path
 
 import pytest
 
-from launcher.front import compose
+from launcher.front import cli, compose
 from launcher.front.command_line import of
 from launcher.plan import planner
 from launcher.plan import states as model_states
@@ -35,7 +37,8 @@ def test_expert_parallel_ranks_hold_their_share_of_the_experts() -> None:
     assert model_states.count_params(one).experts == EXPERT_PARAMS == 2_097_152
     ddp = _spec(["parallel=ddp", "launcher.nproc=2", "parallel.ep_size=2"])
     memory = planner.plan(ddp)
-    assert memory.parameters == 4 * (total - EXPERT_PARAMS // 2)  # float32: the dense part and half the experts
+    # float32: the dense part and half the experts
+    assert memory.parameters == 4 * (total - EXPERT_PARAMS // 2)
     assert memory.gradients == memory.parameters and memory.optimizer_states == 2 * memory.parameters
     # FSDP2 shards the slices over their replicas: a rank stores 1 / world of everything, as without experts
     fsdp = _spec(["parallel=fsdp", "launcher.nproc=4", "parallel.ep_size=2"])
@@ -52,7 +55,8 @@ def test_fsdp_gathers_a_layer_with_this_ranks_experts_only() -> None:
     root = (256 + 256) * D + D  # token and position embeddings (the head tied), the final norm
     layer = (counts.total - root) / LAYERS
     fp32 = 4  # no mixed precision: FSDP2 gathers float32
-    gathered = root * fp32 + 2 * layer * fp32 + layer * fp32  # root, 1 + prefetch blocks, one unsharded gradient
+    # the root, 1 + prefetch_layers gathered blocks, one block's unsharded gradient
+    gathered = root * fp32 + 2 * layer * fp32 + layer * fp32
     assert model_states.model_states(dense, 4).buffers == pytest.approx(gathered)
     local_layer = layer - EXPERT_PARAMS * 3 / 4 / LAYERS  # a quarter of the experts under ep 4
     assert model_states.model_states(split, 4).buffers == pytest.approx(root * fp32 + 3 * local_layer * fp32)
@@ -89,3 +93,27 @@ def test_the_simulation_moves_the_planned_all_to_alls() -> None:
     for a in expert_plan(spec, planner.activation_shape(spec)).all_to_alls:
         planned[a.num_bytes] += a.count
     assert simulated == planned
+
+
+QWEN3_30B_A3B = str(Path(__file__).parents[1] / "assets" / "qwen3_30b_a3b")  # config.json only, no weights
+
+
+@pytest.mark.extended  # about a minute of CPU at idle: the all-to-all property above, at Qwen3-30B-A3B's shape
+def test_qwen3_30b_a3b_on_64_gpus_at_ep_8_simulates_in_minutes(capsys: pytest.CaptureFixture) -> None:
+    argv = [
+        "model=hf", f"model.hf_config={QWEN3_30B_A3B}", "parallel=fsdp", "parallel.ep_size=8", "launcher.nnodes=8",
+        "launcher.nproc=8", "launcher.rdzv_endpoint=node0:29400", "run_dir=/tmp/never", "precision=bf16",
+        "data.seq_len=4096", "train.micro_batch_size=1", "launcher.device=cuda", "simulate_hardware=h200",
+        "dry_run=simulate",
+    ]  # fmt: skip
+    started = time.perf_counter()
+    assert cli.run(argv) == 0
+    elapsed = time.perf_counter() - started
+    out = " ".join(capsys.readouterr().out.split())
+    for category in ("parameters", "gradients", "optimizer", "activations", "temporary", "total"):
+        assert f" {category} " in out  # per-role memory, simulated beside planned
+    # 48 MoE layers x (dispatch + combine) x (forward + backward), 4096 tokens x top 8 x 2048 x bf16 each
+    assert "all_to_all ep 8 128.0 MiB 192" in out
+    assert "planned all-to-all per step: 21.00 GiB sent per rank" in out
+    assert "predicted on h200" in out and "tokens/s per GPU" in out
+    assert elapsed < 300
