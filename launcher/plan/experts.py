@@ -21,6 +21,8 @@ from launcher.spec import RunSpec
 
 COUNT_BYTES = 8
 """Bytes of one expert's row count in the counts exchange (int64)."""
+ROUTER_FLOATS = 4
+"""float32 [tokens, E] tensors a router keeps for backward (logits, scores, the balancing losses' terms)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -105,6 +107,28 @@ def expert_plan(spec: RunSpec, tokens: ActivationShape, world: int | None = None
         ep_size=ep,
         all_to_alls=all_to_alls,
     )
+
+
+def routed_activation_bytes(spec: RunSpec, tokens: ActivationShape) -> float:
+    """Bytes the MoE layers keep for backward beyond the dense MLP of their active width (the GPT view's).
+
+    Per MoE layer and token copy (tokens x top_k of them): the copies gathered in expert order (the
+    residual stream's dtype), the experts' outputs and their weighted sum's input (the matmul's dtype);
+    a gated expert's fused gate_up output is one more width than the dense view's 1.5 x; and the router's
+    float32 [tokens, E] tensors. Counted from the saved tensors of one block
+    (docs/planner.md). A block under activation checkpointing keeps only its input: one block's worth.
+    """
+    experts = model_shape(spec.model).experts
+    if experts is None:
+        return 0.0
+    d = model_shape(spec.model).equivalent.d_model
+    num_tokens = tokens.micro_batch * tokens.seq_len
+    rows = num_tokens * experts.top_k
+    per_layer = rows * d * (tokens.residual_bytes + 2 * tokens.act_bytes)
+    per_layer += rows * experts.width * tokens.act_bytes * experts.gated
+    per_layer += num_tokens * experts.num_experts * 4 * ROUTER_FLOATS
+    held = 1 if spec.memory.activation_checkpointing in ("blocks", "full") else experts.num_layers
+    return per_layer * held
 
 
 def _size(num: float) -> str:

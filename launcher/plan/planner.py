@@ -16,7 +16,7 @@ from launcher.components.model.shape import model_shape
 from launcher.config.objective import rows_per_example
 from launcher.plan import activations as acts
 from launcher.plan import compression
-from launcher.plan.experts import expert_notes, expert_plan
+from launcher.plan.experts import expert_notes, expert_plan, routed_activation_bytes
 from launcher.plan.long_context import long_context_terms
 from launcher.plan.moments import StepBytes, step_moments
 from launcher.plan.roofline import HARDWARE
@@ -167,7 +167,7 @@ def plan(spec: RunSpec, world: int | None = None, device_type: str | None = None
     mem, shape = spec.memory, activation_shape(spec, device_type=kind)
     activations = acts.activation_bytes(
         gpt.model, shape, mode=mem.activation_checkpointing, checkpoint_every=mem.checkpoint_every
-    )
+    ) + routed_activation_bytes(spec, shape)
     notes = [
         states.note,
         f"activations: micro batch {shape.micro_batch} x {shape.seq_len} tokens, "

@@ -117,3 +117,19 @@ def test_qwen3_30b_a3b_on_64_gpus_at_ep_8_simulates_in_minutes(capsys: pytest.Ca
     assert "planned all-to-all per step: 21.00 GiB sent per rank" in out
     assert "predicted on h200" in out and "tokens/s per GPU" in out
     assert elapsed < 300
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        pytest.param(["parallel=ddp", "launcher.nproc=2"], id="ddp-ep2"),
+        pytest.param(["parallel=fsdp", "launcher.nproc=4"], id="fsdp-ep2-4"),
+    ],
+)
+def test_the_moe_plan_stays_within_10_percent_of_the_simulation(overrides: list[str]) -> None:
+    """gpt_moe_tiny at ep 2: the plan's step (expert shards, routed copies) against the simulated step's peak."""
+    spec = _spec([*overrides, "parallel.ep_size=2", "train.micro_batch_size=4", "data.seq_len=64"])
+    (role,) = simulate(spec)
+    memory = planner.plan(spec, device_type="cpu")
+    ratio = (memory.step_peak or memory.total) / role.peak["total"]
+    assert 0.90 <= ratio <= 1.10, f"planned / simulated = {ratio:.3f}"

@@ -49,6 +49,10 @@ class ExpertShape:
     """Parameters of every layer's routed experts (stacked weights and their biases)."""
     outside_layers: int
     """Parameters outside the decoder layers (embeddings, final norm, head): FSDP2's root group."""
+    width: int = 0
+    """Each expert's hidden width."""
+    gated: bool = False
+    """Whether an expert is a gated MLP (SiLU(gate) x up: its fused gate_up output is twice the width)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -91,6 +95,7 @@ def _gpt_experts(cfg: ModelConfig) -> ExpertShape | None:
         num_layers=layers,
         num_params=layers * cfg.moe.num_experts * 2 * d * expert_width(cfg),
         outside_layers=(vocab_size(cfg) + cfg.max_seq_len) * d + d * (1 + int(cfg.bias)) + head,
+        width=expert_width(cfg),
     )
 
 
@@ -165,6 +170,8 @@ def _hf_experts(model: Any, layers: Any, config: Any, num_params: int) -> Expert
         num_layers=len(sites),
         num_params=sum(p.numel() for name, p in model.named_parameters() if is_expert_parameter(name)),
         outside_layers=num_params - in_layers,
+        width=getattr(config, "moe_intermediate_size", None) or getattr(config, "intermediate_size", 0),
+        gated=True,  # the families of hf_experts.MOE_FAMILIES: fused gate_up_proj
     )
 
 
