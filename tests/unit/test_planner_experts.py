@@ -122,7 +122,7 @@ def test_qwen3_30b_a3b_on_64_gpus_at_ep_8_simulates_in_minutes(capsys: pytest.Ca
 @pytest.mark.parametrize(
     "overrides",
     [
-        pytest.param(["parallel=ddp", "launcher.nproc=2"], id="ddp-ep2"),
+        # ddp at ep 2: against a real run in the test below
         pytest.param(["parallel=fsdp", "launcher.nproc=4"], id="fsdp-ep2-4"),
     ],
 )
@@ -133,3 +133,27 @@ def test_the_moe_plan_stays_within_10_percent_of_the_simulation(overrides: list[
     memory = planner.plan(spec, device_type="cpu")
     ratio = (memory.step_peak or memory.total) / role.peak["total"]
     assert 0.90 <= ratio <= 1.10, f"planned / simulated = {ratio:.3f}"
+
+
+@pytest.mark.extended  # 2 spawned ranks, 20-40 s here: the test above holds the plan to the simulation
+def test_the_moe_plan_and_simulation_meet_a_real_expert_parallel_run(tmp_path: Path) -> None:
+    """gpt_moe_tiny at ep 2 on 2 real gloo ranks (DDP), the same build and measured step as the simulation:
+    the plan's step within the planner's bound of the real peak, the simulation within 5% of it."""
+    import json
+
+    import torch.multiprocessing as mp
+    from test_simulate import _real_rank
+
+    from conftest import free_port
+
+    overrides = ["model=gpt_moe_tiny", "launcher=local", "parallel=ddp", "launcher.nproc=2", "parallel.ep_size=2",
+                 "train.micro_batch_size=4", "data.seq_len=64"]  # fmt: skip
+    mp.start_processes(
+        _real_rank, args=(2, free_port(), overrides, str(tmp_path)), nprocs=2, start_method="spawn"
+    )
+    real = json.loads((tmp_path / "0.json").read_text())["peak"]["total"]
+    spec = _spec(overrides[2:])
+    memory = planner.plan(spec, device_type="cpu")
+    assert 0.90 <= memory.step_peak / real <= 1.10, f"planned / real = {memory.step_peak / real:.3f}"
+    (role,) = simulate(spec)
+    assert role.peak["total"] == pytest.approx(real, rel=0.05)
