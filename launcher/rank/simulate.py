@@ -135,7 +135,9 @@ class _FakeScalars(TorchDispatchMode):
 
     Routing's data-dependent shapes get the answers of dropless, balanced routing: a boolean mask is all
     true (`nonzero`, indexing by it: every assignment kept) and a `bincount` (tokens per expert) spreads its
-    entries evenly over `minlength` bins, as real counts the expert computation can split rows by.
+    entries evenly over `minlength` bins, as real counts the expert computation can split rows by. A float32
+    grouped GEMM (transformers' experts on the CPU) gets its shapes from a bf16 one: its meta kernel refuses
+    float32.
     """
 
     def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
@@ -163,6 +165,12 @@ def _routing_answer(func: Any, args: tuple, kwargs: dict) -> Any:
     if func is aten.bincount.default and kwargs.get("weights", args[1] if len(args) > 1 else None) is None:
         minlength = kwargs.get("minlength", args[2] if len(args) > 2 else 0)
         return _balanced_counts(args[0], max(int(minlength), 1))
+    if func is aten._grouped_mm.default and args[0].dtype is not torch.bfloat16:
+        # its meta kernel takes bf16 only where the CPU kernel takes float32 too: the shapes of a bf16 call
+        cast = [
+            a.to(torch.bfloat16) if isinstance(a, torch.Tensor) and a.is_floating_point() else a for a in args
+        ]
+        return func(*cast, **kwargs).to(args[0].dtype)
     if func in (aten.index.Tensor, aten.index_put.default, aten.index_put_.default):
         masks = [index is not None and index.dtype is torch.bool for index in args[1]]
         if any(masks):

@@ -22,8 +22,8 @@ D, E, TOP_K, WIDTH, LAYERS = 128, 8, 2, 256, 4
 EXPERT_PARAMS = LAYERS * E * 2 * D * WIDTH  # stacked w_up [E, d, f] and w_down [E, f, d] per block
 
 
-def _spec(overrides: list[str]) -> RunSpec:
-    line = of(["model=gpt_moe_tiny", "launcher=local", *overrides])
+def _spec(overrides: list[str], model: str = "model=gpt_moe_tiny") -> RunSpec:
+    line = of([model, "launcher=local", *overrides])
     cfg, errors = compose.compose_checked(list(line.overrides), line.source)
     assert cfg is not None, errors
     built = compose.build(cfg)
@@ -157,3 +157,25 @@ def test_the_moe_plan_and_simulation_meet_a_real_expert_parallel_run(tmp_path: P
     assert 0.90 <= memory.step_peak / real <= 1.10, f"planned / real = {memory.step_peak / real:.3f}"
     (role,) = simulate(spec)
     assert role.peak["total"] == pytest.approx(real, rel=0.05)
+
+
+@pytest.mark.parametrize("ep", [1, 2])
+def test_a_hugging_face_moe_config_simulates_with_and_without_expert_parallelism(
+    tmp_path: Path, ep: int
+) -> None:
+    """A tiny Qwen3-MoE config.json in float32 under FSDP2 on 2 ranks: transformers' own grouped-GEMM experts
+    (ep 1) and the expert-parallel dispatch (ep 2) run on fake tensors; the all-to-alls are the plan's."""
+    from moe_assets import moe_config
+
+    moe_config("qwen3_moe").save_pretrained(tmp_path)
+    spec = _spec([f"model.hf_config={tmp_path}", "parallel=fsdp", "launcher.nproc=2", f"parallel.ep_size={ep}",
+                  "train.micro_batch_size=2", "data.seq_len=32"], model="model=hf")  # fmt: skip
+    (role,) = simulate(spec)
+    simulated = Counter()
+    for c in role.collectives:
+        if c.op == "all_to_all":
+            simulated[c.num_bytes] += c.count
+    planned = Counter()
+    for a in expert_plan(spec, planner.activation_shape(spec)).all_to_alls:
+        planned[a.num_bytes] += a.count
+    assert simulated == planned and bool(planned) == (ep > 1)
