@@ -14,7 +14,8 @@ the two).
 Three details make fake tensors and a fake group go through code written for real ones: the device
 mesh's own index arithmetic runs on real tensors (torch computes a rank's coordinates with
 `nonzero`, which a fake tensor cannot answer); a host read of a fake value (`bool(finite)` in
-the guarded step) reads 1, that is true: the step is taken; and DTensor's sharding propagation,
+the guarded step) reads 1, that is true: the step is taken, and a Mixture-of-Experts model routes
+as if balanced (launcher.rank.fake_values); and DTensor's sharding propagation,
 which runs each op on fake tensors of the global shapes, gets a fake mode of its own. It takes
 the active fake mode when there is one: a real rank has none and makes its own, which MemTracker
 skips, but under the simulation's it counted those global tensors as this rank's (the whole float32
@@ -38,6 +39,7 @@ from torch.utils._pytree import tree_leaves
 from launcher.components.metrics import PhaseTimer
 from launcher.parallel.dims import DistContext, ParallelDims
 from launcher.rank.build import build_trainable, seed_everything
+from launcher.rank.fake_values import FakeScalars
 from launcher.rank.op_count import OpCounter, OpTally
 from launcher.spec import RunSpec
 
@@ -116,73 +118,6 @@ def roles(dims: ParallelDims) -> list[tuple[int, str, int]]:
     return [(p * per_stage, f"pipeline rank {p}", per_stage) for p in range(dims.pp)]
 
 
-def _all_true(mask: torch.Tensor) -> tuple[torch.Tensor, ...]:
-    """The indices of a boolean mask whose every element is true (one [numel] tensor per dim; fake)."""
-    return tuple(torch.empty(mask.numel(), dtype=torch.long, device=mask.device) for _ in range(mask.dim()))
-
-
-def _balanced_counts(ids: torch.Tensor, bins: int) -> torch.Tensor:
-    """A bincount of `ids` with its numel spread evenly over `bins` (real: routing counts read on the host)."""
-    from torch._subclasses.fake_tensor import unset_fake_temporarily
-
-    base, extra = divmod(ids.numel(), bins)
-    with unset_fake_temporarily():
-        return torch.tensor([base + (i < extra) for i in range(bins)], dtype=torch.long, device=ids.device)
-
-
-class _FakeScalars(TorchDispatchMode):
-    """Answer host reads of fake values with 1 (true: the guarded step steps) and keep real tensors real.
-
-    Routing's data-dependent shapes get the answers of dropless, balanced routing: a boolean mask is all
-    true (`nonzero`, indexing by it: every assignment kept) and a `bincount` (tokens per expert) spreads its
-    entries evenly over `minlength` bins, as real counts the expert computation can split rows by. A float32
-    grouped GEMM (transformers' experts on the CPU) gets its shapes from a bf16 one: its meta kernel refuses
-    float32.
-    """
-
-    def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
-        from torch._subclasses.fake_tensor import FakeTensor, unset_fake_temporarily
-
-        kwargs = kwargs or {}
-        tensors = [x for x in tree_leaves((args, kwargs)) if isinstance(x, torch.Tensor)]
-        if func is torch.ops.aten._local_scalar_dense.default and isinstance(args[0], FakeTensor):
-            return True if args[0].dtype is torch.bool else (1.0 if args[0].is_floating_point() else 1)
-        if any(isinstance(t, FakeTensor) for t in tensors):
-            answer = _routing_answer(func, args, kwargs)
-            if answer is not None:
-                return answer
-        if tensors and not any(isinstance(t, FakeTensor) for t in tensors):
-            with unset_fake_temporarily():  # a device mesh's rank arithmetic, an optimizer's step count
-                return func(*args, **kwargs)
-        return func(*args, **kwargs)
-
-
-def _routing_answer(func: Any, args: tuple, kwargs: dict) -> Any:
-    """The dropless, balanced answer of a data-dependent op on fake tensors (None: not such an op)."""
-    aten = torch.ops.aten
-    if func is aten.nonzero.default:
-        return torch.stack(_all_true(args[0]), dim=1) if args[0].dim() else args[0].new_zeros((1, 0)).long()
-    if func is aten.bincount.default and kwargs.get("weights", args[1] if len(args) > 1 else None) is None:
-        minlength = kwargs.get("minlength", args[2] if len(args) > 2 else 0)
-        return _balanced_counts(args[0], max(int(minlength), 1))
-    if func is aten._grouped_mm.default and args[0].dtype is not torch.bfloat16:
-        # its meta kernel takes bf16 only where the CPU kernel takes float32 too: the shapes of a bf16 call
-        cast = [
-            a.to(torch.bfloat16) if isinstance(a, torch.Tensor) and a.is_floating_point() else a for a in args
-        ]
-        return func(*cast, **kwargs).to(args[0].dtype)
-    if func in (aten.index.Tensor, aten.index_put.default, aten.index_put_.default):
-        masks = [index is not None and index.dtype is torch.bool for index in args[1]]
-        if any(masks):
-            indices = [
-                part
-                for index, mask in zip(args[1], masks, strict=True)
-                for part in (_all_true(index) if mask else (index,))
-            ]
-            return func(args[0], indices, *args[2:], **kwargs)
-    return None
-
-
 def _real(fn: Any) -> Any:
     """`fn` run with fake tensor creation switched off (the mesh's own tensors stay real)."""
     from torch._subclasses.fake_tensor import unset_fake_temporarily
@@ -252,7 +187,7 @@ def fake_job(world_size: int, rank: int) -> Iterator[None]:
             _real_meshes(),
             _propagation_in_its_own_fake_mode(),
             FakeTensorMode(allow_non_fake_inputs=True),
-            _FakeScalars(),
+            FakeScalars(),
         ):
             yield
     finally:
