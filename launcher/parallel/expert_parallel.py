@@ -1,21 +1,23 @@
 """Expert parallelism (parallel.ep_size > 1) of a model's experts sites under DDP and FSDP2.
 
 An experts site (`expert_sites`) is a module holding stacked routed experts: the built-in GPT's MoE blocks
-and transformers 5's experts modules. The world's ranks form groups of ep_size consecutive ranks; each rank
-of a group holds E / ep_size consecutive experts of every site (`apply`: its slice of the stacked weights,
-cut from the same seeded init every rank built, so the experts are those of a one-process run) and the
-tokens travel to them by all-to-all (launcher.components.model.experts). The ranks holding the same experts (one per
-group: rank % ep_size alike) are the experts' replicas.
+and transformers 5's experts modules. The data-parallel (x context-parallel) ranks that share a pipeline and
+tensor-parallel coordinate form groups of ep_size consecutive ones (`expert_mesh`); each rank of a group
+holds E / ep_size consecutive experts of every site (`apply`: its slice of the stacked weights, cut from
+the same seeded init every rank built, so the experts are those of a one-process run) and the tokens
+travel to them by all-to-all (launcher.components.model.experts). The ranks holding the same experts (one
+per group, at the same position) are the experts' replicas.
 
 `ExpertShards` is what the strategy asks of them:
 
 - under DDP the expert weights are left out of DDP's buckets (they differ between the ranks of a group);
-  after the step's backward their gradients are summed over the replicas and divided by the world size, as
-  DDP averages the rest (a rank's expert gradient already holds every group rank's tokens, brought back by
-  the all-to-all), and the clipping norm adds the squared norms of the group's expert gradients to the rest's;
+  after the step's backward their gradients are summed over the replicas and divided by the data (x
+  context) ranks, as DDP averages the rest (a rank's expert gradient already holds every group rank's
+  tokens, brought back by the all-to-all), and the clipping norm adds the squared norms of the group's
+  expert gradients to the rest's;
 - under FSDP2 (`fully_shard_experts`, torchtitan's layout) each site is its own FSDP2 group over the
-  replicas: each rank stores 1 / world of every expert tensor, gathered over the replicas for the forward,
-  and the gradients are reduce-scattered over them with the same divisor (the world size); the experts'
+  replicas: each rank stores 1 / (data x context ranks) of every expert tensor, gathered over the replicas
+  for the forward, and the gradients are reduce-scattered over them with the same divisor; the experts'
   DTensors span the whole (replica, ep) mesh, so the clipping norm counts every expert once;
 - checkpoints hold whole experts: under DDP gathered over the group for model.pt and the optimizer's
   moments and cut to this rank's slice on load; under FSDP2 the shards are DTensors of the whole
@@ -81,7 +83,7 @@ class ExpertShards:
     replicas: dist.ProcessGroup | None
     """The ranks holding the same experts (None: just this one)."""
     world_size: int
-    """Ranks of the job (DDP's averaging divisor)."""
+    """Data (x context) parallel ranks of the job: DDP's and FSDP2's averaging divisor."""
     sites: Sites = field(default_factory=dict)
     """The experts sites `apply` split (qualified module name -> (module, expert parameter names))."""
     mesh: DeviceMesh | None = None
@@ -172,36 +174,35 @@ class ExpertShards:
         return self._map_optimizer(state, optimizer, self._slice)
 
 
-def expert_mesh(device: str, world_size: int, ep_size: int) -> DeviceMesh:
-    """The (replica, ep) mesh of the experts: "ep" the ep_size consecutive ranks that split them, "replica" the
-    ranks holding the same ones (every ep_size-th rank)."""
-    from torch.distributed.device_mesh import init_device_mesh
+def expert_mesh(world: DeviceMesh, ep_size: int) -> DeviceMesh:
+    """The (replica, ep) mesh of this rank's experts, cut from the world mesh's data-parallel (x context) axis.
 
-    return init_device_mesh(device, (world_size // ep_size, ep_size), mesh_dim_names=("replica", "ep"))
+    The ranks that split the experts share this rank's pipeline and tensor-parallel coordinates (each tp rank
+    of a group holds the same experts and tokens): the dp_shard (x cp) axis is unflattened into "replica"
+    (the ranks holding the same experts) and "ep" (ep_size consecutive data ranks).
+    """
+    from launcher.parallel.fsdp import data_mesh
+
+    data = data_mesh(world, 1, world["cp"].size())
+    return data._unflatten(0, (data.size() // ep_size, ep_size), ("replica", "ep"))
 
 
-def apply(
-    model: nn.Module,
-    ep_size: int,
-    rank: int,
-    world_size: int,
-    *,
-    dtensors: bool,
-    device_type: str | None = None,
-) -> ExpertShards:
+def apply(model: nn.Module, world: DeviceMesh, ep_size: int, *, dtensors: bool) -> ExpertShards:
     """Keep this rank's slice of every experts site (`expert_sites`), route through the group; the shards' record.
 
     Each site gets `expert_group` (its forward dispatches the tokens when it is set) and its expert parameters
-    replaced by this rank's slices along dim 0; its forward is left as it is. `dtensors` (FSDP2): each slice is
-    a DTensor of the whole expert tensor over the mesh's "ep" axis (sharded along the experts), which
-    `fully_shard_experts` then shards over the "replica" axis, so DCP saves whole experts and reshards them to
-    any ep_size. `device_type`: the ranks' device (a model built empty holds meta tensors; default: its parameters').
+    replaced by this rank's slices along dim 0; its forward is left as it is. The groups are the axes of
+    `expert_mesh` (cut from the world mesh `world`): "ep" the ranks that split the experts, "replica" the ranks
+    holding the same ones. `dtensors` (FSDP2): each slice is a DTensor of the whole expert tensor over the
+    "ep" axis (sharded along the experts), which `fully_shard_experts` then shards over the "replica" axis, so
+    DCP saves whole experts and reshards them to any ep_size. Gradients average over the mesh's ranks (the
+    data and context ranks): tensor-parallel peers compute the same expert gradients from the same tokens.
     """
     from torch.distributed.tensor import Shard
 
-    mesh = expert_mesh(device_type or next(model.parameters()).device.type, world_size, ep_size)
-    group = ExpertGroup(group=mesh["ep"].get_group(), rank=rank % ep_size, size=ep_size)
-    replicas = mesh["replica"].get_group() if world_size > ep_size else None
+    mesh = expert_mesh(world, ep_size)
+    group = ExpertGroup(group=mesh["ep"].get_group(), rank=mesh["ep"].get_local_rank(), size=ep_size)
+    replicas = mesh["replica"].get_group() if mesh.size() > ep_size else None
     params: dict[str, nn.Parameter] = {}
     sites = expert_sites(model)
     for site, (module, names) in sites.items():
@@ -216,7 +217,7 @@ def apply(
             setattr(module, name, param)
             params[f"{site}.{name}"] = param
     return ExpertShards(
-        params=params, group=group, replicas=replicas, world_size=world_size, sites=sites, mesh=mesh
+        params=params, group=group, replicas=replicas, world_size=mesh.size(), sites=sites, mesh=mesh
     )
 
 
@@ -224,9 +225,9 @@ def fully_shard_experts(shards: ExpertShards, **kwargs: Any) -> None:
     """FSDP2 over each experts site: its expert slices sharded over their replicas, the rest over `kwargs`' mesh.
 
     torchtitan's layout: the experts' own FSDP2 group spans the ranks holding the same experts (the data-parallel
-    ranks modulo ep), so each rank stores 1 / world of every expert tensor, and their gradients are
-    reduce-scattered over the replicas and divided by the world size (the all-to-all already brought every
-    group rank's tokens' gradients; the rest is averaged over the world: the same mean). The site's other
+    ranks modulo ep), so each rank stores 1 / (data x context ranks) of every expert tensor, and their
+    gradients are reduce-scattered over the replicas and divided by the data (x context) ranks (the all-to-all
+    already brought every group rank's tokens' gradients; the rest is averaged over the same ranks). The site's other
     submodules holding parameters (the GPT block's router and shared MLP) are sharded first, over the data
     mesh, as their block's would be. Call before the enclosing layers' `fully_shard` (bottom-up).
     """
@@ -242,7 +243,7 @@ def fully_shard_experts(shards: ExpertShards, **kwargs: Any) -> None:
                 fully_shard(child, **kwargs)
         experts = fully_shard(module, **{**kwargs, "mesh": shards.mesh["replica"]})
         experts.set_gradient_divide_factor(float(shards.world_size))
-        # over replicas: sum, then divide (gloo has no pre-multiplied sum); over one rank (ep_size = world)
+        # over replicas: sum, then divide (gloo has no pre-multiplied sum); over one rank (ep_size = data ranks)
         # torch 2.13 divides by a forced sum's factor twice, where its plain path divides once
         experts.set_force_sum_reduction_for_comms(shards.replicas is not None)
         for name in names:  # fully_shard replaced the parameters by their shards

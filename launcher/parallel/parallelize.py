@@ -44,7 +44,12 @@ def data_parallel_wrap(spec: RunSpec, dims: ParallelDims) -> str:
 
 def run_mesh(spec: RunSpec, dist: DistContext) -> DeviceMesh | None:
     """The run's one device mesh, built once where DTensors or a pipeline need it (None elsewhere)."""
-    if STRATEGIES[spec.parallel.strategy].device_mesh or dist.dims.pp > 1 or dist.dims.cp > 1:
+    if (
+        STRATEGIES[spec.parallel.strategy].device_mesh
+        or dist.dims.pp > 1
+        or dist.dims.cp > 1
+        or spec.parallel.ep_size > 1
+    ):
         return dist.dims.build_mesh(dist.device.type)
     return None
 
@@ -88,14 +93,7 @@ def parallelize(
         from launcher.components.model import hf_expert_parallel
         from launcher.parallel import expert_parallel
 
-        part.expert_shards = expert_parallel.apply(
-            part,
-            spec.parallel.ep_size,
-            dist.rank,
-            dist.world_size,
-            dtensors=wrap == "fsdp",
-            device_type=device.type,
-        )
+        part.expert_shards = expert_parallel.apply(part, mesh, spec.parallel.ep_size, dtensors=wrap == "fsdp")
         # a transformers experts module's forward sends its tokens through the group (the built-in MoE's does already)
         hf_expert_parallel.dispatch(part)
     # 1. tensor parallelism splits the blocks' projections into DTensors over the mesh's tp axis

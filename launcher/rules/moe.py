@@ -3,8 +3,9 @@
 The numbers must describe a router that can choose (1 <= top_k <= num_experts), an interleave that leaves
 at least one MoE block, widths and coefficients in range. model.moe is the built-in GPT's: a Hugging Face
 folder's config.json decides its own experts. What the MoE blocks do not compose with yet is refused with
-the reason: tensor parallel (its plan splits a dense MLP), pipelines and context parallel (not built for
-the routing's bookkeeping yet), DeepSpeed (its engine owns the gradient reduction), torch.compile (the
+the reason: sequence parallelism (a router takes whole sequences; tensor parallel without it splits the
+attention and dense MLPs and keeps routers and experts whole), pipelines and context parallel (not built
+for the routing's bookkeeping yet), DeepSpeed (its engine owns the gradient reduction), torch.compile (the
 routing's per-step bookkeeping breaks its graphs), and objectives other than sft (the auxiliary losses
 are counted per trained token). Expert parallelism (parallel.ep_size) needs experts to split, a world
 size and an expert count it divides, and DDP or FSDP2 (the strategies it is built on so far); on a Hugging
@@ -93,7 +94,7 @@ def _numbers(spec: RunSpec, hw: Hardware) -> Iterator[SpecError]:
 
 
 _WHY_NOT = (
-    ("parallel.tp_size", lambda s: s.parallel.tp_size > 1, "tensor parallel's plan splits a dense MLP, and MoE blocks have experts instead", "parallel.tp_size=1"),
+    ("parallel.sequence_parallel", lambda s: s.parallel.tp_size > 1 and s.parallel.sequence_parallel, "a router takes whole sequences (its auxiliary losses are per sequence), and sequence parallelism hands each tensor-parallel rank a shard of them", "parallel.sequence_parallel=false"),
     ("parallel.pp_size", lambda s: s.parallel.pp_size > 1, "pipeline stages are not built for the routing's per-step bookkeeping yet", "parallel.pp_size=1"),
     ("parallel.cp_size", lambda s: s.parallel.cp_size > 1, "context parallel is not built for the routing's per-sequence losses yet", "parallel.cp_size=1"),
     ("parallel.strategy", lambda s: s.parallel.method.owns_engine, "DeepSpeed's engine owns the gradient reduction, which the experts' does not fit yet", "`parallel=fsdp` or `parallel=ddp`"),
@@ -145,12 +146,21 @@ def _expert_parallel(spec: RunSpec, hw: Hardware) -> Iterator[SpecError]:
 def _ep_layout(spec: RunSpec) -> Iterator[SpecError]:
     """The world size and the strategy expert parallelism is built on (the built-in GPT's and a folder's)."""
     ep, world = spec.parallel.ep_size, spec.launcher.world_size
-    if world % ep:
+    others = spec.parallel.tp_size * spec.parallel.pp_size
+    if world % ep and others == 1:
         yield SpecError(
             ("parallel.ep_size", "launcher.nproc", "launcher.nnodes"),
             f"the world size ({world} = launcher.nnodes x launcher.nproc) must be a multiple of parallel.ep_size "
             f"({ep}): the data-parallel ranks form groups of ep_size that split the experts. Change launcher.nproc "
             "or parallel.ep_size.",
+        )
+    elif others > 1 and (world % others or (world // others) % ep):
+        yield SpecError(
+            ("parallel.ep_size", "launcher.nproc", "parallel.tp_size", "parallel.pp_size"),
+            f"the ranks that split the experts share their tensor-parallel and pipeline coordinates, so the "
+            f"data-parallel ranks (the world size {world} over parallel.tp_size x parallel.pp_size = "
+            f"{spec.parallel.tp_size} x {spec.parallel.pp_size}) must be a multiple of parallel.ep_size ({ep}). "
+            "Change launcher.nproc or parallel.ep_size.",
         )
     if spec.parallel.data_parallel not in ("ddp", "fsdp") or spec.parallel.replicate_degree > 1:
         yield SpecError(
@@ -162,7 +172,7 @@ def _ep_layout(spec: RunSpec) -> Iterator[SpecError]:
 
 
 _HF_WHY_NOT = (
-    ("parallel.tp_size", lambda s: s.parallel.tp_size > 1, "the experts would be split twice (tensor parallel keeps them whole on every tp rank)"),
+    ("parallel.tp_size", lambda s: s.parallel.tp_size > 1, "tensor parallel keeps a folder's experts whole on every tp rank as replicated DTensors, which the expert slices do not fit yet"),
     ("parallel.pp_size", lambda s: s.parallel.pp_size > 1, "pipeline stages are not built on the expert-parallel groups yet"),
     ("parallel.cp_size", lambda s: s.parallel.cp_size > 1, "context parallel is not built on the expert-parallel groups yet"),
     ("quantization.method", lambda s: s.quantization.method != "none" or s.quantization.lora.rank > 0, "adapters and quantized layers wrap the expert tensors the groups split"),

@@ -11,6 +11,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from launcher.components.model.experts import ExpertGroup
 from launcher.components.model.hf_expert_parallel import dispatch, is_hf_experts, routed_forward
 
 transformers = pytest.importorskip("transformers")
@@ -57,3 +58,23 @@ def test_dispatch_routes_only_modules_with_a_group() -> None:
     module = _experts("mixtral")
     assert dispatch(module) == []  # no expert_group: transformers' forward stays
     assert "forward" not in module.__dict__
+    module.expert_group = ExpertGroup(group=None, rank=0, size=1)  # what expert_parallel.apply sets
+    assert dispatch(module) == [""] and "forward" in module.__dict__
+
+
+def test_experts_that_receive_no_row_stay_in_the_backward() -> None:
+    """A rank whose experts receive no token copy still returns an output tied to the arrivals and to every expert
+    weight: its backward runs the all-to-alls the other ranks run (else they wait for it) and gives each weight a
+    (zero) gradient, for transformers' experts and the built-in GPT's alike."""
+    from launcher.components.model.experts import expert_mlp
+    from launcher.components.model.hf_expert_parallel import experts_fn
+
+    module = _experts("gpt_oss")  # biases too
+    rows = torch.zeros(0, 64, dtype=torch.float64, requires_grad=True)
+    out = experts_fn(module)(rows, [0, 0, 0, 0])
+    grads = torch.autograd.grad(out.sum(), [rows, *module.parameters()])
+    assert out.shape == (0, 64) and all(g is not None and not g.any() for g in grads)
+    w_up, w_down = torch.randn(2, 8, 16, requires_grad=True), torch.randn(2, 16, 8, requires_grad=True)
+    rows = torch.zeros(0, 8, requires_grad=True)
+    out = expert_mlp(rows, w_up, w_down, [0, 0])
+    assert out.shape == (0, 8) and len(torch.autograd.grad(out.sum(), [rows, w_up, w_down])) == 3

@@ -143,7 +143,16 @@ def _messages(*argv: str) -> list[str]:
         (["model=gpt_moe_tiny", "model.moe.top_k=9"], "model.moe.top_k"),
         (["model=gpt_moe_tiny", "model.moe.every=5"], "model.moe.every"),
         (["model.moe.top_k=1"], "model.moe.num_experts is 0"),
-        (["model=gpt_moe_tiny", "parallel=tp", "launcher=local", "launcher.nproc=2"], "parallel.tp_size"),
+        (
+            [
+                "model=gpt_moe_tiny",
+                "parallel=tp",
+                "parallel.sequence_parallel=true",
+                "launcher=local",
+                "launcher.nproc=2",
+            ],
+            "parallel.sequence_parallel",
+        ),
         (["model=gpt_moe_tiny", "compile.mode=default"], "compile.mode"),
         (["parallel=ddp", "launcher=local", "launcher.nproc=2", "parallel.ep_size=2"], "this model has none"),
         (
@@ -166,6 +175,16 @@ def _messages(*argv: str) -> list[str]:
             ],
             "must be a multiple of parallel.ep_size (3)",
         ),
+        (
+            [
+                "model=gpt_moe_tiny",
+                "parallel=tp_fsdp",
+                "launcher=local",
+                "launcher.nproc=2",
+                "parallel.ep_size=2",
+            ],
+            "data-parallel ranks",
+        ),
     ],
 )
 def test_bad_moe_specs_are_refused_before_launch(argv: list[str], expected: str) -> None:
@@ -175,6 +194,15 @@ def test_bad_moe_specs_are_refused_before_launch(argv: list[str], expected: str)
 
 def test_the_presets_pass_the_rules() -> None:
     assert _messages("model=gpt_moe_tiny", "parallel=fsdp", "launcher=local", "launcher.nproc=2") == []
+    assert _messages("model=gpt_moe_tiny", "parallel=tp", "launcher=local", "launcher.nproc=2") == []
+    tp_ep = (
+        "model=gpt_moe_tiny",
+        "parallel=tp_fsdp",
+        "launcher=local",
+        "launcher.nproc=4",
+        "parallel.ep_size=2",
+    )
+    assert _messages(*tp_ep) == []
     assert (
         _messages(
             "model=gpt_moe_tiny", "parallel=fsdp", "launcher=local", "launcher.nproc=4", "parallel.ep_size=2"

@@ -42,7 +42,11 @@ def expert_mlp(x: torch.Tensor, w_up: torch.Tensor, w_down: torch.Tensor, counts
     for e, rows in enumerate(x.split(counts)):
         if rows.shape[0]:
             outputs.append(F.gelu(rows @ w_up[e], approximate="tanh") @ w_down[e])
-    return torch.cat(outputs) if outputs else x.new_zeros((0, w_down.shape[-1]))
+    if outputs:
+        return torch.cat(outputs)
+    # no row reached these experts: an empty output still tied to the rows (under expert parallelism every rank's
+    # backward then runs the same all-to-alls) and to the weights (each gets a zero gradient, as elsewhere)
+    return x * 0 + 0 * (w_up.sum() + w_down.sum())
 
 
 def _exchange(rows: torch.Tensor, receive: list[int], send: list[int], group: ProcessGroup) -> torch.Tensor:

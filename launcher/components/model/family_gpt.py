@@ -83,6 +83,10 @@ def tp_plan(model: nn.Module, *, sequence_parallel: bool) -> TensorParallelPlan:
         "mlp.down": RowwiseParallel(output_layouts=branch_out),
     }
     top: dict[str, ParallelStyle] = {}
+    moe = _moe_block_plan(model, branch_out)
+    if moe is not None:  # MoE blocks lack mlp.up/down: each block's feed-forward gets its own entries
+        layer = {path: style for path, style in layer.items() if not path.startswith("mlp.")}
+        top.update(moe)
     if sequence_parallel:
         # norms on the sequence shard; each branch gathers the full sequence before its projections
         gather = PrepareModuleInput(
@@ -97,6 +101,36 @@ def tp_plan(model: nn.Module, *, sequence_parallel: bool) -> TensorParallelPlan:
         )
         top["norm_f"] = SequenceParallel()
     return TensorParallelPlan(layer=layer, head="lm_head", embedding="tok_emb", top=top)
+
+
+def _moe_block_plan(model: nn.Module, branch_out: Any) -> dict[str, ParallelStyle] | None:
+    """Per-block feed-forward styles where some blocks hold experts (None: a dense model, the layer plan's own).
+
+    A dense block's MLP splits as in the layer plan; an MoE block's shared MLP splits the same way, while its
+    router and routed experts stay whole on every tp rank and compute on their local copies
+    (launcher.components.model.hf_local_experts): every tp rank holds the same tokens, so each routes and
+    computes the same, and each copy's gradient is the whole gradient, counted once.
+    """
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
+
+    from launcher.components.model.hf_local_experts import LocalExperts
+    from launcher.components.model.moe import MoE
+
+    blocks = list(model.blocks.named_children())
+    if not any(isinstance(block.mlp, MoE) for _, block in blocks):
+        return None
+    plan: dict[str, ParallelStyle] = {}
+    for name, block in blocks:
+        mlp, dense = f"blocks.{name}.mlp", block.mlp
+        if isinstance(block.mlp, MoE):
+            plan[mlp] = LocalExperts()
+            plan[f"{mlp}.router.gate"] = LocalExperts()
+            dense = block.mlp.shared
+            mlp = f"{mlp}.shared"
+        if dense is not None:
+            plan[f"{mlp}.up"] = ColwiseParallel()
+            plan[f"{mlp}.down"] = RowwiseParallel(output_layouts=branch_out)
+    return plan
 
 
 def ep_plan(model: nn.Module) -> dict[str, ParallelStyle] | None:

@@ -64,9 +64,10 @@ def experts_fn(module: nn.Module) -> ExpertsFn:
                 outputs.append(project(hidden, down[e], None if down_bias is None else down_bias[e]))
         if outputs:
             return torch.cat(outputs)
-        # no row reached this rank's experts: zeros that still give each expert parameter a (zero) gradient
+        # no row reached this rank's experts: an empty output still tied to the rows (every rank's backward then
+        # runs the same all-to-alls) and to the weights (each gets a zero gradient, as on the other ranks)
         untouched = sum(p.sum() for p in (gate_up, down, gate_up_bias, down_bias) if p is not None)
-        return rows.new_zeros((0, rows.shape[-1])) + 0 * untouched
+        return rows * 0 + 0 * untouched
 
     return run
 
@@ -82,9 +83,8 @@ def routed_forward(
     local = _local(module.gate_up_proj).shape[0]
     num_experts = local * (group.size if group is not None else 1)
     flat = top_k_index.reshape(-1)
-    kept = (
-        (flat < num_experts).nonzero().squeeze(1)
-    )  # an index of num_experts masks the copy, as transformers skips it
+    # an index of num_experts masks a copy (transformers skips it)
+    kept = (flat < num_experts).nonzero().squeeze(1)
     order = kept[torch.argsort(flat[kept], stable=True)]
     token = order // top_k_index.shape[-1]
     counts = torch.bincount(flat[order], minlength=num_experts)
@@ -113,7 +113,10 @@ def dispatch(model: nn.Module) -> list[str]:
     """Route every transformers experts module of `model` that holds an `expert_group` through it; their names."""
     routed = []
     for name, module in model.named_modules():
-        if getattr(module, "expert_group", None) is not None and is_hf_experts(module):
-            module.forward = types.MethodType(_forward, module)
-            routed.append(name)
+        if getattr(module, "expert_group", None) is None or "gate_up_proj" not in module._parameters:
+            continue  # not split, or the built-in GPT's MoE block (its own forward dispatches)
+        if not is_hf_experts(module):  # the rules admit only families this reproduces
+            raise ValueError(f"{name} ({type(module).__name__}): an experts computation not routed here.")
+        module.forward = types.MethodType(_forward, module)
+        routed.append(name)
     return routed
