@@ -144,8 +144,8 @@ def _traffic(result: RoleResult, dims: ParallelDims, ep_size: int = 1) -> list[T
         "dp_shard": dims.tp,
         "dp_replicate": dims.tp * dims.dp_shard,
         "pp": dims.dp_size * dims.tp,
-        "ep": 1,
-        "ep_replica": ep_size,
+        "ep": dims.tp,
+        "ep_replica": dims.tp * ep_size,
     }
     return [
         Traffic(

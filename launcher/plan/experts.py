@@ -57,6 +57,8 @@ class ExpertPlan:
     """Of those, what this rank stores (its ep_size-th, divided again by its replicas under FSDP2)."""
     ep_size: int
     """Ranks of an expert-parallel group."""
+    group_stride: int = 1
+    """Ranks between two of a group (its data ranks share a tensor-parallel coordinate: tp_size apart)."""
     all_to_alls: tuple[AllToAll, ...]
     """The step's all-to-alls (none without expert parallelism)."""
 
@@ -105,6 +107,7 @@ def expert_plan(spec: RunSpec, tokens: ActivationShape, world: int | None = None
         expert_params=experts.num_params,
         stored_expert_params=stored,
         ep_size=ep,
+        group_stride=max(spec.parallel.tp_size, 1),
         all_to_alls=all_to_alls,
     )
 
@@ -137,10 +140,10 @@ def _size(num: float) -> str:
 
 
 def all_to_all_s(plan: ExpertPlan, hw: Hardware) -> float:
-    """Ring time of the step's all-to-alls on `hw` (an ep group of consecutive ranks: NVLink within a node)."""
+    """Ring time of the step's all-to-alls on `hw` (NVLink where the group's ranks share a node)."""
     return sum(
         collective_s(
-            Traffic(op="all_to_all", group="ep", group_size=plan.ep_size, group_stride=1,
+            Traffic(op="all_to_all", group="ep", group_size=plan.ep_size, group_stride=plan.group_stride,
                     num_bytes=a.num_bytes, count=a.count),
             hw,
         )

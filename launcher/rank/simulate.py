@@ -252,8 +252,8 @@ def _group_of(leaves: list[Any]) -> Any:
 def axis_name(ranks: list[int], dims: ParallelDims, ep_size: int = 1) -> str:
     """The mesh axis (or axes, joined by +) a group of `ranks` spans, read from its size and rank stride.
 
-    Expert parallelism's groups (launcher.parallel.expert_parallel) are `ep` (ep_size consecutive ranks) and
-    `ep_replica` (the ranks holding the same experts, ep_size apart).
+    Expert parallelism's groups (launcher.parallel.expert_parallel: cut from the data x context ranks) are
+    `ep` (ep_size consecutive data ranks) and `ep_replica` (the data ranks holding the same experts).
     """
     if len(ranks) == dims.world_size:
         return "world"
@@ -272,9 +272,10 @@ def axis_name(ranks: list[int], dims: ParallelDims, ep_size: int = 1) -> str:
             size *= sizes[axis]
     if size == len(ranks):
         return "+".join(reversed(axes))
-    if ep_size > 1 and (len(ranks), step) == (ep_size, 1):
+    data_ranks = dims.dp_shard * dims.cp  # the axis the expert mesh is cut from, dims.tp apart
+    if ep_size > 1 and (len(ranks), step) == (ep_size, dims.tp):
         return "ep"
-    if ep_size > 1 and (len(ranks), step) == (dims.world_size // ep_size, ep_size):
+    if ep_size > 1 and (len(ranks), step) == (data_ranks // ep_size, dims.tp * ep_size):
         return "ep_replica"
     return f"{len(ranks)} ranks"
 
