@@ -22,8 +22,9 @@ from launcher.front.compose import Built
 from launcher.parallel.dims import ParallelDims
 from launcher.parallel.parallelize import data_parallel_wrap
 from launcher.parallel.pipeline_split import bubble_fraction
+from launcher.plan.experts import expert_notes, expert_plan
 from launcher.plan.op_roofline import ACHIEVABLE, Compute, step_compute
-from launcher.plan.planner import ALLOCATOR_SLACK, CUDA_CONTEXT_BYTES, MemoryPlan, plan
+from launcher.plan.planner import ALLOCATOR_SLACK, CUDA_CONTEXT_BYTES, MemoryPlan, activation_shape, plan
 from launcher.plan.render import format_bytes
 from launcher.plan.roofline import HARDWARE, Hardware, Prediction, Traffic, collective_s, predict
 from launcher.spec import RunSpec, SpecError
@@ -82,7 +83,10 @@ def run(built: Built) -> int:
         compute = step_compute(result.ops, hw, ACHIEVABLE[spec.simulate_hardware]) if result.ops else None
         bound = _prediction(spec, dims, result, hw)
         prediction = _prediction(spec, dims, result, hw, compute) if compute else bound
-        console.print(_collective_table(result, dims, hw), highlight=False)
+        console.print(_collective_table(result, dims, hw, spec.parallel.ep_size), highlight=False)
+        experts = expert_plan(spec, activation_shape(spec, device_type="cpu"))
+        for note in expert_notes(experts, hw, spec.simulate_hardware) if experts else ():
+            console.print(f"planned {note}", highlight=False, markup=False)
         line = _prediction_line(prediction, bound, compute, spec.simulate_hardware)
         console.print(line, highlight=False, markup=False)
     console.print(
@@ -133,13 +137,15 @@ def _device_line(tensor_bytes: int, hw: Hardware, key: str) -> str:
     )
 
 
-def _traffic(result: RoleResult, dims: ParallelDims) -> list[Traffic]:
+def _traffic(result: RoleResult, dims: ParallelDims, ep_size: int = 1) -> list[Traffic]:
     """The result's collectives with their groups' rank strides (for the roofline's NVLink/network choice)."""
     strides = {
         "tp": 1,
         "dp_shard": dims.tp,
         "dp_replicate": dims.tp * dims.dp_shard,
         "pp": dims.dp_size * dims.tp,
+        "ep": dims.tp,
+        "ep_replica": dims.tp * ep_size,
     }
     return [
         Traffic(
@@ -154,12 +160,12 @@ def _traffic(result: RoleResult, dims: ParallelDims) -> list[Traffic]:
     ]
 
 
-def _collective_table(result: RoleResult, dims: ParallelDims, hw: Hardware) -> Table:
+def _collective_table(result: RoleResult, dims: ParallelDims, hw: Hardware, ep_size: int = 1) -> Table:
     """Every collective of one step: op, group, ranks, size, count, time on the hardware."""
     table = Table(title="collectives per step", title_justify="left", box=None, padding=(0, 2, 0, 0))
     for column in ("op", "group", "ranks", "size", "count", "time"):
         table.add_column(column, justify="left" if column in ("op", "group") else "right")
-    for collective, traffic in zip(result.collectives, _traffic(result, dims), strict=True):
+    for collective, traffic in zip(result.collectives, _traffic(result, dims, ep_size), strict=True):
         table.add_row(
             collective.op,
             collective.group,
@@ -195,7 +201,7 @@ def _prediction(
         model_flops_per_token=flops_per_token(spec.model, spec.data.seq_len),
         tokens_per_gpu=tokens,
         hbm_bytes=hbm,
-        traffic=_traffic(result, dims),
+        traffic=_traffic(result, dims, p.ep_size),
         wrap=data_parallel_wrap(spec, dims),
         bubble=bubble,
         compute_s=compute.step_s if compute else None,

@@ -122,6 +122,8 @@ def _embedding_sizes(spec: RunSpec) -> tuple[float, float, bool]:
         return 0.0, 0.0, cfg.tie_embeddings
     per_layer = sum(i * o for i, o in shape.block_linears.values()) + 2 * cfg.d_model * (1 + int(cfg.bias))
     root = shape.num_params - cfg.n_layer * per_layer  # embeddings, final norm, an untied head
+    if shape.experts is not None:  # a MoE model's layers hold experts beside their linears: counted exactly
+        root = shape.experts.outside_layers
     return float(vocab_size(cfg) * cfg.d_model), float(max(root, 0)), cfg.tie_embeddings
 
 

@@ -16,8 +16,10 @@ from launcher.components.model.shape import model_shape
 from launcher.config.objective import rows_per_example
 from launcher.plan import activations as acts
 from launcher.plan import compression
+from launcher.plan.experts import expert_notes, expert_plan, routed_activation_bytes
 from launcher.plan.long_context import long_context_terms
 from launcher.plan.moments import StepBytes, step_moments
+from launcher.plan.roofline import HARDWARE
 from launcher.plan.states import ModelStates, autocasts_16bit, count_params, gpt_view, model_states
 from launcher.spec import RunSpec
 
@@ -165,7 +167,7 @@ def plan(spec: RunSpec, world: int | None = None, device_type: str | None = None
     mem, shape = spec.memory, activation_shape(spec, device_type=kind)
     activations = acts.activation_bytes(
         gpt.model, shape, mode=mem.activation_checkpointing, checkpoint_every=mem.checkpoint_every
-    )
+    ) + routed_activation_bytes(spec, shape)
     notes = [
         states.note,
         f"activations: micro batch {shape.micro_batch} x {shape.seq_len} tokens, "
@@ -177,6 +179,10 @@ def plan(spec: RunSpec, world: int | None = None, device_type: str | None = None
         notes.append(f"dense document mask {shape.micro_batch} x {shape.seq_len}^2 B (model.attention: sdpa)")
     if shape.cp_size > 1:
         notes.append(f"context parallel: {shape.seq_len} tokens a rank, KV of {shape.cp_size} ranks a block")
+    experts = expert_plan(spec, shape, n)
+    if experts is not None:
+        hw = HARDWARE.get(spec.simulate_hardware) if kind == "cuda" else None
+        notes += expert_notes(experts, hw, spec.simulate_hardware)
     kept = acts.head_bytes(gpt.model, shape) + acts.layer_bytes(gpt.model, shape)
     extra, extra_notes = compression.extra_bytes(
         spec

@@ -5,11 +5,12 @@ simulated step at the rate its kernel achieves, measured on a GPU) where the sim
 ops; without them, and as the stated upper bound beside it, the model's training FLOPs for this
 rank's tokens (6N + attention, divided by the tensor- and pipeline-parallel degrees) at the dense
 bf16 peak plus the bytes the step streams through HBM at its peak bandwidth. Each measured
-collective takes ring time: (n-1)/n x bytes for an all-gather or reduce-scatter, twice that for an
-all-reduce, over NVLink inside a node or the per-GPU network between nodes. What overlaps is the
-strategy's: FSDP2 prefetches its all-gathers and reduce-scatters behind compute (only what exceeds
-compute is exposed), DDP's bucketed all-reduce hides behind backward (about two thirds of
-compute), tensor-parallel all-reduces sit on the critical path, and a pipeline idles for its
+collective takes ring time: (n-1)/n x bytes for an all-gather, reduce-scatter or all-to-all, twice
+that for an all-reduce, over NVLink inside a node or the per-GPU network between nodes. What overlaps
+is the strategy's: FSDP2 prefetches its all-gathers and reduce-scatters behind compute (the expert
+slices' over their replicas too; only what exceeds compute is exposed), DDP's bucketed all-reduce
+hides behind backward (about two thirds of compute), tensor-parallel all-reduces and expert
+parallelism's all-to-alls (dispatch and combine) sit on the critical path, and a pipeline idles for its
 bubble (docs/planner.md compares the prediction with real and published runs).
 """
 
@@ -83,6 +84,9 @@ HARDWARE: dict[str, Hardware] = {
 }
 """Hardware profiles by the name `simulate_hardware` takes (also the GPU a dry run plans for where none is here)."""
 
+OVERLAPPED_GROUPS = ("dp", "world", "pp", "ep_replica")
+"""Groups (mesh axes, by prefix) whose collectives the strategy overlaps with compute."""
+
 RING_FACTOR = {"all_gather": 1.0, "reduce_scatter": 1.0, "all_reduce": 2.0}
 """Bytes each rank sends per byte of the collective's buffer, times (n-1)/n (ring algorithms)."""
 
@@ -146,8 +150,10 @@ def predict(
     """
     flops = model_flops_per_token * tokens_per_gpu
     compute = flops / hw.bf16_flops + hbm_bytes / hw.hbm_bytes_per_s if compute_s is None else compute_s
-    overlapped = sum(collective_s(t, hw) for t in traffic if t.group.startswith(("dp", "world", "pp")))
-    critical = sum(collective_s(t, hw) for t in traffic) - overlapped  # tensor-parallel all-reduces
+    # FSDP2's and DDP's collectives (over the data-parallel ranks, or the expert slices' replicas) hide
+    # behind compute; tensor-parallel all-reduces and expert parallelism's all-to-alls wait for their data
+    overlapped = sum(collective_s(t, hw) for t in traffic if t.group.startswith(OVERLAPPED_GROUPS))
+    critical = sum(collective_s(t, hw) for t in traffic) - overlapped
     if wrap == "fsdp":
         hidden = compute
     elif wrap == "ddp":

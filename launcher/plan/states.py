@@ -49,6 +49,10 @@ class ParamCounts:
     """Parameters that get gradients and optimizer state."""
     head: int
     """Weights of the LM head's matrix (vocab x d_model), which autocast copies to 16 bits; 0 where it is not held."""
+    experts: int = 0
+    """Routed experts' parameters this rank's replica holds (under expert parallelism its ep_size-th); 0: dense."""
+    outside_layers: int | None = None
+    """Parameters outside the decoder layers (FSDP2's root group), where counted exactly (MoE models); None: derived."""
 
 
 def gpt_view(spec: RunSpec) -> RunSpec:
@@ -83,8 +87,33 @@ def count_params(spec: RunSpec) -> ParamCounts:
     quantized = spec.quantization.method != "none"
     trainable = adapters or (total - block_linear if quantized else total)
     head = vocab_size(cfg) * cfg.d_model
+    experts = shape.experts
     return ParamCounts(
-        total=total, block_linear=block_linear, adapters=adapters, trainable=trainable, head=head
+        total=total,
+        block_linear=block_linear,
+        adapters=adapters,
+        trainable=trainable,
+        head=head,
+        experts=experts.num_params if experts else 0,
+        outside_layers=experts.outside_layers if experts else None,
+    )
+
+
+def expert_parallel_counts(spec: RunSpec, counts: ParamCounts) -> ParamCounts:
+    """`counts` as one rank of an expert-parallel group holds them: its ep_size-th of the routed experts.
+
+    Under DDP that is the rank's whole share; FSDP2 shards the slices further over their replicas (the
+    ranks holding the same experts), so a rank stores 1 / world of them, as of every other parameter.
+    """
+    ep = max(spec.parallel.ep_size, 1)
+    if ep == 1 or not counts.experts:
+        return counts
+    others = counts.experts - counts.experts // ep
+    return dataclasses.replace(
+        counts,
+        total=counts.total - others,
+        trainable=counts.trainable - others if counts.trainable == counts.total else counts.trainable,
+        experts=counts.experts // ep,
     )
 
 
@@ -201,7 +230,11 @@ def _fsdp(spec: RunSpec, counts: ParamCounts, n: int) -> ModelStates:
     num_layers = max(cfg.n_layer, 1)
     # the root group (embeddings, final norm, head) stays gathered from forward to the end of backward
     root = max(counts.total - counts.block_linear - num_layers * 2 * cfg.d_model * (1 + int(cfg.bias)), 0)
-    layer = (counts.total - root) / num_layers
+    if counts.outside_layers is not None:  # a MoE model's layers hold experts beside their linears
+        root = counts.outside_layers
+    # a layer as FSDP2 gathers it: under expert parallelism its experts are this rank's slice, gathered
+    # over the replicas (`counts` holds the whole model: the rank stores 1 / shard of everything)
+    layer = (counts.total - root - counts.experts * (1 - 1 / max(p.ep_size, 1))) / num_layers
     # + gathered blocks in forward and backward, one block's unsharded gradient at its reduce-scatter; no
     # autocast copies: FSDP2's mixed-precision policy gathers 16-bit weights, autocast casts nothing
     blocks = min(1 + p.prefetch_layers, num_layers) * layer * gather
@@ -298,14 +331,19 @@ def model_states(spec: RunSpec, n: int, counts: ParamCounts | None = None) -> Mo
         tied = model_shape(spec.model).equivalent.tie_embeddings
         vocab = counts.head * (1 if tied else 2)  # the head's matrix and the embedding's
         total = counts.total - counts.block_linear + split - vocab + vocab // tp
+        outside = counts.outside_layers
         counts = ParamCounts(
             total=total,
             block_linear=split,
             adapters=counts.adapters // tp,
             trainable=round(counts.trainable * total / counts.total),
             head=counts.head // tp,
+            experts=counts.experts,  # routed experts stay whole on every tensor-parallel rank
+            outside_layers=None if outside is None else outside - vocab + vocab // tp,
         )
     formula, pp = MODEL_STATES[spec.parallel.strategy], max(spec.parallel.pp_size, 1)
+    if formula is not _fsdp:  # DDP keeps this rank's expert slices whole (FSDP2 shards them: its formula)
+        counts = expert_parallel_counts(spec, counts)
     if pp == 1 or formula is _pipeline:
         return formula(gpt_view(spec), counts, n)
     # a pipeline axis: one pipeline rank's stages, wrapped over the n / pp ranks that hold them

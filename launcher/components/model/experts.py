@@ -7,6 +7,9 @@ row, and its CUDA kernel has not been measured against the loop here yet. Under 
 rank holds E / ep_size consecutive experts: `dispatch_compute_combine` sends each sorted row to the rank
 holding its expert by all-to-all (differentiable: the gradients travel back the same way), reorders the
 arrivals by expert, computes, and returns the outputs by the inverse all-to-all, in the rows' own order.
+Under `dry_run=simulate` (fake tensors, a fake process group) the counts cannot travel: each rank takes the
+counts it sends as the ones it receives (the simulation routes every expert the same share of the rows,
+launcher.rank.simulate).
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
+from torch._subclasses.fake_tensor import is_fake
 from torch.distributed import ProcessGroup
 
 
@@ -72,6 +76,8 @@ def dispatch_compute_combine(
     local = counts.numel() // ep.size
     arriving = torch.empty_like(counts)
     dist.all_to_all_single(arriving, counts, group=ep.group)  # [source rank x local expert]
+    if is_fake(rows):  # dry_run=simulate: no routing to exchange; every rank routes as this one (balanced)
+        arriving = counts.view(ep.size, local)[ep.rank].repeat(ep.size)
     table = arriving.view(ep.size, local).tolist()
     send = counts.view(ep.size, local).sum(1).tolist()
     receive = [sum(row) for row in table]

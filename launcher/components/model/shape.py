@@ -17,7 +17,8 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
 
-from launcher.config.model import ModelConfig, config_num_params, ff_width
+from launcher.config.model import ModelConfig, config_num_params, expert_width, ff_width, vocab_size
+from launcher.config.moe import num_moe_blocks
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -35,6 +36,26 @@ class LlamaLayer:
 
 
 @dataclass(frozen=True, kw_only=True)
+class ExpertShape:
+    """A Mixture-of-Experts model's routed experts, as the planner splits and routes them."""
+
+    num_experts: int
+    """Routed experts per MoE layer."""
+    top_k: int
+    """Experts each token is routed to."""
+    num_layers: int
+    """Layers holding routed experts."""
+    num_params: int
+    """Parameters of every layer's routed experts (stacked weights and their biases)."""
+    outside_layers: int
+    """Parameters outside the decoder layers (embeddings, final norm, head): FSDP2's root group."""
+    width: int = 0
+    """Each expert's hidden width."""
+    gated: bool = False
+    """Whether an expert is a gated MLP (SiLU(gate) x up: its fused gate_up output is twice the width)."""
+
+
+@dataclass(frozen=True, kw_only=True)
 class ModelShape:
     """What the planner reads of a model: size, the linear layers of a block, and a GPT-equivalent config."""
 
@@ -49,6 +70,8 @@ class ModelShape:
     num_active_params: int | None = None
     """Parameters one token runs through: a Mixture-of-Experts model's total less the experts it is not routed
     to (what MFU counts); None: every parameter (a dense model)."""
+    experts: ExpertShape | None = None
+    """The routed experts of a Mixture-of-Experts model (None: a dense model)."""
 
 
 def _gpt_linears(cfg: ModelConfig) -> dict[str, tuple[int, int]]:
@@ -59,6 +82,23 @@ def _gpt_linears(cfg: ModelConfig) -> dict[str, tuple[int, int]]:
     }  # fmt: skip
 
 
+def _gpt_experts(cfg: ModelConfig) -> ExpertShape | None:
+    """The built-in GPT's routed experts (None without model.moe)."""
+    layers = num_moe_blocks(cfg.moe, cfg.n_layer) if cfg.moe.num_experts > 0 else 0
+    if not layers:
+        return None
+    d = cfg.d_model
+    head = 0 if cfg.tie_embeddings else vocab_size(cfg) * d
+    return ExpertShape(
+        num_experts=cfg.moe.num_experts,
+        top_k=cfg.moe.top_k,
+        num_layers=layers,
+        num_params=layers * cfg.moe.num_experts * 2 * d * expert_width(cfg),
+        outside_layers=(vocab_size(cfg) + cfg.max_seq_len) * d + d * (1 + int(cfg.bias)) + head,
+        width=expert_width(cfg),
+    )
+
+
 def gpt_shape(cfg: ModelConfig) -> ModelShape:
     """The built-in GPT's shape, from the model keys."""
     return ModelShape(
@@ -66,6 +106,7 @@ def gpt_shape(cfg: ModelConfig) -> ModelShape:
         block_linears=_gpt_linears(cfg),
         equivalent=cfg,
         num_active_params=config_num_params(cfg, active=True),
+        experts=_gpt_experts(cfg),
     )
 
 
@@ -113,6 +154,24 @@ def hf_shape(cfg: ModelConfig) -> ModelShape:
         block_linears=linears,
         equivalent=equivalent,
         llama_layer=_llama_layer(layers[0], linears, config) if layers is not None else None,
+        experts=_hf_experts(model, layers, config, num_params) if experts else None,
+    )
+
+
+def _hf_experts(model: Any, layers: Any, config: Any, num_params: int) -> ExpertShape:
+    """A transformers MoE model's routed experts, counted on its meta-device build."""
+    from launcher.components.model.hf_experts import experts_per_token, is_expert_parameter, num_experts
+
+    sites = {name.rsplit(".", 1)[0] for name, _ in model.named_parameters() if is_expert_parameter(name)}
+    in_layers = sum(p.numel() for p in layers.parameters()) if layers is not None else 0
+    return ExpertShape(
+        num_experts=num_experts(config),
+        top_k=experts_per_token(config),
+        num_layers=len(sites),
+        num_params=sum(p.numel() for name, p in model.named_parameters() if is_expert_parameter(name)),
+        outside_layers=num_params - in_layers,
+        width=getattr(config, "moe_intermediate_size", None) or getattr(config, "intermediate_size", 0),
+        gated=True,  # the families of hf_experts.MOE_FAMILIES: fused gate_up_proj
     )
 
 
