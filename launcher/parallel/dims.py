@@ -329,3 +329,20 @@ def shutdown(*, barrier: bool = True) -> None:
                 dist.barrier()
         finally:
             dist.destroy_process_group()
+
+
+def data_mesh(mesh: DeviceMesh, replicate: int, cp: int = 1) -> DeviceMesh:
+    """The mesh FSDP2 shards over: 1-D (dp_shard) or 2-D (dp_replicate, dp_shard) for hybrid sharding.
+
+    Under context parallel the cp ranks hold different tokens of the same batch, so their gradients
+    average like data parallel ones: the shard dimension is dp_shard x cp flattened (torchtitan's
+    dp_shard_cp), and the parameters are sharded over it too.
+    """
+    shard = "dp_shard"
+    if cp > 1:
+        shard = "dp_shard_cp"
+        try:
+            mesh[shard]
+        except KeyError:  # flattened once per mesh
+            mesh["dp_shard", "cp"]._flatten(shard)
+    return mesh["dp_replicate", shard] if replicate > 1 else mesh[shard]

@@ -37,6 +37,7 @@ from torch.distributed.tensor import DTensor
 from launcher.components.model.experts import ExpertGroup
 from launcher.components.model.hf_experts import FUSED
 from launcher.components.model.moe_balance import moe_blocks
+from launcher.parallel.dims import data_mesh
 from launcher.parallel.pipeline_stage import local_tensor
 
 if TYPE_CHECKING:
@@ -181,8 +182,6 @@ def expert_mesh(world: DeviceMesh, ep_size: int) -> DeviceMesh:
     of a group holds the same experts and tokens): the dp_shard (x cp) axis is unflattened into "replica"
     (the ranks holding the same experts) and "ep" (ep_size consecutive data ranks).
     """
-    from launcher.parallel.fsdp import data_mesh
-
     data = data_mesh(world, 1, world["cp"].size())
     return data._unflatten(0, (data.size() // ep_size, ep_size), ("replica", "ep"))
 

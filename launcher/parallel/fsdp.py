@@ -40,6 +40,7 @@ from torch.distributed.fsdp import (
 from launcher.components.model.family import decoder_layers
 from launcher.config.parallel import ParallelConfig
 from launcher.config.precision import PrecisionConfig
+from launcher.parallel.dims import data_mesh
 
 __all__ = ["apply_fsdp", "data_mesh", "deferred_reduction", "mixed_precision_policy"]
 
@@ -57,23 +58,6 @@ def mixed_precision_policy(precision: PrecisionConfig) -> MixedPrecisionPolicy |
     if precision.fp16:
         return MixedPrecisionPolicy(param_dtype=torch.float16, reduce_dtype=torch.float32)
     return None
-
-
-def data_mesh(mesh: DeviceMesh, replicate: int, cp: int = 1) -> DeviceMesh:
-    """The mesh FSDP2 shards over: 1-D (dp_shard) or 2-D (dp_replicate, dp_shard) for hybrid sharding.
-
-    Under context parallel the cp ranks hold different tokens of the same batch, so their gradients
-    average like data parallel ones: the shard dimension is dp_shard x cp flattened (torchtitan's
-    dp_shard_cp), and the parameters are sharded over it too.
-    """
-    shard = "dp_shard"
-    if cp > 1:
-        shard = "dp_shard_cp"
-        try:
-            mesh[shard]
-        except KeyError:  # flattened once per mesh
-            mesh["dp_shard", "cp"]._flatten(shard)
-    return mesh["dp_replicate", shard] if replicate > 1 else mesh[shard]
 
 
 def _set_prefetch(blocks: list[FSDPModule], num_layers: int) -> None:
