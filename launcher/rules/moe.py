@@ -4,11 +4,12 @@ The numbers must describe a router that can choose (1 <= top_k <= num_experts), 
 at least one MoE block, widths and coefficients in range. model.moe is the built-in GPT's: a Hugging Face
 folder's config.json decides its own experts. What the MoE blocks do not compose with yet is refused with
 the reason: sequence parallelism (a router takes whole sequences; tensor parallel without it splits the
-attention and dense MLPs and keeps routers and experts whole), pipelines and context parallel (not built
-for the routing's bookkeeping yet), DeepSpeed (its engine owns the gradient reduction), torch.compile (the
+attention and dense MLPs and keeps routers and experts whole), context parallel (not built for the
+routing's per-sequence losses yet), DeepSpeed (its engine owns the gradient reduction), torch.compile (the
 routing's per-step bookkeeping breaks its graphs), and objectives other than sft (the auxiliary losses
 are counted per trained token). Expert parallelism (parallel.ep_size) needs experts to split, a world
-size and an expert count it divides, and DDP or FSDP2 (the strategies it is built on so far).
+size and an expert count it divides, and DDP or FSDP2 (the strategies it is built on so far); with tensor
+parallel or pipeline stages the ep groups are data-parallel ranks sharing those coordinates, one stage a rank.
 """
 
 from __future__ import annotations
@@ -91,7 +92,6 @@ def _numbers(spec: RunSpec, hw: Hardware) -> Iterator[SpecError]:
 
 _WHY_NOT = (
     ("parallel.sequence_parallel", lambda s: s.parallel.tp_size > 1 and s.parallel.sequence_parallel, "a router takes whole sequences (its auxiliary losses are per sequence), and sequence parallelism hands each tensor-parallel rank a shard of them", "parallel.sequence_parallel=false"),
-    ("parallel.pp_size", lambda s: s.parallel.pp_size > 1, "pipeline stages are not built for the routing's per-step bookkeeping yet", "parallel.pp_size=1"),
     ("parallel.cp_size", lambda s: s.parallel.cp_size > 1, "context parallel is not built for the routing's per-sequence losses yet", "parallel.cp_size=1"),
     ("parallel.strategy", lambda s: s.parallel.method.owns_engine, "DeepSpeed's engine owns the gradient reduction, which the experts' does not fit yet", "`parallel=fsdp` or `parallel=ddp`"),
     ("compile.mode", lambda s: s.compile.mode != "off", "the routing's per-step bookkeeping breaks torch.compile's graphs", "compile.mode=off"),
@@ -152,6 +152,14 @@ def _expert_parallel(spec: RunSpec, hw: Hardware) -> Iterator[SpecError]:
             f"data-parallel ranks (the world size {world} over parallel.tp_size x parallel.pp_size = "
             f"{spec.parallel.tp_size} x {spec.parallel.pp_size}) must be a multiple of parallel.ep_size ({ep}). "
             "Change launcher.nproc or parallel.ep_size.",
+        )
+    if spec.parallel.pp_size > 1 and spec.parallel.pp_stages_per_rank > 1:
+        yield SpecError(
+            ("parallel.ep_size", "parallel.pp_stages_per_rank"),
+            "expert parallelism inside pipeline stages is built for one stage per rank; "
+            f"parallel.pp_stages_per_rank={spec.parallel.pp_stages_per_rank} (parallel.pp_schedule="
+            f"{spec.parallel.pp_schedule}) gives each rank several. Use parallel.pp_schedule=1f1b with "
+            "parallel.pp_stages_per_rank=1, or parallel.ep_size=1.",
         )
     if spec.parallel.data_parallel not in ("ddp", "fsdp") or spec.parallel.replicate_degree > 1:
         yield SpecError(

@@ -185,6 +185,18 @@ def _messages(*argv: str) -> list[str]:
             ],
             "data-parallel ranks",
         ),
+        (
+            [
+                "model=gpt_moe_tiny",
+                "parallel=pp_fsdp",
+                "parallel.pp_schedule=interleaved_1f1b",
+                "parallel.pp_stages_per_rank=2",
+                "launcher=local",
+                "launcher.nproc=4",
+                "parallel.ep_size=2",
+            ],
+            "parallel.pp_stages_per_rank",
+        ),
     ],
 )
 def test_bad_moe_specs_are_refused_before_launch(argv: list[str], expected: str) -> None:
@@ -203,6 +215,14 @@ def test_the_presets_pass_the_rules() -> None:
         "parallel.ep_size=2",
     )
     assert _messages(*tp_ep) == []
+    pp_ep = (
+        "model=gpt_moe_tiny",
+        "parallel=pp_fsdp",
+        "launcher=local",
+        "launcher.nproc=4",
+        "parallel.ep_size=2",
+    )
+    assert _messages(*pp_ep) == []
     assert (
         _messages(
             "model=gpt_moe_tiny", "parallel=fsdp", "launcher=local", "launcher.nproc=4", "parallel.ep_size=2"

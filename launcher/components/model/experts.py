@@ -37,7 +37,11 @@ def expert_mlp(x: torch.Tensor, w_up: torch.Tensor, w_down: torch.Tensor, counts
     for e, rows in enumerate(x.split(counts)):
         if rows.shape[0]:
             outputs.append(F.gelu(rows @ w_up[e], approximate="tanh") @ w_down[e])
-    return torch.cat(outputs) if outputs else x.new_zeros((0, w_down.shape[-1]))
+    if outputs:
+        return torch.cat(outputs)
+    # no rows: an empty product still tied to the rows and the weights, so that under expert parallelism
+    # the backward still runs the all-to-alls the other ranks of the group wait in
+    return F.gelu(x[:0] @ w_up[0], approximate="tanh") @ w_down[0]
 
 
 def _exchange(rows: torch.Tensor, receive: list[int], send: list[int], group: ProcessGroup) -> torch.Tensor:
