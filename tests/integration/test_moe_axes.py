@@ -1,4 +1,4 @@
-"""The built-in GPT's MoE blocks on the other axes of the mesh: tensor parallel on the dense parts, pipelines.
+"""The built-in GPT's MoE blocks on the other axes of the mesh: tensor parallel, pipelines, context parallel.
 
 Real gloo ranks, fp32, model=gpt_moe_tiny made small, 3 steps of a global batch of 8 sequences, the
 auxiliary and z losses and loss-free balancing on; each run's per-step losses (cross-entropy plus the
@@ -6,7 +6,8 @@ auxiliary losses) equal one process's to 1e-5. Default tier: `parallel=tp` on 2 
 routers and experts whole on both ranks: the same tokens, the same routing). Extended: dense and MoE
 blocks alternating with a shared expert (split like a dense MLP) under expert parallel x tensor parallel x
 FSDP2 on 2 x 2 ranks, its checkpoint resumed in one process; pipeline stages each adding their own blocks'
-auxiliary losses (launcher.parallel.pipeline_aux), and expert parallelism inside each stage.
+auxiliary losses (launcher.parallel.pipeline_aux), and expert parallelism inside each stage; context
+parallel with expert parallelism over the same ranks (each row's auxiliary sums added over the cp group).
 """
 
 from __future__ import annotations
@@ -82,3 +83,15 @@ def test_expert_parallel_inside_pipeline_stages_under_fsdp2(tmp_path) -> None:
     reference = _one_process(BASE, tmp_path / "one")
     args = [*BASE, "parallel=pp_fsdp", "parallel.ep_size=2", "train.micro_batch_size=4"]
     _same(_ranks(args, tmp_path / "pp_ep", 4), reference)
+
+
+@pytest.mark.extended  # the tp test above proves the per-row auxiliary losses on 2 ranks; here each row is split
+def test_context_parallel_sums_each_rows_auxiliary_losses_with_expert_parallel(tmp_path) -> None:
+    """cp 2 on 2 ranks, the experts split over the same two ranks: each rank routes its chunks of every
+    sequence, the per-row sums are added over the cp group, the tokens travel to their experts."""
+    reference = _one_process(BASE, tmp_path / "one")
+    args = [*BASE, "parallel=fsdp", "parallel.cp_size=2", "parallel.ep_size=2", "train.micro_batch_size=8"]
+    _same(_ranks(args, tmp_path / "cp_ep", 2), reference)
+    records = [read_metrics(d / "metrics.jsonl")[-1] for d in (tmp_path / "cp_ep", tmp_path / "one")]
+    assert records[0]["moe_aux_loss"] == pytest.approx(records[1]["moe_aux_loss"], rel=1e-5)
+    assert records[0]["moe_load/1"] == pytest.approx(records[1]["moe_load/1"])

@@ -197,6 +197,17 @@ def _messages(*argv: str) -> list[str]:
             ],
             "parallel.pp_stages_per_rank",
         ),
+        (
+            [
+                "model=gpt_moe_tiny",
+                "parallel=fsdp",
+                "parallel.cp_size=2",
+                "model.moe.capacity_factor=1.25",
+                "launcher=local",
+                "launcher.nproc=2",
+            ],
+            "model.moe.capacity_factor",
+        ),
     ],
 )
 def test_bad_moe_specs_are_refused_before_launch(argv: list[str], expected: str) -> None:
@@ -223,6 +234,14 @@ def test_the_presets_pass_the_rules() -> None:
         "parallel.ep_size=2",
     )
     assert _messages(*pp_ep) == []
+    cp_ep = (
+        "model=gpt_moe_tiny",
+        "parallel=fsdp",
+        "parallel.cp_size=2",
+        "launcher=local",
+        "launcher.nproc=2",
+    )
+    assert _messages(*cp_ep, "parallel.ep_size=2") == []
     assert (
         _messages(
             "model=gpt_moe_tiny", "parallel=fsdp", "launcher=local", "launcher.nproc=4", "parallel.ep_size=2"
