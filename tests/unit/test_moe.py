@@ -9,6 +9,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from launcher.components.model.experts import expert_mlp
 from launcher.components.model.gpt import GPT, MLP
 from launcher.components.model.moe import MoE
 from launcher.components.model.moe_balance import MoEBalance, moe_blocks
@@ -274,3 +275,12 @@ def test_activation_checkpointing_recomputes_without_counting_twice() -> None:
             torch.equal(a.interval["counts"], b.interval["counts"])
             and float(a.interval["counts"].sum()) == 32
         )
+
+
+def test_experts_without_rows_stay_in_the_graph() -> None:
+    """An ep rank whose experts receive no row still backpropagates through its all-to-alls (the others wait in them)."""
+    rows = torch.randn(0, 4, requires_grad=True)
+    out = expert_mlp(rows, torch.randn(2, 4, 8, requires_grad=True), torch.randn(2, 8, 4), [0, 0])
+    assert out.shape == (0, 4) and out.requires_grad
+    out.sum().backward()
+    assert rows.grad is not None and rows.grad.shape == (0, 4)
