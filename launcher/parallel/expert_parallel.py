@@ -2,21 +2,25 @@
 
 An experts site (`expert_sites`) is a module holding stacked routed experts: the built-in GPT's MoE blocks
 and transformers 5's experts modules. The data-parallel (x context-parallel) ranks that share a pipeline and
-tensor-parallel coordinate form groups of ep_size consecutive ones (`expert_mesh`); each rank
-of a group holds E / ep_size consecutive experts of every site (`apply`: its slice of the stacked weights, cut from the same
-seeded init every rank built, so the experts are those of a one-process run) and the tokens travel to
-them by all-to-all (launcher.components.model.experts). The ranks holding the same experts (one per
-group, at the same position) are the experts' replicas.
+tensor-parallel coordinate form groups of ep_size consecutive ones (`expert_mesh`); each rank of a group
+holds E / ep_size consecutive experts of every site (`apply`: its slice of the stacked weights, cut from
+the same seeded init every rank built, so the experts are those of a one-process run) and the tokens
+travel to them by all-to-all (launcher.components.model.experts). The ranks holding the same experts (one
+per group, at the same position) are the experts' replicas.
 
 `ExpertShards` is what the strategy asks of them:
 
-- DDP and FSDP2 leave the expert weights alone (they differ between the ranks of a group; FSDP2 does not
-  shard them further); after the step's backward their gradients are summed over the replicas and divided
-  by the data (x context) ranks, as DDP and FSDP2 average the rest (a rank's expert gradient already holds every group
-  rank's tokens, brought back by the all-to-all);
-- the clipping norm adds the squared norms of the group's expert gradients to the rest's;
+- under DDP the expert weights are left out of DDP's buckets (they differ between the ranks of a group);
+  after the step's backward their gradients are summed over the replicas and divided by the data (x
+  context) ranks, as DDP averages the rest (a rank's expert gradient already holds every group rank's
+  tokens, brought back by the all-to-all), and the clipping norm adds the squared norms of the group's
+  expert gradients to the rest's;
+- under FSDP2 (`fully_shard_experts`, torchtitan's layout) each site is its own FSDP2 group over the
+  replicas: each rank stores 1 / (data x context ranks) of every expert tensor, gathered over the replicas
+  for the forward, and the gradients are reduce-scattered over them with the same divisor; the experts'
+  DTensors span the whole (replica, ep) mesh, so the clipping norm counts every expert once;
 - checkpoints hold whole experts: under DDP gathered over the group for model.pt and the optimizer's
-  moments and cut to this rank's slice on load; under FSDP2 the slices are DTensors of the whole
+  moments and cut to this rank's slice on load; under FSDP2 the shards are DTensors of the whole
   experts, which DCP saves and reshards. A checkpoint of any ep_size resumes at any other, or in one process.
 """
 
@@ -60,6 +64,14 @@ def expert_sites(model: nn.Module) -> Sites:
     return sites
 
 
+def _squared_norm(grads: list[torch.Tensor]) -> torch.Tensor:
+    """The squared norm of `grads` in fp32 (of the whole tensors where they are DTensor shards); 0 for none."""
+    if not grads:
+        return torch.zeros(())
+    norm = torch.nn.utils.get_total_norm(grads, foreach=any(isinstance(g, DTensor) for g in grads))
+    return (norm.full_tensor() if isinstance(norm, DTensor) else norm).to(torch.float32) ** 2
+
+
 @dataclass(kw_only=True)
 class ExpertShards:
     """This rank's expert slices: their names, the group that splits them and the replicas that share them."""
@@ -74,6 +86,10 @@ class ExpertShards:
     """Data (x context) parallel ranks of the job: DDP's and FSDP2's averaging divisor."""
     sites: Sites = field(default_factory=dict)
     """The experts sites `apply` split (qualified module name -> (module, expert parameter names))."""
+    mesh: DeviceMesh | None = None
+    """The (replica, ep) mesh of the experts (`expert_mesh`)."""
+    sharded: bool = False
+    """FSDP2 shards the slices over the replicas and reduces their gradients (`fully_shard_experts`)."""
     ids: set[int] = field(default_factory=set)
 
     def __post_init__(self) -> None:
@@ -81,7 +97,10 @@ class ExpertShards:
 
     @torch.no_grad()
     def sync_grads(self) -> None:
-        """Sum the expert gradients over the replicas and divide by the world size (DDP's mean of the rest)."""
+        """Sum the expert gradients over the replicas and divide by the world size (DDP's mean of the rest);
+        nothing where FSDP2 has reduce-scattered them already."""
+        if self.sharded:
+            return
         for param in self.params.values():
             if param.grad is None:
                 continue
@@ -91,17 +110,18 @@ class ExpertShards:
             grad.div_(self.world_size)
 
     def clip(self, params: list[torch.Tensor], max_norm: float | None) -> torch.Tensor:
-        """Clip by the global norm (this rank's replicated gradients and its group's experts); returns it."""
-        dense = [p.grad for p in params if id(p) not in self.ids]
-        experts = [local_tensor(p.grad) for p in params if id(p) in self.ids]
-        squared, expert_sq = torch.zeros(()), torch.zeros(())
-        if dense:  # under FSDP2 DTensor shards: the norm of the whole gradients
-            norm = torch.nn.utils.get_total_norm(dense, foreach=any(isinstance(g, DTensor) for g in dense))
-            squared = (norm.full_tensor() if isinstance(norm, DTensor) else norm).to(torch.float32) ** 2
-        if experts:
-            expert_sq = torch.nn.utils.get_total_norm(experts).to(torch.float32) ** 2
-        dist.all_reduce(expert_sq, group=self.group.group)
-        total = (squared + expert_sq).sqrt()
+        """Clip by the global norm (the rest's gradients and every expert's once); returns it.
+
+        Under DDP a rank's expert slices are its group's share: their squared norm is summed over the group.
+        Under FSDP2 each expert row is held by one rank of the world: the DTensor norm covers them all.
+        """
+        dense = _squared_norm([p.grad for p in params if id(p) not in self.ids])
+        if self.sharded:
+            experts = _squared_norm([p.grad for p in params if id(p) in self.ids])
+        else:
+            experts = _squared_norm([local_tensor(p.grad) for p in params if id(p) in self.ids])
+            dist.all_reduce(experts, group=self.group.group)
+        total = (dense + experts).sqrt()
         if max_norm is not None:
             coef = (max_norm / (total + 1e-6)).clamp(max=1.0)
             for p in params:
@@ -173,12 +193,12 @@ def apply(model: nn.Module, world: DeviceMesh, ep_size: int, *, dtensors: bool) 
     Each site gets `expert_group` (its forward dispatches the tokens when it is set) and its expert parameters
     replaced by this rank's slices along dim 0; its forward is left as it is. The groups are the axes of
     `expert_mesh` (cut from the world mesh `world`): "ep" the ranks that split the experts, "replica" the ranks
-    holding the same ones. `dtensors` (FSDP2): each slice is a DTensor of the whole expert tensor over that
-    mesh (replicated, sharded along the experts), so DCP saves whole experts and reshards them to any ep_size,
-    and the optimizer's foreach kernels meet only DTensors. Gradients average over the mesh's ranks (the data
-    and context ranks): tensor-parallel peers compute the same expert gradients from the same tokens.
+    holding the same ones. `dtensors` (FSDP2): each slice is a DTensor of the whole expert tensor over the
+    "ep" axis (sharded along the experts), which `fully_shard_experts` then shards over the "replica" axis, so
+    DCP saves whole experts and reshards them to any ep_size. Gradients average over the mesh's ranks (the
+    data and context ranks): tensor-parallel peers compute the same expert gradients from the same tokens.
     """
-    from torch.distributed.tensor import Replicate, Shard
+    from torch.distributed.tensor import Shard
 
     mesh = expert_mesh(world, ep_size)
     group = ExpertGroup(group=mesh["ep"].get_group(), rank=mesh["ep"].get_local_rank(), size=ep_size)
@@ -192,8 +212,41 @@ def apply(model: nn.Module, world: DeviceMesh, ep_size: int, *, dtensors: bool) 
             local = whole.shape[0] // ep_size
             piece = whole.detach()[group.rank * local : (group.rank + 1) * local].clone()
             if dtensors:
-                piece = DTensor.from_local(piece, mesh, [Replicate(), Shard(0)], run_check=False)
+                piece = DTensor.from_local(piece, mesh["ep"], [Shard(0)], run_check=False)
             param = nn.Parameter(piece, requires_grad=whole.requires_grad)
             setattr(module, name, param)
             params[f"{site}.{name}"] = param
-    return ExpertShards(params=params, group=group, replicas=replicas, world_size=mesh.size(), sites=sites)
+    return ExpertShards(
+        params=params, group=group, replicas=replicas, world_size=mesh.size(), sites=sites, mesh=mesh
+    )
+
+
+def fully_shard_experts(shards: ExpertShards, **kwargs: Any) -> None:
+    """FSDP2 over each experts site: its expert slices sharded over their replicas, the rest over `kwargs`' mesh.
+
+    torchtitan's layout: the experts' own FSDP2 group spans the ranks holding the same experts (the data-parallel
+    ranks modulo ep), so each rank stores 1 / (data x context ranks) of every expert tensor, and their
+    gradients are reduce-scattered over the replicas and divided by the data (x context) ranks (the all-to-all
+    already brought every group rank's tokens' gradients; the rest is averaged over the same ranks). The site's other
+    submodules holding parameters (the GPT block's router and shared MLP) are sharded first, over the data
+    mesh, as their block's would be. Call before the enclosing layers' `fully_shard` (bottom-up).
+    """
+    from torch.distributed.fsdp import fully_shard
+
+    assert shards.mesh is not None, "fully_shard_experts needs the experts' mesh that apply() built"
+    for site, (module, names) in shards.sites.items():
+        other = [n for n, _ in module.named_parameters(recurse=False) if n not in names]
+        if other:
+            raise ValueError(f"{site}: parameters {other} beside the experts cannot be sharded with them.")
+        for child in module.children():
+            if any(True for _ in child.parameters()):
+                fully_shard(child, **kwargs)
+        experts = fully_shard(module, **{**kwargs, "mesh": shards.mesh["replica"]})
+        experts.set_gradient_divide_factor(float(shards.world_size))
+        # over replicas: sum, then divide (gloo has no pre-multiplied sum); over one rank (ep_size = data ranks)
+        # torch 2.13 divides by a forced sum's factor twice, where its plain path divides once
+        experts.set_force_sum_reduction_for_comms(shards.replicas is not None)
+        for name in names:  # fully_shard replaced the parameters by their shards
+            shards.params[f"{site}.{name}"] = module._parameters[name]
+    shards.ids = {id(p) for p in shards.params.values()}
+    shards.sharded = True

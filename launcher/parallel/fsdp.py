@@ -12,6 +12,8 @@ final norm and the tied LM head. Options:
 - cpu_offload: sharded parameters, gradients and optimizer state live on the CPU (pinned memory on
   CUDA); the optimizer steps there.
 - prefetch_layers: blocks whose all-gather is issued ahead of use, forward and backward.
+- ep_size > 1: each experts site is an FSDP2 group of its own first, its expert slices sharded over the
+  ranks holding the same experts (launcher.parallel.expert_parallel.fully_shard_experts).
 - tp_size > 1: tensor parallel inside each data-parallel group (the mesh's tp axis), applied before
   activation checkpointing, compile and this wrap by launcher.parallel.parallelize.
 
@@ -104,8 +106,10 @@ def apply_fsdp(
         CPUOffloadPolicy(pin_memory=pin_memory) if parallel.cpu_offload else OffloadPolicy()
     )
     shards = getattr(model, "expert_shards", None)
-    if shards is not None:  # expert slices: split over their group already, reduced over their replicas
-        kwargs["ignored_params"] = set(shards.params.values())
+    if shards is not None:  # expert slices: split over their group already, sharded over their replicas
+        from launcher.parallel.expert_parallel import fully_shard_experts
+
+        fully_shard_experts(shards, **kwargs)
     layers = decoder_layers(model)
     if layers is None:
         raise ValueError(f"{type(model).__name__}: no decoder layers found to shard one by one.")

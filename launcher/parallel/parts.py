@@ -14,8 +14,9 @@ not copied:
   stage's squared norm is summed over the pipeline group, the tied embedding and head counted once
   (their gradients are summed first, launcher.parallel.pipeline_stage.TiedCopies);
 - checkpoints: launcher.parallel.part_state's layouts (files, dcp, stages);
-- expert parallel (DDP): the expert slices' gradients reduced over their replicas, their norm over the
-  group, whole experts in the checkpoint (launcher.parallel.expert_parallel).
+- expert parallel: the expert slices' gradients reduced over their replicas (DDP; FSDP2 reduce-scatters
+  them itself), every expert counted once in the norm, whole experts in the checkpoint
+  (launcher.parallel.expert_parallel).
 """
 
 from __future__ import annotations
@@ -108,7 +109,7 @@ class PartsStrategy:
             if isinstance(part, DistributedDataParallel)
         ]
         layout = "stages" if self.pipelined else ("dcp" if sharded else "files")
-        self.experts = getattr(modules[0], "expert_shards", None)  # parallel.ep_size > 1 (DDP)
+        self.experts = getattr(modules[0], "expert_shards", None)  # parallel.ep_size > 1
         self.state = PartState(
             self.model, self.optimizer, layout=layout, rank=self.dist.rank, experts=self.experts
         )

@@ -7,7 +7,9 @@ holding 4 of the 8 experts, tokens dispatched by all-to-all) gives one process's
 bias update sums the step's expert counts over the ranks; its step-2 checkpoint resumes in one process
 (ep 1) to 1e-5. Extended: plain DDP and FSDP2 match one process, DDP and ep 2 resume bitwise (the
 checkpoints hold the routing biases), the ep 2 checkpoint resumes at ep 4, and `parallel=fsdp
-parallel.ep_size=2` on 4 ranks matches one process and resumes at ep 1.
+parallel.ep_size=2` on 4 ranks (each expert slice sharded over its 2 replicas: every rank stores a quarter of
+every parameter) matches one process, losses and clipping norms, and its checkpoint resumes bitwise, at ep 1
+and at ep 4.
 """
 
 from __future__ import annotations
@@ -110,13 +112,56 @@ def test_expert_parallel_resumes_bitwise_and_at_ep4(ep2, tmp_path) -> None:
     assert losses(tmp_path / "ep4")[3] == pytest.approx(losses(run_dir)[3], rel=1e-5)
 
 
-@pytest.mark.extended  # the ep 2 DDP test above proves the dispatch; FSDP2 shards the rest over 4 ranks
-def test_expert_parallel_under_fsdp2_matches_one_process_and_resumes_at_ep1(reference, tmp_path) -> None:
-    """parallel=fsdp parallel.ep_size=2 on 4 ranks: two groups of 2 split the experts, FSDP2 shards the rest."""
-    args = [*BASE, "parallel=fsdp", "parallel.ep_size=2", "train.micro_batch_size=2"]
-    proc = run_ranks([*args, "launcher=local", "launcher.nproc=4"], tmp_path / "fsdp", nproc=4, timeout=600)
+def _four(args: list[str], run_dir: Path) -> dict[int, float]:
+    proc = run_ranks([*args, "launcher=local", "launcher.nproc=4"], run_dir, nproc=4, timeout=600)
     assert proc.returncode == 0, proc.stderr[-4000:]
-    _same(losses(tmp_path / "fsdp"), losses(reference))
-    step_2 = tmp_path / "fsdp" / "checkpoints" / "step_2"
+    return losses(run_dir)
+
+
+FSDP_EP2 = [*BASE, "parallel=fsdp", "parallel.ep_size=2", "train.micro_batch_size=2"]
+
+
+@pytest.fixture(scope="module")
+def fsdp_ep2(reference, tmp_path_factory) -> Path:
+    """parallel=fsdp parallel.ep_size=2 on 4 ranks (checked against one process); its run directory."""
+    run_dir = tmp_path_factory.mktemp("fsdp_ep2") / "run"
+    _same(_four(FSDP_EP2, run_dir), losses(reference))
+    norms = [
+        [r["grad_norm"] for r in read_metrics(d / "metrics.jsonl") if "grad_norm" in r]
+        for d in (run_dir, reference)
+    ]
+    assert norms[0] == pytest.approx(norms[1], rel=1e-5)  # the clipping norm counts every expert once
+    return run_dir
+
+
+@pytest.mark.extended  # the ep 2 DDP test above proves the dispatch; FSDP2 shards the experts over 4 ranks
+def test_expert_parallel_under_fsdp2_shards_the_experts_and_resumes_at_ep1(
+    fsdp_ep2, reference, tmp_path
+) -> None:
+    """Two groups of 2 split the experts; FSDP2 shards each slice over its 2 replicas: every rank stores a
+    quarter of every parameter, experts included (their rows written by all 4 ranks, a quarter each)."""
+    from launcher.components.files.dcp_reader import read_metadata
+
+    ranked = read_metadata(fsdp_ep2 / "checkpoints" / "step_2" / "dcp" / ".metadata")
+    assert (
+        read_metrics(fsdp_ep2 / "metrics.jsonl")[-1]["param_bytes"] * 4
+        == read_metrics(reference / "metrics.jsonl")[-1]["param_bytes"]
+    )
+    for key in ("model.blocks.0.mlp.w_up", "model.blocks.1.mlp.w_down"):
+        chunks = ranked.state_dict_metadata[key].chunks
+        assert ranked.state_dict_metadata[key].size[0] == 8  # whole experts
+        assert sorted(c.offsets[0] for c in chunks) == [0, 2, 4, 6]  # 8 experts: 2 rows on each of 4 ranks
+        assert all(c.sizes[0] == 2 for c in chunks)
+    step_2 = fsdp_ep2 / "checkpoints" / "step_2"
     assert run_inline([*BASE, "train.micro_batch_size=8", f"resume={step_2}"], tmp_path / "ep1") == 0
-    assert losses(tmp_path / "ep1")[3] == pytest.approx(losses(tmp_path / "fsdp")[3], rel=1e-5)
+    assert losses(tmp_path / "ep1")[3] == pytest.approx(losses(fsdp_ep2)[3], rel=1e-5)
+
+
+@pytest.mark.extended  # a further run of the FSDP2 test's job; the ep 2 DDP tests prove resume and ep 4
+def test_expert_parallel_under_fsdp2_resumes_bitwise_and_at_ep4(fsdp_ep2, tmp_path) -> None:
+    step_2 = fsdp_ep2 / "checkpoints" / "step_2"
+    assert _four([*FSDP_EP2, f"resume={step_2}"], tmp_path / "again") == {3: losses(fsdp_ep2)[3]}
+    ep4 = [*BASE, "parallel=fsdp", "parallel.ep_size=4", "train.micro_batch_size=2", f"resume={step_2}"]
+    assert _four(ep4, tmp_path / "ep4")[3] == pytest.approx(losses(fsdp_ep2)[3], rel=1e-5)
+    norms = [read_metrics(d / "metrics.jsonl")[-1]["grad_norm"] for d in (tmp_path / "ep4", fsdp_ep2)]
+    assert norms[0] == pytest.approx(norms[1], rel=1e-5)  # one rank per expert: divided by the world once
