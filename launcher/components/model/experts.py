@@ -39,9 +39,9 @@ def expert_mlp(x: torch.Tensor, w_up: torch.Tensor, w_down: torch.Tensor, counts
             outputs.append(F.gelu(rows @ w_up[e], approximate="tanh") @ w_down[e])
     if outputs:
         return torch.cat(outputs)
-    # no rows: an empty product still tied to the rows and the weights, so that under expert parallelism
-    # the backward still runs the all-to-alls the other ranks of the group wait in
-    return F.gelu(x[:0] @ w_up[0], approximate="tanh") @ w_down[0]
+    # no row reached these experts: an empty output still tied to the rows (under expert parallelism every rank's
+    # backward then runs the same all-to-alls) and to the weights (each gets a zero gradient, as elsewhere)
+    return x * 0 + 0 * (w_up.sum() + w_down.sum())
 
 
 def _exchange(rows: torch.Tensor, receive: list[int], send: list[int], group: ProcessGroup) -> torch.Tensor:
