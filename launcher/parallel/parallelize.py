@@ -93,9 +93,12 @@ def parallelize(
             block.context_parallel = part.context_parallel
     # 0b. expert parallel: this rank keeps its slice of each MoE block's experts; the tokens travel to them
     if spec.parallel.ep_size > 1:
+        from launcher.components.model import hf_expert_parallel
         from launcher.parallel import expert_parallel
 
         part.expert_shards = expert_parallel.apply(part, mesh, spec.parallel.ep_size, dtensors=wrap == "fsdp")
+        # a transformers experts module's forward sends its tokens through the group (the built-in MoE's does already)
+        hf_expert_parallel.dispatch(part)
     # 1. tensor parallelism splits the blocks' projections into DTensors over the mesh's tp axis
     if dims.tp > 1:
         # DTensor and DCP take about a second to import: only a tensor-parallel run pays for them

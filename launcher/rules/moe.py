@@ -10,6 +10,8 @@ routing's per-step bookkeeping breaks its graphs), and objectives other than sft
 are counted per trained token). Expert parallelism (parallel.ep_size) needs experts to split, a world
 size and an expert count it divides, and DDP or FSDP2 (the strategies it is built on so far); with tensor
 parallel or pipeline stages the ep groups are data-parallel ranks sharing those coordinates, one stage a rank.
+On a Hugging Face folder, one of the MoE families the launcher trains (their experts modules share one
+forward), without tensor parallel, pipelines, context parallel, adapters, quantization or compile.
 """
 
 from __future__ import annotations
@@ -20,6 +22,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from launcher.components import checkpoint
+from launcher.components.model.hf_experts import MOE_FAMILIES, num_experts
+from launcher.components.model.hf_files import local_dir, read_local_config
 from launcher.config.moe import ROUTERS, MoEConfig
 from launcher.parallel.checkpoint_layout import checkpoint_kind
 from launcher.rules.hardware import Hardware
@@ -112,15 +116,14 @@ def _composition(spec: RunSpec, hw: Hardware) -> Iterator[SpecError]:
 
 
 def _expert_parallel(spec: RunSpec, hw: Hardware) -> Iterator[SpecError]:
-    ep, moe, world = spec.parallel.ep_size, spec.model.moe, spec.launcher.world_size
-    if ep <= 1:
+    ep, moe = spec.parallel.ep_size, spec.model.moe
+    if ep <= 1 or spec.model.kind == "hf":  # a folder's experts: _hf_expert_parallel
         return
     if spec.model.kind != "gpt":
         yield SpecError(
             ("parallel.ep_size", "model.kind"),
-            f"splits the experts of the built-in GPT's MoE blocks (`model=gpt_moe_tiny`); a model.kind={spec.model.kind} "
-            "model trains its experts whole on every rank (a Hugging Face MoE folder: data parallel, FSDP2 or "
-            "tensor parallel on its attention). Set parallel.ep_size=1.",
+            f"splits the experts of the built-in GPT's MoE blocks (`model=gpt_moe_tiny`) or of a Hugging Face MoE "
+            f"folder (model.kind=hf); a model.kind={spec.model.kind} model has none to split. Set parallel.ep_size=1.",
         )
         return
     if moe.num_experts <= 0:
@@ -137,6 +140,12 @@ def _expert_parallel(spec: RunSpec, hw: Hardware) -> Iterator[SpecError]:
             f"model.moe.num_experts ({moe.num_experts}) must be a multiple of parallel.ep_size ({ep}). "
             "Change either.",
         )
+    yield from _ep_layout(spec)
+
+
+def _ep_layout(spec: RunSpec) -> Iterator[SpecError]:
+    """The world size and the strategy expert parallelism is built on (the built-in GPT's and a folder's)."""
+    ep, world = spec.parallel.ep_size, spec.launcher.world_size
     others = spec.parallel.tp_size * spec.parallel.pp_size
     if world % ep and others == 1:
         yield SpecError(
@@ -170,6 +179,59 @@ def _expert_parallel(spec: RunSpec, hw: Hardware) -> Iterator[SpecError]:
         )
 
 
+_HF_WHY_NOT = (
+    ("parallel.tp_size", lambda s: s.parallel.tp_size > 1, "tensor parallel keeps a folder's experts whole on every tp rank as replicated DTensors, which the expert slices do not fit yet"),
+    ("parallel.pp_size", lambda s: s.parallel.pp_size > 1, "pipeline stages are not built on the expert-parallel groups yet"),
+    ("parallel.cp_size", lambda s: s.parallel.cp_size > 1, "context parallel is not built on the expert-parallel groups yet"),
+    ("quantization.method", lambda s: s.quantization.method != "none" or s.quantization.lora.rank > 0, "adapters and quantized layers wrap the expert tensors the groups split"),
+    ("compile.mode", lambda s: s.compile.mode != "off", "the token exchange's per-step counts break torch.compile's graphs"),
+)  # fmt: skip
+"""(key, whether the spec uses it, why expert parallelism on a Hugging Face folder does not compose with it yet)."""
+
+
+def _hf_expert_parallel(spec: RunSpec, hw: Hardware) -> Iterator[SpecError]:
+    ep, m = spec.parallel.ep_size, spec.model
+    if ep <= 1 or m.kind != "hf":
+        return
+    key = "model.path" if m.path is not None else "model.hf_config"
+    folder = local_dir(m)
+    try:
+        config = read_local_config(folder) if folder and (Path(folder) / "config.json").is_file() else {}
+    except ValueError:
+        return  # the model's rules say so
+    experts, family = num_experts(config), config.get("model_type")
+    if not experts:
+        what = (
+            f"'{folder}/config.json' describes a dense model"
+            if folder
+            else f"the {m.hf_config} preset is dense"
+        )
+        yield SpecError(
+            ("parallel.ep_size", key),
+            f"splits the routed experts of a Mixture-of-Experts model over ranks, and {what} (no "
+            f"num_experts, num_local_experts or n_routed_experts above 1). Set parallel.ep_size=1, or use a MoE "
+            f"folder ({', '.join(sorted(MOE_FAMILIES))}).",
+        )
+        return
+    if family not in MOE_FAMILIES:
+        return  # the model's rules refuse the family
+    if experts % ep:
+        yield SpecError(
+            ("parallel.ep_size", key),
+            f"each rank of an expert-parallel group holds num_experts / ep_size of every layer's experts, and "
+            f"'{folder}/config.json' has {experts} experts per layer, not a multiple of parallel.ep_size ({ep}). "
+            f"Use a parallel.ep_size that divides {experts}, or 1.",
+        )
+    for used, uses, why in _HF_WHY_NOT:
+        if uses(spec):
+            yield SpecError(
+                ("parallel.ep_size", used),
+                f"expert parallelism on a Hugging Face folder does not compose with {used} yet: {why}. Set "
+                f"{used} back to its default, or parallel.ep_size=1 (the experts then train whole on every rank).",
+            )
+    yield from _ep_layout(spec)
+
+
 def _expert_parallel_resume(spec: RunSpec, hw: Hardware) -> Iterator[SpecError]:
     if spec.parallel.ep_size <= 1 or spec.parallel.data_parallel != "ddp" or spec.resume is None:
         return
@@ -185,5 +247,11 @@ def _expert_parallel_resume(spec: RunSpec, hw: Hardware) -> Iterator[SpecError]:
         )
 
 
-RULES: tuple[Rule, ...] = (_numbers, _composition, _expert_parallel, _expert_parallel_resume)
+RULES: tuple[Rule, ...] = (
+    _numbers,
+    _composition,
+    _expert_parallel,
+    _hf_expert_parallel,
+    _expert_parallel_resume,
+)
 """This module's rules, in the order they report."""

@@ -1,8 +1,8 @@
 """Hugging Face Mixture-of-Experts folders (Mixtral, Qwen2/3-MoE, OLMoE, DeepSeek-V3, gpt-oss) in the real loop.
 
 A folder holds its experts per expert (what `save_pretrained` writes) or fused (the tensors transformers
-trains with): both load to transformers' own logits, train under FSDP2 like one process, and export to a
-folder transformers loads with the trained model's logits. The router's load-balancing loss reaches the
+trains with): both load to transformers' own logits, train under FSDP2 like one process, with expert
+parallelism (parallel.ep_size) too, and export to a folder transformers loads with the trained model's logits. The router's load-balancing loss reaches the
 loss when config.json turns it on; LoRA adapts the fused expert tensors.
 """
 
@@ -117,7 +117,8 @@ def _checkpoint_model(run_dir: Path) -> torch.nn.Module:
     return model.eval()
 
 
-@pytest.mark.parametrize("arch", ["qwen3_moe", pytest.param("mixtral", marks=pytest.mark.extended)])
+@pytest.mark.extended  # the default tier's expert-parallel test runs FSDP2 on the same folder and exports it
+@pytest.mark.parametrize("arch", ["qwen3_moe", "mixtral"])
 def test_fsdp2_trains_like_one_process_and_exports_its_logits(folder, tmp_path_factory, arch: str) -> None:
     """FSDP2 on 2 ranks (built empty, experts sharded, filled from rank 0) gives one process's per-step losses
     at the same global batch (1e-5), and train-export's folder gives the trained model's logits (1e-5)."""
@@ -137,6 +138,54 @@ def test_fsdp2_trains_like_one_process_and_exports_its_logits(folder, tmp_path_f
     with torch.no_grad():
         want = _checkpoint_model(sharded_dir)(_ids(5))
         torch.testing.assert_close(loaded(input_ids=_ids(5)).logits, want, rtol=1e-5, atol=1e-5)
+
+
+EP_RUNS = [
+    pytest.param("qwen3_moe", ["parallel=fsdp"], 2, id="qwen3_moe-fsdp-2"),
+    pytest.param("mixtral", ["parallel=fsdp", "train.micro_batch_size=2"], 4, id="mixtral-fsdp-4", marks=pytest.mark.extended),
+    pytest.param("qwen3_moe", ["parallel=ddp"], 2, id="qwen3_moe-ddp-2", marks=pytest.mark.extended),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("arch", "args", "ranks"), EP_RUNS)
+def test_expert_parallel_trains_like_one_process_and_exports_its_logits(
+    folder, tmp_path_factory, arch: str, args: list[str], ranks: int
+) -> None:
+    """parallel.ep_size=2: each rank holds half of every layer's experts and the token copies travel to them by
+    all-to-all (under FSDP2 each half further sharded over its replicas): one process's per-step losses at the
+    same global batch (1e-5), and train-export's folder gives the trained model's logits (1e-5)."""
+    from launcher.tools import export
+
+    root = tmp_path_factory.mktemp(f"{arch}-ep")
+    path = folder(arch)
+    one_dir = _run(path, root, ["train.micro_batch_size=8"])
+    ep_dir = _run(path, root, [*args, "parallel.ep_size=2"], ranks=ranks)
+    one, split = losses(one_dir), losses(ep_dir)
+    assert split.keys() == one.keys() == {1, 2, 3, 4}
+    for step, loss in one.items():
+        assert split[step] == pytest.approx(loss, rel=1e-5), (step, split[step], loss)
+    held = [read_metrics(d / "metrics.jsonl")[-1]["param_bytes"] for d in (ep_dir, one_dir)]
+    assert held[0] < held[1]  # the experts are split
+    out = root / "exported"
+    assert export.main([str(ep_dir), str(out), "--format", "hf"]) == 0
+    loaded = transformers.AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32).eval()
+    with torch.no_grad():
+        want = _checkpoint_model(ep_dir)(_ids(5))
+        torch.testing.assert_close(loaded(input_ids=_ids(5)).logits, want, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.extended
+def test_an_expert_parallel_checkpoint_resumes_in_one_process(folder, tmp_path_factory) -> None:
+    """The FSDP2 ep 2 checkpoint holds whole experts: one process resumes its step 2 to its step 3 and 4 (1e-5)."""
+    root = tmp_path_factory.mktemp("qwen3_moe-ep-resume")
+    path = folder("qwen3_moe")
+    ep_dir = _run(path, root, ["parallel=fsdp", "parallel.ep_size=2", "checkpoint.every=2"], ranks=2)
+    step_2 = ep_dir / "checkpoints" / "step_2"
+    resumed = _run(path, root, ["train.micro_batch_size=8", "checkpoint.every=2", f"resume={step_2}"])
+    split = losses(ep_dir)
+    assert losses(resumed).keys() == {3, 4}
+    for step, loss in losses(resumed).items():
+        assert loss == pytest.approx(split[step], rel=1e-5), (step, loss, split[step])
 
 
 def test_router_load_balancing_loss_is_in_the_loss(folder, tmp_path) -> None:

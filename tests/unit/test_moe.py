@@ -164,7 +164,7 @@ def _messages(*argv: str) -> list[str]:
                 "launcher.nproc=2",
                 "parallel.ep_size=2",
             ],
-            "trains its experts whole on every rank",
+            "is dense",
         ),
         (
             [

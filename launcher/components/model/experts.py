@@ -11,6 +11,7 @@ arrivals by expert, computes, and returns the outputs by the inverse all-to-all,
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -51,10 +52,23 @@ def _exchange(rows: torch.Tensor, receive: list[int], send: list[int], group: Pr
     return wait_tensor(all_to_all_single_autograd(rows.contiguous(), receive, send, group))
 
 
+ExpertsFn = Callable[[torch.Tensor, list[int]], torch.Tensor]
+"""Rows sorted by this rank's experts and the rows per expert -> their outputs (a family's expert MLP)."""
+
+
 def dispatch_compute_combine(
-    rows: torch.Tensor, counts: torch.Tensor, w_up: torch.Tensor, w_down: torch.Tensor, ep: ExpertGroup
+    rows: torch.Tensor,
+    counts: torch.Tensor,
+    w_up: torch.Tensor,
+    w_down: torch.Tensor,
+    ep: ExpertGroup,
+    *,
+    experts: ExpertsFn | None = None,
 ) -> torch.Tensor:
-    """Rows sorted by global expert ([sum(counts), d], counts [E]) through experts held across the group."""
+    """Rows sorted by global expert ([sum(counts), d], counts [E]) through experts held across the group.
+
+    `experts` computes the arrivals (a Hugging Face family's gated MLP); None: `expert_mlp` with w_up and w_down.
+    """
     local = counts.numel() // ep.size
     arriving = torch.empty_like(counts)
     dist.all_to_all_single(arriving, counts, group=ep.group)  # [source rank x local expert]
@@ -64,8 +78,8 @@ def dispatch_compute_combine(
     chunks = _exchange(rows, receive, send, ep.group).split([n for row in table for n in row])
     by_expert = [chunks[s * local + e] for e in range(local) for s in range(ep.size)]
     per_expert = [sum(table[s][e] for s in range(ep.size)) for e in range(local)]
-    done = expert_mlp(torch.cat(by_expert), w_up, w_down, per_expert).split(
-        [table[s][e] for e in range(local) for s in range(ep.size)]
-    )
+    arrived = torch.cat(by_expert)
+    out = experts(arrived, per_expert) if experts else expert_mlp(arrived, w_up, w_down, per_expert)
+    done = out.split([table[s][e] for e in range(local) for s in range(ep.size)])
     by_source = [done[e * ep.size + s] for s in range(ep.size) for e in range(local)]
     return _exchange(torch.cat(by_source), send, receive, ep.group)

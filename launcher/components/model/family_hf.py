@@ -152,7 +152,7 @@ def tp_plan(model: nn.Module, *, sequence_parallel: bool) -> TensorParallelPlan:
 
 
 def ep_plan(model: nn.Module) -> dict[str, ParallelStyle] | None:
-    """None: no expert parallelism for transformers' families yet."""
+    """None: expert parallelism splits transformers' experts modules as launcher.parallel.expert_parallel's sites."""
     return None
 
 
