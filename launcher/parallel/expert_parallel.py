@@ -181,9 +181,14 @@ def expert_mesh(world: DeviceMesh, ep_size: int) -> DeviceMesh:
     of a group holds the same experts and tokens): the dp_shard (x cp) axis is unflattened into "replica"
     (the ranks holding the same experts) and "ep" (ep_size consecutive data ranks).
     """
-    from launcher.parallel.fsdp import data_mesh
-
-    data = data_mesh(world, 1, world["cp"].size())
+    shard = "dp_shard"
+    if world["cp"].size() > 1:  # FSDP2's shard axis under context parallel (launcher.parallel.fsdp.data_mesh)
+        shard = "dp_shard_cp"
+        try:
+            world[shard]
+        except KeyError:  # flattened once per mesh
+            world["dp_shard", "cp"]._flatten(shard)
+    data = world[shard]
     return data._unflatten(0, (data.size() // ep_size, ep_size), ("replica", "ep"))
 
 
