@@ -5,7 +5,8 @@ at least one MoE block, widths and coefficients in range. model.moe is the built
 folder's config.json decides its own experts. What the MoE blocks do not compose with yet is refused with
 the reason: sequence parallelism (a router takes whole sequences; tensor parallel without it splits the
 attention and dense MLPs and keeps routers and experts whole), a capacity factor under context parallel
-(each rank routes only its chunks of the sequences), DeepSpeed (its engine owns the gradient reduction), torch.compile (the
+(each rank routes only its chunks of the sequences), the zero_bubble pipeline schedule (it detaches the stage
+outputs the auxiliary losses ride on), DeepSpeed (its engine owns the gradient reduction), torch.compile (the
 routing's per-step bookkeeping breaks its graphs), and objectives other than sft (the auxiliary losses
 are counted per trained token). Expert parallelism (parallel.ep_size) needs experts to split, a world
 size and an expert count it divides, and DDP or FSDP2 (the strategies it is built on so far); with tensor
@@ -96,6 +97,7 @@ def _numbers(spec: RunSpec, hw: Hardware) -> Iterator[SpecError]:
 
 _WHY_NOT = (
     ("parallel.sequence_parallel", lambda s: s.parallel.tp_size > 1 and s.parallel.sequence_parallel, "a router takes whole sequences (its auxiliary losses are per sequence), and sequence parallelism hands each tensor-parallel rank a shard of them", "parallel.sequence_parallel=false"),
+    ("parallel.pp_schedule", lambda s: s.parallel.pp_size > 1 and s.parallel.pp_schedule == "zero_bubble", "zero_bubble splits each stage's backward in two and detaches the stage's outputs in place, which the auxiliary losses each stage attaches to its output do not survive", "parallel.pp_schedule=1f1b or interleaved_1f1b"),
     ("model.moe.capacity_factor", lambda s: s.parallel.cp_size > 1 and s.model.moe.capacity_factor is not None, "an expert's capacity counts a micro batch's assignments, and each context-parallel rank routes only its chunks of the sequences", "model.moe.capacity_factor=null (dropless) or parallel.cp_size=1"),
     ("parallel.strategy", lambda s: s.parallel.method.owns_engine, "DeepSpeed's engine owns the gradient reduction, which the experts' does not fit yet", "`parallel=fsdp` or `parallel=ddp`"),
     ("compile.mode", lambda s: s.compile.mode != "off", "the routing's per-step bookkeeping breaks torch.compile's graphs", "compile.mode=off"),

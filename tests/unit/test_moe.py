@@ -209,6 +209,17 @@ def _messages(*argv: str) -> list[str]:
             ],
             "model.moe.capacity_factor",
         ),
+        (
+            [
+                "model=gpt_moe_tiny",
+                "parallel=pp",
+                "parallel.pp_schedule=zero_bubble",
+                "parallel.pp_stages_per_rank=2",
+                "launcher=local",
+                "launcher.nproc=2",
+            ],
+            "parallel.pp_schedule",
+        ),
     ],
 )
 def test_bad_moe_specs_are_refused_before_launch(argv: list[str], expected: str) -> None:
