@@ -84,10 +84,13 @@ def parallelize(
     # 0. context parallel: the part's attention gathers keys and values over the mesh's cp axis
     if dims.cp > 1:
         from launcher.components.model.context_parallel import ContextGroup
+        from launcher.components.model.moe_balance import moe_blocks
 
         part.context_parallel = ContextGroup(
             group=mesh["cp"].get_group(), rank=dims.cp_rank(dist.rank), size=dims.cp
         )
+        for block in moe_blocks(part).values():  # their per-row auxiliary losses sum over the group
+            block.context_parallel = part.context_parallel
     # 0b. expert parallel: this rank keeps its slice of each MoE block's experts; the tokens travel to them
     if spec.parallel.ep_size > 1:
         from launcher.components.model import hf_expert_parallel

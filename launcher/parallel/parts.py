@@ -139,12 +139,17 @@ class PartsStrategy:
         (self.scaler.scale(loss) if self.scaler else loss).backward()
 
     def _clip(self, params: list[torch.Tensor], max_norm: float | None) -> torch.Tensor:
-        """Clip by the norm of every stage's gradients together (the tied matrix once); returns that norm."""
-        counted = [p.grad for p in params if id(p) not in self._uncounted]
-        norm = torch.nn.utils.get_total_norm(counted, foreach=True)
-        if isinstance(norm, DTensor):
-            norm = norm.full_tensor()
-        squared = norm.to(torch.float32) ** 2
+        """Clip by the norm of every stage's gradients together (the tied matrix once, each stage's experts
+        over their group); returns that norm."""
+        if self.experts is not None:  # this stage's norm, its expert slices' over their group (no clipping)
+            stage = self.experts.clip([p for p in params if id(p) not in self._uncounted], None)
+            squared = stage.to(torch.float32) ** 2
+        else:
+            counted = [p.grad for p in params if id(p) not in self._uncounted]
+            norm = torch.nn.utils.get_total_norm(counted, foreach=True)
+            if isinstance(norm, DTensor):
+                norm = norm.full_tensor()
+            squared = norm.to(torch.float32) ** 2
         dist.all_reduce(squared, group=self.pp_group)
         total = squared.sqrt()
         if max_norm is not None:
@@ -166,7 +171,7 @@ class PartsStrategy:
         clip = self._clip if self.pipelined else None
         if self.experts is not None:  # expert slices: reduced over their replicas, normed over their group
             self.experts.sync_grads()
-            clip = self.experts.clip
+            clip = self._clip if self.pipelined else self.experts.clip
         return guarded_step(
             self.model.parameters(),
             self.optimizer,

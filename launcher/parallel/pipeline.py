@@ -12,7 +12,8 @@ How the loop's contracts hold across stages:
 
 - loss: the last stage asks the run's objective for the summed loss and divides by the step's
   trained tokens (the loop's normalizer), so pipeline micro batches and accumulation add up
-  token-exactly; the schedule's own gradient scaling is off. Accumulation runs whole pipeline steps;
+  token-exactly; the schedule's own gradient scaling is off. MoE blocks' auxiliary losses are added by
+  the stage holding them (launcher.parallel.pipeline_aux). Accumulation runs whole pipeline steps;
   FSDP2 and DDP reduce gradients at the end of each (torch's stage drives their sync flags).
 - clipping, the non-finite guard, fp16 and checkpoints: launcher.parallel.parts (the global norm
   over the pipeline group, the tied embedding once; DCP under the whole model's names).
@@ -27,10 +28,12 @@ import torch.distributed as dist
 from torch import nn
 
 from launcher.components.metrics import PhaseTimer
+from launcher.components.model.moe_balance import moe_blocks
 from launcher.components.model.shape import model_shape
 from launcher.components.objectives import Objective
 from launcher.components.precision import autocast
 from launcher.parallel.parts import PartsStrategy
+from launcher.parallel.pipeline_aux import StageAuxiliary
 from launcher.parallel.pipeline_split import rank_of_stage
 from launcher.parallel.pipeline_stage import StagePlan
 from launcher.parallel.runner import Batch
@@ -151,11 +154,13 @@ class PipelineRunner:
         p = spec.parallel
         self.plan, self.objective, self.scaler = plan, objective, strategy.scaler
         self.parts = strategy.parts
-        self.model = strategy.model
+        self.model, self.pp_group = strategy.model, strategy.pp_group
         self._precision = _Precision(self.dist.device.type)
         for part in self.parts:
             self._precision.wrap(part)
             _reduce_at_the_last_backward_only(part)
+        # MoE blocks: each stage adds its own auxiliary losses (the last stage's objective sees only its own)
+        self._aux = StageAuxiliary(self.parts, self.scaler) if spec.model.moe.num_experts else None
         device = self.dist.device
         self.schedule_name = p.pp_schedule
         self.block = self.dist.world_size // self.dist.dims.pp
@@ -197,6 +202,9 @@ class PipelineRunner:
             self.forward_backward(batch, 1.0, setup.dtype, _NoTimer())
         for param in self.model.parameters():
             param.grad = None
+        for part in self.parts:  # the MoE blocks' routing record starts with the first real step
+            for block in moe_blocks(part).values():
+                block.reset_interval()
 
     # ----- forward and backward -------------------------------------------------------------------
     def _loss(self, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
@@ -216,11 +224,15 @@ class PipelineRunner:
         self._normalizer, self._sums = normalizer, []
         self._precision.dtype = dtype
         kwargs = {"position_ids": batch["position_ids"]} if "position_ids" in batch else {}
+        if self._aux is not None:
+            kwargs |= self._aux.begin(batch, normalizer)
         self.schedule.step(batch["input_ids"], target=batch["labels"], **kwargs)
         _match_grad_layouts(self.model)
+        aux = self._aux.total(self.pp_group, self.dist.device) if self._aux is not None else None
         if not self._sums:
             return torch.zeros((), device=self.dist.device)
-        return torch.stack(self._sums).sum()
+        loss_sum = torch.stack(self._sums).sum()
+        return loss_sum if aux is None else loss_sum + aux
 
     def _stage_rank(self, stage: int) -> int:
         """The global rank holding `stage` in this rank's data x tensor coordinate."""

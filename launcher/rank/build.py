@@ -61,6 +61,7 @@ from launcher.components.model.on_meta import builds_on_meta
 from launcher.components.objectives import Objective
 from launcher.components.precision import apply_backend_flags, apply_fp8, cast_parameters, train_dtype
 from launcher.components.scheduler import build_scheduler
+from launcher.config.moe import is_moe_block
 from launcher.config.objective import ONLINE
 from launcher.parallel import pretrained
 from launcher.parallel.dims import DistContext
@@ -215,6 +216,7 @@ def build_trainable(spec: RunSpec, dist: DistContext, run_dir: Path | None = Non
 
     on_engine = spec.parallel.engine_partitions_parameters
     search = measure if spec.memory.auto_micro_batch and not on_engine else None
+    stages = parts  # unwrapped: their MoE blocks are the ones the wrapped parts run
     parts = [
         parallelize(part, spec=spec, dist=dist, mesh=mesh, empty=empty, init=init, measure=search)
         for part in parts
@@ -239,17 +241,35 @@ def build_trainable(spec: RunSpec, dist: DistContext, run_dir: Path | None = Non
         dtype=dtype,
         pruner=pruner,
         qat_switch=qat_switch,
-        balance=_balance(model, spec, dist),
+        balance=_balance(model if plan is None else stages, spec, dist),
     )
 
 
-def _balance(model: nn.Module, spec: RunSpec, dist: DistContext) -> MoEBalance | None:
-    """The loss-free balancing and routing record of the model's MoE blocks (None without any)."""
-    blocks = moe_blocks(model)
-    if not blocks:
+def _balance(model: nn.Module | list[nn.Module], spec: RunSpec, dist: DistContext) -> MoEBalance | None:
+    """The loss-free balancing and routing record of the model's MoE blocks (None without any).
+
+    `model` is the whole model, or this rank's pipeline stages: then every stage's data-parallel ranks
+    count their own blocks' tokens (each block is on one stage), so the record sums over every stage.
+    """
+    if isinstance(model, nn.Module):
+        blocks = moe_blocks(model)
+        if not blocks:
+            return None
+        rate = spec.model.moe.bias_update_rate
+        return MoEBalance(blocks, rate=rate, world_size=dist.world_size, data_sum=dist.data_sum)
+    moe = spec.model.moe
+    if moe.num_experts <= 0:
         return None
-    rate = spec.model.moe.bias_update_rate
-    return MoEBalance(blocks, rate=rate, world_size=dist.world_size, data_sum=dist.data_sum)
+    layout = {i: moe.num_experts for i in range(spec.model.n_layer) if is_moe_block(moe, i)}
+    blocks = {i: block for part in model for i, block in moe_blocks(part).items()}
+    tp_rank = dist.dims.tp_rank(dist.rank)
+
+    def stages_sum(values: list[float]) -> list[float]:  # tensor-parallel peers hold the same tokens
+        return dist.sum([v if tp_rank == 0 else 0.0 for v in values])
+
+    return MoEBalance(
+        blocks, rate=moe.bias_update_rate, world_size=dist.world_size, data_sum=stages_sum, layout=layout
+    )
 
 
 def build(spec: RunSpec, dist: DistContext, run_dir: Path | None = None) -> Components:

@@ -4,13 +4,15 @@ The numbers must describe a router that can choose (1 <= top_k <= num_experts), 
 at least one MoE block, widths and coefficients in range. model.moe is the built-in GPT's: a Hugging Face
 folder's config.json decides its own experts. What the MoE blocks do not compose with yet is refused with
 the reason: sequence parallelism (a router takes whole sequences; tensor parallel without it splits the
-attention and dense MLPs and keeps routers and experts whole), pipelines and context parallel (not built
-for the routing's bookkeeping yet), DeepSpeed (its engine owns the gradient reduction), torch.compile (the
+attention and dense MLPs and keeps routers and experts whole), a capacity factor under context parallel
+(each rank routes only its chunks of the sequences), the zero_bubble pipeline schedule (it detaches the stage
+outputs the auxiliary losses ride on), DeepSpeed (its engine owns the gradient reduction), torch.compile (the
 routing's per-step bookkeeping breaks its graphs), and objectives other than sft (the auxiliary losses
 are counted per trained token). Expert parallelism (parallel.ep_size) needs experts to split, a world
-size and an expert count it divides, and DDP or FSDP2 (the strategies it is built on so far); on a Hugging
-Face folder, one of the MoE families the launcher trains (their experts modules share one forward), without
-tensor parallel, pipelines, context parallel, adapters, quantization or compile.
+size and an expert count it divides, and DDP or FSDP2 (the strategies it is built on so far); with tensor
+parallel or pipeline stages the ep groups are data-parallel ranks sharing those coordinates, one stage a rank.
+On a Hugging Face folder, one of the MoE families the launcher trains (their experts modules share one
+forward), without tensor parallel, pipelines, context parallel, adapters, quantization or compile.
 """
 
 from __future__ import annotations
@@ -95,8 +97,8 @@ def _numbers(spec: RunSpec, hw: Hardware) -> Iterator[SpecError]:
 
 _WHY_NOT = (
     ("parallel.sequence_parallel", lambda s: s.parallel.tp_size > 1 and s.parallel.sequence_parallel, "a router takes whole sequences (its auxiliary losses are per sequence), and sequence parallelism hands each tensor-parallel rank a shard of them", "parallel.sequence_parallel=false"),
-    ("parallel.pp_size", lambda s: s.parallel.pp_size > 1, "pipeline stages are not built for the routing's per-step bookkeeping yet", "parallel.pp_size=1"),
-    ("parallel.cp_size", lambda s: s.parallel.cp_size > 1, "context parallel is not built for the routing's per-sequence losses yet", "parallel.cp_size=1"),
+    ("parallel.pp_schedule", lambda s: s.parallel.pp_size > 1 and s.parallel.pp_schedule == "zero_bubble", "zero_bubble splits each stage's backward in two and detaches the stage's outputs in place, which the auxiliary losses each stage attaches to its output do not survive", "parallel.pp_schedule=1f1b or interleaved_1f1b"),
+    ("model.moe.capacity_factor", lambda s: s.parallel.cp_size > 1 and s.model.moe.capacity_factor is not None, "an expert's capacity counts a micro batch's assignments, and each context-parallel rank routes only its chunks of the sequences", "model.moe.capacity_factor=null (dropless) or parallel.cp_size=1"),
     ("parallel.strategy", lambda s: s.parallel.method.owns_engine, "DeepSpeed's engine owns the gradient reduction, which the experts' does not fit yet", "`parallel=fsdp` or `parallel=ddp`"),
     ("compile.mode", lambda s: s.compile.mode != "off", "the routing's per-step bookkeeping breaks torch.compile's graphs", "compile.mode=off"),
     ("objective.name", lambda s: s.objective.name != "sft", "the auxiliary losses are counted per trained token, as sft counts its loss", "objective.name=sft"),
@@ -161,6 +163,14 @@ def _ep_layout(spec: RunSpec) -> Iterator[SpecError]:
             f"data-parallel ranks (the world size {world} over parallel.tp_size x parallel.pp_size = "
             f"{spec.parallel.tp_size} x {spec.parallel.pp_size}) must be a multiple of parallel.ep_size ({ep}). "
             "Change launcher.nproc or parallel.ep_size.",
+        )
+    if spec.parallel.pp_size > 1 and spec.parallel.pp_stages_per_rank > 1:
+        yield SpecError(
+            ("parallel.ep_size", "parallel.pp_stages_per_rank"),
+            "expert parallelism inside pipeline stages is built for one stage per rank; "
+            f"parallel.pp_stages_per_rank={spec.parallel.pp_stages_per_rank} (parallel.pp_schedule="
+            f"{spec.parallel.pp_schedule}) gives each rank several. Use parallel.pp_schedule=1f1b with "
+            "parallel.pp_stages_per_rank=1, or parallel.ep_size=1.",
         )
     if spec.parallel.data_parallel not in ("ddp", "fsdp") or spec.parallel.replicate_degree > 1:
         yield SpecError(

@@ -9,6 +9,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from launcher.components.model.experts import expert_mlp
 from launcher.components.model.gpt import GPT, MLP
 from launcher.components.model.moe import MoE
 from launcher.components.model.moe_balance import MoEBalance, moe_blocks
@@ -185,6 +186,40 @@ def _messages(*argv: str) -> list[str]:
             ],
             "data-parallel ranks",
         ),
+        (
+            [
+                "model=gpt_moe_tiny",
+                "parallel=pp_fsdp",
+                "parallel.pp_schedule=interleaved_1f1b",
+                "parallel.pp_stages_per_rank=2",
+                "launcher=local",
+                "launcher.nproc=4",
+                "parallel.ep_size=2",
+            ],
+            "parallel.pp_stages_per_rank",
+        ),
+        (
+            [
+                "model=gpt_moe_tiny",
+                "parallel=fsdp",
+                "parallel.cp_size=2",
+                "model.moe.capacity_factor=1.25",
+                "launcher=local",
+                "launcher.nproc=2",
+            ],
+            "model.moe.capacity_factor",
+        ),
+        (
+            [
+                "model=gpt_moe_tiny",
+                "parallel=pp",
+                "parallel.pp_schedule=zero_bubble",
+                "parallel.pp_stages_per_rank=2",
+                "launcher=local",
+                "launcher.nproc=2",
+            ],
+            "parallel.pp_schedule",
+        ),
     ],
 )
 def test_bad_moe_specs_are_refused_before_launch(argv: list[str], expected: str) -> None:
@@ -203,6 +238,22 @@ def test_the_presets_pass_the_rules() -> None:
         "parallel.ep_size=2",
     )
     assert _messages(*tp_ep) == []
+    pp_ep = (
+        "model=gpt_moe_tiny",
+        "parallel=pp_fsdp",
+        "launcher=local",
+        "launcher.nproc=4",
+        "parallel.ep_size=2",
+    )
+    assert _messages(*pp_ep) == []
+    cp_ep = (
+        "model=gpt_moe_tiny",
+        "parallel=fsdp",
+        "parallel.cp_size=2",
+        "launcher=local",
+        "launcher.nproc=2",
+    )
+    assert _messages(*cp_ep, "parallel.ep_size=2") == []
     assert (
         _messages(
             "model=gpt_moe_tiny", "parallel=fsdp", "launcher=local", "launcher.nproc=4", "parallel.ep_size=2"
@@ -235,3 +286,12 @@ def test_activation_checkpointing_recomputes_without_counting_twice() -> None:
             torch.equal(a.interval["counts"], b.interval["counts"])
             and float(a.interval["counts"].sum()) == 32
         )
+
+
+def test_experts_without_rows_stay_in_the_graph() -> None:
+    """An ep rank whose experts receive no row still backpropagates through its all-to-alls (the others wait in them)."""
+    rows = torch.randn(0, 4, requires_grad=True)
+    out = expert_mlp(rows, torch.randn(2, 4, 8, requires_grad=True), torch.randn(2, 8, 4), [0, 0])
+    assert out.shape == (0, 4) and out.requires_grad
+    out.sum().backward()
+    assert rows.grad is not None and rows.grad.shape == (0, 4)

@@ -10,7 +10,7 @@ expert keeps the first ceil(factor x assignments / E) of a micro batch's assignm
 the rest are dropped.
 
 The auxiliary losses (load balancing, Switch/Mixtral form, and the router z-loss) are computed per
-sequence (row), so a step's loss does not depend on how its rows are split over ranks and micro batches;
+sequence (row; under context parallel its sums added over the group), so a step's loss does not depend on how its rows are split over ranks and micro batches;
 a training forward leaves them in `pending` for the objective (launcher.components.objectives.auxiliary)
 and adds its expert counts to `step_counts` (the bias update, launcher.components.model.moe_balance) and
 to the log interval's sums. Forwards without gradients (evaluation, decoding) and the recomputation of
@@ -27,6 +27,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.distributed.tensor import DTensor
 
+from launcher.components.model.context_parallel import ContextGroup
 from launcher.components.model.experts import ExpertGroup, dispatch_compute_combine, expert_mlp
 from launcher.config.model import ModelConfig, expert_width
 
@@ -70,6 +71,8 @@ class MoE(nn.Module):
         self.w_down = nn.Parameter(torch.empty(moe.num_experts, width, cfg.d_model))
         self.shared = shared
         self.dropout = nn.Dropout(cfg.dropout)
+        self.context_parallel: ContextGroup | None = None
+        """Set under context parallel (launcher.parallel.parallelize): the auxiliary losses sum each row over it."""
         self.expert_group: ExpertGroup | None = None
         """Set under expert parallelism (launcher.parallel.expert_parallel): w_up and w_down hold this rank's experts."""
         self.pending: torch.Tensor | None = None
@@ -141,9 +144,13 @@ class MoE(nn.Module):
         saved) and keeps nothing: the forward's own losses are the ones the objective took.
         """
         hits = F.one_hot(chosen, self.num_experts).sum(1).reshape(batch, seq, -1).float()  # [B, T, E]
-        load = hits.mean(1) / self.top_k  # fraction of each row's assignments per expert
-        aux = self.num_experts * (load * probs.reshape(batch, seq, -1).mean(1)).sum(-1)  # [B]
-        z = torch.logsumexp(logits, -1).square().reshape(batch, seq).mean(1)  # [B]
+        if self.context_parallel is None:
+            load = hits.mean(1) / self.top_k  # fraction of each row's assignments per expert
+            mean_probs = probs.reshape(batch, seq, -1).mean(1)
+            z = torch.logsumexp(logits, -1).square().reshape(batch, seq).mean(1)  # [B]
+        else:
+            load, mean_probs, z = self._whole_rows(hits, probs, logits, batch, seq)
+        aux = self.num_experts * (load * mean_probs).sum(-1)  # [B]
         pending = self.aux_loss_coef * aux + self.z_loss_coef * z
         if _in_backward():
             return
@@ -156,6 +163,30 @@ class MoE(nn.Module):
             sums["aux"] += aux.detach().sum().double()
             sums["z"] += z.detach().sum().double()
             sums["rows"] += batch
+
+    def _whole_rows(
+        self, hits: torch.Tensor, probs: torch.Tensor, logits: torch.Tensor, batch: int, seq: int
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Context parallel: each row's load, mean probabilities and z-loss over its whole sequence.
+
+        This rank holds chunks of every row; the per-row sums are added over the group (differentiably:
+        the gradient of every rank's term reaches each rank's router), so every rank of the group holds the
+        whole row's auxiliary losses, which the objective weights by this rank's trained tokens of the row.
+        """
+        from torch.distributed._functional_collectives import all_reduce, wait_tensor
+
+        group, experts = self.context_parallel, self.num_experts
+        sums = torch.cat(
+            [
+                hits.sum(1) / self.top_k,
+                probs.reshape(batch, seq, -1).sum(1),
+                torch.logsumexp(logits, -1).square().reshape(batch, seq).sum(1, keepdim=True),
+            ],
+            dim=-1,
+        )  # [B, 2E + 1]
+        sums = wait_tensor(all_reduce(sums, "sum", group.group)) / (seq * group.size)
+        load, mean_probs, z = sums.split([experts, experts, 1], dim=-1)
+        return load, mean_probs, z.squeeze(-1)
 
     def take_pending(self) -> torch.Tensor | None:
         """The last training forward's weighted auxiliary losses per row, handed over once."""
