@@ -114,12 +114,13 @@ class MoE(nn.Module):
         else:  # this rank's experts (under FSDP2 DTensor slices of the whole)
             w_up, w_down = (w.to_local() if isinstance(w, DTensor) else w for w in (self.w_up, self.w_down))
             rows = dispatch_compute_combine(flat[token], counts, w_up, w_down, self.expert_group)
-        combined = torch.zeros_like(flat).index_add_(
+        combined = x.new_zeros(x.shape)  # not a view of the flat rows: FSDP2 warns of a module returning one
+        combined.view(-1, d).index_add_(
             0, token, rows * weights.reshape(-1)[keep][order, None].to(rows.dtype)
         )
         if self.training and torch.is_grad_enabled():
             self._account(logits, probs, chosen, counts, batch, seq)
-        out = combined.reshape(batch, seq, d).to(x.dtype)
+        out = combined
         if self.shared is not None:
             out = out + self.shared(x)
         return self.dropout(out)
