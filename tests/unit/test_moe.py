@@ -9,7 +9,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from launcher.components.model.experts import expert_mlp
+from launcher.components.model.experts import expert_mlp, grouped_gemm_available, grouped_mlp
 from launcher.components.model.gpt import GPT, MLP
 from launcher.components.model.moe import MoE
 from launcher.components.model.moe_balance import MoEBalance, moe_blocks
@@ -295,3 +295,22 @@ def test_experts_without_rows_stay_in_the_graph() -> None:
     assert out.shape == (0, 4) and out.requires_grad
     out.sum().backward()
     assert rows.grad is not None and rows.grad.shape == (0, 4)
+
+
+@pytest.mark.parametrize("counts", [[3, 0, 4, 3], [0, 0, 0, 10], [1, 2, 3, 4]])
+def test_the_grouped_gemm_equals_the_loop_with_empty_experts_and_strided_gradients(counts: list[int]) -> None:
+    torch.manual_seed(0)
+    n = sum(counts)
+    x, w_up, w_down = (
+        torch.randn(*shape, requires_grad=True) for shape in ((n, 16), (4, 16, 32), (4, 32, 16))
+    )
+    grad = torch.randn(16, n).t()  # a transposed (non-contiguous) incoming gradient, as a broadcast one is
+    results = []
+    for fn in (grouped_mlp, expert_mlp):  # on the CPU expert_mlp is the loop
+        out = fn(x, w_up, w_down, counts)
+        out.backward(grad)
+        results.append((out.detach(), *(t.grad.clone() for t in (x, w_up, w_down))))
+        x.grad = w_up.grad = w_down.grad = None
+    for grouped, loop in zip(*results, strict=True):
+        torch.testing.assert_close(grouped, loop, rtol=1e-5, atol=1e-5)
+    assert not grouped_gemm_available(x, w_up)  # CPU: the loop (torch's grouped kernel is no faster there)
