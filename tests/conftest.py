@@ -169,6 +169,22 @@ def losses(run_dir: Path) -> dict[int, float]:
     return {r["step"]: r["loss"] for r in read_metrics(run_dir / "metrics.jsonl") if "loss" in r}
 
 
+def rank_losses(args: list[str], run_dir: Path, nproc: int = 2, timeout: int = 900) -> dict[int, float]:
+    """step -> training loss of `nproc` real ranks through the local backend (the run must succeed)."""
+    proc = run_ranks(
+        [*args, "launcher=local", f"launcher.nproc={nproc}"], run_dir, nproc=nproc, timeout=timeout
+    )
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return losses(run_dir)
+
+
+def assert_same_losses(run: dict[int, float], reference: dict[int, float], steps: int = 3) -> None:
+    """Both runs logged steps 1..steps, each loss equal to the reference's to 1e-5 (relative)."""
+    assert run.keys() == reference.keys() == set(range(1, steps + 1))
+    for step, loss in reference.items():
+        assert run[step] == pytest.approx(loss, rel=1e-5), (step, run[step], loss)
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Skip tests marked `gpu` where no CUDA device is visible (CI has none)."""
     import torch

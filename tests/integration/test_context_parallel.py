@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from data_assets import text_records, write_jsonl
 
-from conftest import TINY, losses, run_inline, run_ranks
+from conftest import TINY, assert_same_losses, losses, rank_losses, run_inline
 
 BASE = [
     *TINY, "train.max_steps=3", "train.eval_every=3", "train.eval_batches=1", "checkpoint.every=2",
@@ -38,33 +38,23 @@ def reference(tmp_path_factory, packed: list[str]) -> Path:
     return run_dir
 
 
-def _ranks(args: list[str], run_dir: Path, nproc: int) -> dict[int, float]:
-    proc = run_ranks([*args, "launcher=local", f"launcher.nproc={nproc}"], run_dir, nproc=nproc, timeout=600)
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    return losses(run_dir)
-
-
-def _same(run: dict[int, float], reference: dict[int, float]) -> None:
-    assert run.keys() == reference.keys() == {1, 2, 3}
-    for step, loss in reference.items():
-        assert run[step] == pytest.approx(loss, rel=1e-5), (step, run[step], loss)
-
-
 def test_cp2_with_packed_documents_matches_one_process_and_resumes_bitwise(
     packed, reference, tmp_path
 ) -> None:
     """cp=2 on 2 ranks: attention stays inside each document across the chunk borders."""
     cp2 = [*packed, "train.micro_batch_size=8", "parallel.cp_size=2"]
-    straight = _ranks(cp2, tmp_path / "straight", 2)
-    _same(straight, losses(reference))
+    straight = rank_losses(cp2, tmp_path / "straight", 2)
+    assert_same_losses(straight, losses(reference))
     step_2 = tmp_path / "straight" / "checkpoints" / "step_2"
-    resumed = _ranks([*cp2, f"resume={step_2}"], tmp_path / "resumed", 2)
+    resumed = rank_losses([*cp2, f"resume={step_2}"], tmp_path / "resumed", 2)
     assert resumed == {3: straight[3]}
 
 
 def test_cp2_by_fsdp2_matches_one_process(packed, reference, tmp_path) -> None:
     """4 ranks: 2 data-parallel groups of 4 sequences, each sequence over 2 cp ranks; the held-out loss too."""
-    _same(_ranks([*packed, "parallel=fsdp", "parallel.cp_size=2"], tmp_path / "cp", 4), losses(reference))
+    assert_same_losses(
+        rank_losses([*packed, "parallel=fsdp", "parallel.cp_size=2"], tmp_path / "cp", 4), losses(reference)
+    )
     evals = [
         json.loads((run / "summary.json").read_text())["eval_loss"] for run in (reference, tmp_path / "cp")
     ]

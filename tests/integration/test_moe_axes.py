@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import TINY, losses, run_inline, run_ranks
+from conftest import TINY, assert_same_losses, losses, rank_losses, run_inline
 from launcher.components.metrics import read_metrics
 
 BASE = [
@@ -33,22 +33,12 @@ def _one_process(args: list[str], run_dir: Path) -> dict[int, float]:
     return losses(run_dir)
 
 
-def _ranks(args: list[str], run_dir: Path, nproc: int) -> dict[int, float]:
-    proc = run_ranks([*args, "launcher=local", f"launcher.nproc={nproc}"], run_dir, nproc=nproc, timeout=900)
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    return losses(run_dir)
-
-
-def _same(run: dict[int, float], reference: dict[int, float]) -> None:
-    assert run.keys() == reference.keys() == {1, 2, 3}
-    for step, loss in reference.items():
-        assert run[step] == pytest.approx(loss, rel=1e-5), (step, run[step], loss)
-
-
 def test_tensor_parallel_keeps_experts_whole_and_matches_one_process(tmp_path) -> None:
     """Both tp ranks route the same tokens: one process's losses and routing record, counted once."""
     reference = _one_process(BASE, tmp_path / "one")
-    _same(_ranks([*BASE, "parallel=tp", "train.micro_batch_size=8"], tmp_path / "tp", 2), reference)
+    assert_same_losses(
+        rank_losses([*BASE, "parallel=tp", "train.micro_batch_size=8"], tmp_path / "tp", 2), reference
+    )
     records = [read_metrics(d / "metrics.jsonl")[-1] for d in (tmp_path / "tp", tmp_path / "one")]
     assert records[0]["moe_load/1"] == pytest.approx(records[1]["moe_load/1"])
     assert records[0]["moe_aux_loss"] == pytest.approx(records[1]["moe_aux_loss"], rel=1e-5)
@@ -60,7 +50,7 @@ def test_expert_parallel_by_tensor_parallel_by_fsdp2_matches_one_process_and_res
     the shared expert split like a dense MLP. The DCP checkpoint holds whole experts: one process resumes it."""
     reference = _one_process([*BASE, *MIXED], tmp_path / "one")
     args = [*BASE, *MIXED, "parallel=tp_fsdp", "parallel.ep_size=2", "train.micro_batch_size=4"]
-    _same(_ranks(args, tmp_path / "ep_tp", 4), reference)
+    assert_same_losses(rank_losses(args, tmp_path / "ep_tp", 4), reference)
     step_2 = tmp_path / "ep_tp" / "checkpoints" / "step_2"
     resumed = _one_process([*BASE, *MIXED, f"resume={step_2}"], tmp_path / "ep1")
     assert resumed[3] == pytest.approx(reference[3], rel=1e-5)
@@ -71,7 +61,9 @@ def test_pipeline_stages_add_their_own_auxiliary_losses(tmp_path) -> None:
     """2 stages: block 0 dense on the first, block 1 an MoE block with a shared expert on the last; the loss
     (auxiliary included), the routing record and the bias updates are one process's."""
     reference = _one_process([*BASE, *MIXED], tmp_path / "one")
-    _same(_ranks([*BASE, *MIXED, "parallel=pp", "train.micro_batch_size=8"], tmp_path / "pp", 2), reference)
+    assert_same_losses(
+        rank_losses([*BASE, *MIXED, "parallel=pp", "train.micro_batch_size=8"], tmp_path / "pp", 2), reference
+    )
     records = [read_metrics(d / "metrics.jsonl")[-1] for d in (tmp_path / "pp", tmp_path / "one")]
     assert records[0]["moe_aux_loss"] == pytest.approx(records[1]["moe_aux_loss"], rel=1e-5)
 
@@ -82,7 +74,7 @@ def test_expert_parallel_inside_pipeline_stages_under_fsdp2(tmp_path) -> None:
     losses reaching the loss through its own backward."""
     reference = _one_process(BASE, tmp_path / "one")
     args = [*BASE, "parallel=pp_fsdp", "parallel.ep_size=2", "train.micro_batch_size=4"]
-    _same(_ranks(args, tmp_path / "pp_ep", 4), reference)
+    assert_same_losses(rank_losses(args, tmp_path / "pp_ep", 4), reference)
 
 
 @pytest.mark.extended  # the tp test above proves the per-row auxiliary losses on 2 ranks; here each row is split
@@ -91,7 +83,7 @@ def test_context_parallel_sums_each_rows_auxiliary_losses_with_expert_parallel(t
     sequence, the per-row sums are added over the cp group, the tokens travel to their experts."""
     reference = _one_process(BASE, tmp_path / "one")
     args = [*BASE, "parallel=fsdp", "parallel.cp_size=2", "parallel.ep_size=2", "train.micro_batch_size=8"]
-    _same(_ranks(args, tmp_path / "cp_ep", 2), reference)
+    assert_same_losses(rank_losses(args, tmp_path / "cp_ep", 2), reference)
     records = [read_metrics(d / "metrics.jsonl")[-1] for d in (tmp_path / "cp_ep", tmp_path / "one")]
     assert records[0]["moe_aux_loss"] == pytest.approx(records[1]["moe_aux_loss"], rel=1e-5)
     assert records[0]["moe_load/1"] == pytest.approx(records[1]["moe_load/1"])

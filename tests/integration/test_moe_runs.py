@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import TINY, losses, run_inline, run_ranks
+from conftest import TINY, assert_same_losses, losses, rank_losses, run_inline
 from launcher.components.metrics import read_metrics
 
 BASE = [
@@ -36,18 +36,6 @@ def reference(tmp_path_factory) -> Path:
     return run_dir
 
 
-def _ranks(args: list[str], run_dir: Path) -> dict[int, float]:
-    proc = run_ranks([*args, "launcher=local", "launcher.nproc=2"], run_dir, nproc=2, timeout=600)
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    return losses(run_dir)
-
-
-def _same(run: dict[int, float], reference: dict[int, float]) -> None:
-    assert run.keys() == reference.keys() == {1, 2, 3}
-    for step, loss in reference.items():
-        assert run[step] == pytest.approx(loss, rel=1e-5), (step, run[step], loss)
-
-
 @pytest.fixture(scope="module")
 def ddp(reference, tmp_path_factory) -> tuple[list[str], Path]:
     """2 DDP ranks of 4 sequences each (checked against one process); its arguments and run directory."""
@@ -55,7 +43,7 @@ def ddp(reference, tmp_path_factory) -> tuple[list[str], Path]:
         [*BASE, "parallel=ddp", "train.micro_batch_size=4"],
         tmp_path_factory.mktemp("ddp") / "run",
     )
-    _same(_ranks(args, run_dir), losses(reference))
+    assert_same_losses(rank_losses(args, run_dir), losses(reference))
     return args, run_dir
 
 
@@ -69,13 +57,16 @@ def test_moe_ddp_matches_one_process(reference, ddp) -> None:
 @pytest.mark.extended  # a further run of the DDP test's job; resume of the plain GPT is proved by test_local_ddp
 def test_moe_ddp_resumes_bitwise_with_the_routing_biases(ddp, tmp_path) -> None:
     args, run_dir = ddp
-    resumed = _ranks([*args, f"resume={run_dir / 'checkpoints' / 'step_2'}"], tmp_path / "resumed")
+    resumed = rank_losses([*args, f"resume={run_dir / 'checkpoints' / 'step_2'}"], tmp_path / "resumed")
     assert resumed == {3: losses(run_dir)[3]}
 
 
 @pytest.mark.extended  # the DDP test above proves the property; FSDP2 shards the same blocks
 def test_moe_fsdp_matches_one_process(reference, tmp_path) -> None:
-    _same(_ranks([*BASE, "parallel=fsdp", "train.micro_batch_size=4"], tmp_path / "fsdp"), losses(reference))
+    assert_same_losses(
+        rank_losses([*BASE, "parallel=fsdp", "train.micro_batch_size=4"], tmp_path / "fsdp"),
+        losses(reference),
+    )
 
 
 @pytest.fixture(scope="module")
@@ -83,7 +74,7 @@ def ep2(reference, tmp_path_factory) -> tuple[list[str], Path]:
     """Expert parallel 2 on 2 DDP ranks (each holding 4 of the 8 experts), checked against one process."""
     args = [*BASE, "parallel=ddp", "parallel.ep_size=2", "train.micro_batch_size=4"]
     run_dir = tmp_path_factory.mktemp("ep2") / "run"
-    _same(_ranks(args, run_dir), losses(reference))
+    assert_same_losses(rank_losses(args, run_dir), losses(reference))
     return args, run_dir
 
 
@@ -105,17 +96,13 @@ def test_expert_parallel_matches_one_process_and_its_checkpoint_resumes_at_ep1(
 def test_expert_parallel_resumes_bitwise_and_at_ep4(ep2, tmp_path) -> None:
     args, run_dir = ep2
     step_2 = run_dir / "checkpoints" / "step_2"
-    assert _ranks([*args, f"resume={step_2}"], tmp_path / "again") == {3: losses(run_dir)[3]}
+    assert rank_losses([*args, f"resume={step_2}"], tmp_path / "again") == {3: losses(run_dir)[3]}
     ep4 = [*BASE, "parallel=ddp", "parallel.ep_size=4", "train.micro_batch_size=2", f"resume={step_2}"]
-    proc = run_ranks([*ep4, "launcher=local", "launcher.nproc=4"], tmp_path / "ep4", nproc=4, timeout=600)
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    assert losses(tmp_path / "ep4")[3] == pytest.approx(losses(run_dir)[3], rel=1e-5)
+    assert rank_losses(ep4, tmp_path / "ep4", nproc=4)[3] == pytest.approx(losses(run_dir)[3], rel=1e-5)
 
 
 def _four(args: list[str], run_dir: Path) -> dict[int, float]:
-    proc = run_ranks([*args, "launcher=local", "launcher.nproc=4"], run_dir, nproc=4, timeout=600)
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    return losses(run_dir)
+    return rank_losses(args, run_dir, nproc=4)
 
 
 FSDP_EP2 = [*BASE, "parallel=fsdp", "parallel.ep_size=2", "train.micro_batch_size=2"]
@@ -125,7 +112,7 @@ FSDP_EP2 = [*BASE, "parallel=fsdp", "parallel.ep_size=2", "train.micro_batch_siz
 def fsdp_ep2(reference, tmp_path_factory) -> Path:
     """parallel=fsdp parallel.ep_size=2 on 4 ranks (checked against one process); its run directory."""
     run_dir = tmp_path_factory.mktemp("fsdp_ep2") / "run"
-    _same(_four(FSDP_EP2, run_dir), losses(reference))
+    assert_same_losses(_four(FSDP_EP2, run_dir), losses(reference))
     norms = [
         [r["grad_norm"] for r in read_metrics(d / "metrics.jsonl") if "grad_norm" in r]
         for d in (run_dir, reference)
