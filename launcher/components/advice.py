@@ -144,6 +144,7 @@ class Advisor:
         enabled: bool = True,
         bf16_capable: bool | None = None,
         moe_load_ceiling: float = 0.0,
+        moe_folder: bool = False,
     ) -> None:
         self.console, self.enabled = context.console, enabled
         self.given: list[Advice] = []
@@ -154,7 +155,9 @@ class Advisor:
         resumed = context.session > 0 or context.start_step > 0
         previous = read_state(context.run_dir, self._warn) if resumed else None
         write_state(context.run_dir, global_batch=global_batch, lr=lr)
-        self.rules = record_rules(bf16_capable=bf16_capable, moe_load_ceiling=moe_load_ceiling)
+        self.rules = record_rules(
+            bf16_capable=bf16_capable, moe_load_ceiling=moe_load_ceiling, moe_folder=moe_folder
+        )
         start = precision_advice(precision, context.device_type, bf16_capable=bf16_capable)
         batch = batch_advice(previous, global_batch=global_batch, lr=lr, optimizer=optimizer)
         if batch:

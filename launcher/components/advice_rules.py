@@ -303,9 +303,9 @@ class ChosenFalling:
         )
 
 
-def record_rules(*, bf16_capable: bool, moe_load_ceiling: float = 0.0) -> list[Any]:
+def record_rules(*, bf16_capable: bool, moe_load_ceiling: float = 0.0, moe_folder: bool = False) -> list[Any]:
     """Every rule over training records, in the order they are checked (`moe_load_ceiling`: num_experts / top_k
-    of the model's MoE blocks, 0 without)."""
+    of the model's MoE blocks, 0 without; `moe_folder`: they are a Hugging Face folder's MoE layers)."""
     return [
         DataWait(),
         Spike("loss"),
@@ -317,5 +317,5 @@ def record_rules(*, bf16_capable: bool, moe_load_ceiling: float = 0.0) -> list[A
         PreferenceStuck(),
         ChosenFalling(),
         *rl_rules(),
-        *moe_rules(load_ceiling=moe_load_ceiling),
+        *moe_rules(load_ceiling=moe_load_ceiling, folder=moe_folder),
     ]

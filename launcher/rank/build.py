@@ -54,6 +54,7 @@ from launcher.components.data.sequences import PackedSequences, check_held_out
 from launcher.components.data.tokens import Corpus, build_cache, load_corpus, uses_cache
 from launcher.components.model.build import build_model, flops_per_token
 from launcher.components.model.context_parallel import shard_batch
+from launcher.components.model.hf_routing import HFRouting, routing
 from launcher.components.model.long_context import loss_chunking_bypass
 from launcher.components.model.meta_init import build_on_meta
 from launcher.components.model.moe_balance import MoEBalance, moe_blocks
@@ -175,8 +176,8 @@ class Trainable:
     """The training dtype, decided once here; every builder and the loop get it from here."""
     pruner: prune.Pruner | None
     qat_switch: Callable[[int], None] | None
-    balance: MoEBalance | None = None
-    """The MoE blocks' bias update and routing record (None: a model without experts)."""
+    balance: MoEBalance | HFRouting | None = None
+    """The MoE blocks' bias update and routing record, or a folder's MoE layers' record (None: no experts)."""
 
 
 def build_trainable(spec: RunSpec, dist: DistContext, run_dir: Path | None = None) -> Trainable:
@@ -245,8 +246,13 @@ def build_trainable(spec: RunSpec, dist: DistContext, run_dir: Path | None = Non
     )
 
 
-def _balance(model: nn.Module | list[nn.Module], spec: RunSpec, dist: DistContext) -> MoEBalance | None:
+def _balance(
+    model: nn.Module | list[nn.Module], spec: RunSpec, dist: DistContext
+) -> MoEBalance | HFRouting | None:
     """The loss-free balancing and routing record of the model's MoE blocks (None without any).
+
+    A Hugging Face folder's MoE layers get their routing record (launcher.components.model.hf_routing)
+    when the model is whole on the rank's stage (not pipelined).
 
     `model` is the whole model, or this rank's pipeline stages: then every stage's data-parallel ranks
     count their own blocks' tokens (each block is on one stage), so the record sums over every stage.
@@ -254,7 +260,7 @@ def _balance(model: nn.Module | list[nn.Module], spec: RunSpec, dist: DistContex
     if isinstance(model, nn.Module):
         blocks = moe_blocks(model)
         if not blocks:
-            return None
+            return routing(model, dist.data_sum) if spec.model.kind == "hf" else None
         rate = spec.model.moe.bias_update_rate
         return MoEBalance(blocks, rate=rate, world_size=dist.world_size, data_sum=dist.data_sum)
     moe = spec.model.moe

@@ -31,5 +31,18 @@ def advisor(spec: RunSpec, context: RunContext) -> Advisor:
         lr=spec.optimizer.lr,
         optimizer=spec.optimizer.name,
         enabled=t.advice,
-        moe_load_ceiling=moe.num_experts / moe.top_k if moe.num_experts else 0.0,
+        moe_load_ceiling=moe.num_experts / moe.top_k if moe.num_experts else _folder_load_ceiling(spec),
+        moe_folder=spec.model.kind == "hf",
     )
+
+
+def _folder_load_ceiling(spec: RunSpec) -> float:
+    """A Hugging Face MoE folder's highest per-layer load (experts over experts per token); 0: none or no folder."""
+    from launcher.components.model import hf_experts, hf_files
+
+    folder = hf_files.local_dir(spec.model) if spec.model.kind == "hf" else None
+    if folder is None:
+        return 0.0
+    config = hf_files.read_local_config(folder)
+    experts, top_k = hf_experts.num_experts(config), hf_experts.experts_per_token(config)
+    return experts / top_k if experts and top_k else 0.0

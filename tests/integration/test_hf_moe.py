@@ -166,6 +166,13 @@ def test_expert_parallel_trains_like_one_process_and_exports_its_logits(
         assert split[step] == pytest.approx(loss, rel=1e-5), (step, split[step], loss)
     held = [read_metrics(d / "metrics.jsonl")[-1]["param_bytes"] for d in (ep_dir, one_dir)]
     assert held[0] < held[1]  # the experts are split
+    # the per-layer expert load: each rank counts its tokens' choices before they travel, summed over the ranks
+    loads = [[r for r in read_metrics(d / "metrics.jsonl") if "moe_load/0" in r] for d in (ep_dir, one_dir)]
+    assert len(loads[0]) == len(loads[1]) == 4
+    for got, want in zip(*loads, strict=True):
+        layers = sorted(k for k in want if k.startswith("moe_load"))
+        assert layers == sorted(k for k in got if k.startswith("moe_load")) and len(layers) > 2
+        assert all(want[k] >= 1.0 and got[k] == pytest.approx(want[k], rel=1e-6) for k in layers)
     out = root / "exported"
     assert export.main([str(ep_dir), str(out), "--format", "hf"]) == 0
     loaded = transformers.AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32).eval()

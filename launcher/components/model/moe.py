@@ -32,7 +32,7 @@ from launcher.components.model.experts import ExpertGroup, dispatch_compute_comb
 from launcher.config.model import ModelConfig, expert_width
 
 
-def _in_backward() -> bool:
+def in_backward() -> bool:
     """Whether autograd's engine is running this code (activation checkpointing recomputing a forward)."""
     return torch._C._current_graph_task_id() != -1
 
@@ -153,7 +153,7 @@ class MoE(nn.Module):
             load, mean_probs, z = self._whole_rows(hits, probs, logits, batch, seq)
         aux = self.num_experts * (load * mean_probs).sum(-1)  # [B]
         pending = self.aux_loss_coef * aux + self.z_loss_coef * z
-        if _in_backward():
+        if in_backward():
             return
         self.pending = pending
         with torch.no_grad():
