@@ -260,7 +260,7 @@ def _balance(
     if isinstance(model, nn.Module):
         blocks = moe_blocks(model)
         if not blocks:
-            return routing(model, dist.data_sum) if spec.model.kind == "hf" else None
+            return routing(model, dist.data_sum)  # a folder's MoE layers, or None
         rate = spec.model.moe.bias_update_rate
         return MoEBalance(blocks, rate=rate, world_size=dist.world_size, data_sum=dist.data_sum)
     moe = spec.model.moe

@@ -32,7 +32,7 @@ def advisor(spec: RunSpec, context: RunContext) -> Advisor:
         optimizer=spec.optimizer.name,
         enabled=t.advice,
         moe_load_ceiling=moe.num_experts / moe.top_k if moe.num_experts else _folder_load_ceiling(spec),
-        moe_folder=spec.model.kind == "hf",
+        moe_folder=not moe.num_experts,  # any MoE layers are a folder's
     )
 
 
@@ -40,7 +40,7 @@ def _folder_load_ceiling(spec: RunSpec) -> float:
     """A Hugging Face MoE folder's highest per-layer load (experts over experts per token); 0: none or no folder."""
     from launcher.components.model import hf_experts, hf_files
 
-    folder = hf_files.local_dir(spec.model) if spec.model.kind == "hf" else None
+    folder = hf_files.local_dir(spec.model)  # None for a family without folders
     if folder is None:
         return 0.0
     config = hf_files.read_local_config(folder)
