@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import TINY, losses, read_metrics, run_inline, run_ranks, write_spec
+from conftest import TINY, assert_same_losses, losses, read_metrics, run_inline, run_ranks, write_spec
 from launcher.spec import InvalidSpec, load_spec
 
 transformers = pytest.importorskip("transformers")
@@ -117,27 +117,30 @@ def _checkpoint_model(run_dir: Path) -> torch.nn.Module:
     return model.eval()
 
 
+def _assert_export_gives_the_trained_logits(run_dir: Path, out: Path) -> None:
+    """train-export --format hf of the run's last checkpoint: transformers loads it with the trained logits (1e-5)."""
+    from launcher.tools import export
+
+    assert export.main([str(run_dir), str(out), "--format", "hf"]) == 0
+    loaded = transformers.AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32).eval()
+    with torch.no_grad():
+        want = _checkpoint_model(run_dir)(_ids(5))
+        torch.testing.assert_close(loaded(input_ids=_ids(5)).logits, want, rtol=1e-5, atol=1e-5)
+
+
 @pytest.mark.extended  # the default tier's expert-parallel test runs FSDP2 on the same folder and exports it
 @pytest.mark.parametrize("arch", ["qwen3_moe", "mixtral"])
 def test_fsdp2_trains_like_one_process_and_exports_its_logits(folder, tmp_path_factory, arch: str) -> None:
     """FSDP2 on 2 ranks (built empty, experts sharded, filled from rank 0) gives one process's per-step losses
     at the same global batch (1e-5), and train-export's folder gives the trained model's logits (1e-5)."""
-    from launcher.tools import export
 
     root = tmp_path_factory.mktemp(f"{arch}-runs")
     path = folder(arch)
     one = losses(_run(path, root, ["train.micro_batch_size=8"]))
     sharded_dir = _run(path, root, ["parallel=fsdp"], ranks=2)
     sharded = losses(sharded_dir)
-    assert sharded.keys() == one.keys() == {1, 2, 3, 4}
-    for step, loss in one.items():
-        assert sharded[step] == pytest.approx(loss, rel=1e-5), (step, sharded[step], loss)
-    out = root / "exported"
-    assert export.main([str(sharded_dir), str(out), "--format", "hf"]) == 0
-    loaded = transformers.AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32).eval()
-    with torch.no_grad():
-        want = _checkpoint_model(sharded_dir)(_ids(5))
-        torch.testing.assert_close(loaded(input_ids=_ids(5)).logits, want, rtol=1e-5, atol=1e-5)
+    assert_same_losses(sharded, one, steps=4)
+    _assert_export_gives_the_trained_logits(sharded_dir, root / "exported")
 
 
 EP_RUNS = [
@@ -154,16 +157,13 @@ def test_expert_parallel_trains_like_one_process_and_exports_its_logits(
     """parallel.ep_size=2: each rank holds half of every layer's experts and the token copies travel to them by
     all-to-all (under FSDP2 each half further sharded over its replicas): one process's per-step losses at the
     same global batch (1e-5), and train-export's folder gives the trained model's logits (1e-5)."""
-    from launcher.tools import export
 
     root = tmp_path_factory.mktemp(f"{arch}-ep")
     path = folder(arch)
     one_dir = _run(path, root, ["train.micro_batch_size=8"])
     ep_dir = _run(path, root, [*args, "parallel.ep_size=2"], ranks=ranks)
     one, split = losses(one_dir), losses(ep_dir)
-    assert split.keys() == one.keys() == {1, 2, 3, 4}
-    for step, loss in one.items():
-        assert split[step] == pytest.approx(loss, rel=1e-5), (step, split[step], loss)
+    assert_same_losses(split, one, steps=4)
     held = [read_metrics(d / "metrics.jsonl")[-1]["param_bytes"] for d in (ep_dir, one_dir)]
     assert held[0] < held[1]  # the experts are split
     # the per-layer expert load: each rank counts its tokens' choices before they travel, summed over the ranks
@@ -173,12 +173,7 @@ def test_expert_parallel_trains_like_one_process_and_exports_its_logits(
         layers = sorted(k for k in want if k.startswith("moe_load"))
         assert layers == sorted(k for k in got if k.startswith("moe_load")) and len(layers) > 2
         assert all(want[k] >= 1.0 and got[k] == pytest.approx(want[k], rel=1e-6) for k in layers)
-    out = root / "exported"
-    assert export.main([str(ep_dir), str(out), "--format", "hf"]) == 0
-    loaded = transformers.AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32).eval()
-    with torch.no_grad():
-        want = _checkpoint_model(ep_dir)(_ids(5))
-        torch.testing.assert_close(loaded(input_ids=_ids(5)).logits, want, rtol=1e-5, atol=1e-5)
+    _assert_export_gives_the_trained_logits(ep_dir, root / "exported")
 
 
 @pytest.mark.extended
